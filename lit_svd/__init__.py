@@ -1,0 +1,3 @@
+"""lit_svd: singular-vector interpretability of transformers, on PyTorch Lightning."""
+
+__version__ = "0.1.0"

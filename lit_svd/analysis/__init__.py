@@ -1,0 +1,1 @@
+"""The methods as pure functions over model views and activations (no Lightning)."""

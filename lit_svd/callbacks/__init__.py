@@ -1,0 +1,1 @@
+"""Observers that compute an analysis during or after a run and write it out."""

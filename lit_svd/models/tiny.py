@@ -1,0 +1,57 @@
+"""Tiny random-initialised models of each supported architecture, built locally (no hub).
+
+They cover each architecture's code path exactly (biases, rotary conventions, GQA, fused qkv,
+norm conventions) at a size that runs in milliseconds on a CPU.
+"""
+from __future__ import annotations
+
+import torch
+
+ARCHITECTURES = ("gpt2", "gpt_neox", "llama", "gemma2")
+
+
+def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
+    """A small HF config of ``arch`` (2 layers, d_model 64, 4 heads of 16). The default vocabulary
+    size is SmolLM2's, so its offline tokenizer drives tiny models too."""
+    from transformers import Gemma2Config, GPT2Config, GPTNeoXConfig, LlamaConfig
+
+    if arch == "gpt2":
+        cfg = GPT2Config(vocab_size=vocab_size, n_positions=128, n_embd=64, n_layer=2, n_head=4,
+                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    elif arch == "gpt_neox":
+        cfg = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            intermediate_size=256, max_position_embeddings=128, rotary_pct=0.25,
+                            use_parallel_residual=True, attention_bias=True)
+    elif arch == "llama":
+        cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128,
+                          rms_norm_eps=1e-5, tie_word_embeddings=True)
+    elif arch == "gemma2":
+        cfg = Gemma2Config(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=128,
+                           query_pre_attn_scalar=16, sliding_window=64)
+    else:
+        raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def tiny_causal_lm(arch: str, seed: int = 0, vocab_size: int = 49152, **overrides):
+    """A random-initialised tiny causal LM of ``arch`` in eval mode, float32.
+
+    Norm weights and biases are randomised too (HF initialises them to 1 / 0), so that tests of
+    norm folding cannot pass by accident.
+    """
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab_size, **overrides), attn_implementation="eager")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln" in name:
+                p.add_(0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.05)
+    return model.eval()

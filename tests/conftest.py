@@ -1,0 +1,43 @@
+"""Shared fixtures. Tests run offline: no hub access is assumed anywhere."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm  # noqa: E402
+
+SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared")
+WIKITEXT_VALID = os.path.abspath(os.path.join(SHARED, "data", "wikitext-2", "valid.txt"))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M (offline GGUF, dequantised once and cached): ``(model, tokenizer)``."""
+    from lit_svd.models.loading import load_causal_lm
+
+    torch.manual_seed(0)
+    return load_causal_lm("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2):
+    return smollm2[1]
+
+
+@pytest.fixture(params=ARCHITECTURES)
+def tiny_model(request):
+    """A tiny random model of each architecture in turn."""
+    return tiny_causal_lm(request.param, seed=0)
+
+
+@pytest.fixture(scope="session")
+def wikitext_valid() -> str:
+    if not os.path.isfile(WIKITEXT_VALID):
+        pytest.skip("../shared/data/wikitext-2/valid.txt is not present")
+    return WIKITEXT_VALID
