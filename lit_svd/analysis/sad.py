@@ -91,15 +91,22 @@ class QKHeads:
 
 
 def qk_heads_from_view(view, layer: int) -> QKHeads:
-    """All heads of ``layer`` of a ``ModelView`` (norms folded: inputs are ``view.normalized("attn", ...)``)."""
+    """All heads of ``layer`` of a ``ModelView``; inputs are ``augment_inputs(view.normalized("attn", ...))``."""
     w = view.attn(view.check_layer(layer))
     A_q = torch.cat([w.b_Q.unsqueeze(1), w.W_Q], dim=1) * w.scale
     A_k = torch.cat([w.b_K.unsqueeze(1), w.W_K], dim=1)
-    softcap = getattr(view.config, "attn_logit_softcapping", None)
-    return QKHeads(A_q, A_k, view.rotate if view.rotary_dim else None, softcap)
+    return QKHeads(A_q, A_k, view.rotate if view.rotary_dim else None, view.attn_softcap)
 
 
-def augment(x: Tensor) -> Tensor:
+def attention_window(view, layer: int) -> int | None:
+    """The sliding window of ``layer`` (Gemma-2's alternate layers), None for full attention."""
+    types = getattr(view.config, "layer_types", None)
+    if types is not None and types[layer] == "sliding_attention":
+        return int(view.config.sliding_window)
+    return None
+
+
+def augment_inputs(x: Tensor) -> Tensor:
     """``[..., d] -> [..., 1 + d]`` with a leading constant 1 (the bias coordinate)."""
     return torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)
 
@@ -236,7 +243,7 @@ def sad_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, U
               keep_contributions: bool = False) -> PairStats:
     """Decompose every analysed pair of ``h`` heads over a batch of prompts.
 
-    ``xq: [B, T_d, D]``, ``xk: [B, T_s, D]`` augmented inputs (the same tensor for self-attention),
+    ``xq: [B, T_d, D]``, ``xk: [B, T_s, D]`` augmented inputs (``augment_inputs``; the same tensor for self-attention),
     ``visible: [B, T_d, T_s]``, ``U, U_rot: [h, D, k]`` (``qk.basis()`` and ``rotated_bases(U)``).
     """
     if xq.shape[0] == 0:
@@ -252,3 +259,59 @@ def sad_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, U
     c_rot = contributions_at(xq, xk, visible, qk, U_rot, pairs)
     return PairStats(b, h, d, s, r, rolls_tovee_sparsity(c), n_recon(c, r, tol),
                      rolls_tovee_sparsity(c_rot), n_recon(c_rot, r, tol), c if keep_contributions else None)
+
+
+# --- on a model view -------------------------------------------------------------------------------
+@dataclass
+class LayerBases:
+    """What the decomposition of one layer's heads needs, computed once per layer."""
+
+    layer: int
+    heads: Tensor  # [h] the model's head indices analysed
+    qk: QKHeads
+    U: Tensor  # [h, D, k]
+    U_rot: Tensor  # [h, D, k]
+    window: int | None
+
+
+def layer_bases(view, layer: int, heads: list[int] | None = None, seed: int = 0,
+                dtype: torch.dtype = torch.float32) -> LayerBases:
+    """Bases of ``heads`` (default all) of ``layer``; the control rotation is seeded by ``(seed, layer)``."""
+    view.check_layer(layer)
+    heads = list(range(view.n_heads)) if heads is None else [view.check_head(h) for h in heads]
+    qk = qk_heads_from_view(view, layer).select(heads).to(dtype)
+    U = qk.basis()
+    return LayerBases(layer, torch.tensor(heads), qk, U, rotated_bases(U, seed * 100_003 + layer),
+                      attention_window(view, layer))
+
+
+@torch.no_grad()
+def attention_inputs(view, input_ids: Tensor, attention_mask: Tensor, layers: list[int]) -> dict[int, Tensor]:
+    """Run the model once; per layer the augmented input ``[B, T, d_model + 1]`` its attention reads
+    (``[1, view.normalized("attn", layer, resid)]``)."""
+    captured: dict[int, Tensor] = {}
+
+    def capture(layer: int):
+        def hook(module, args, kwargs):
+            captured[layer] = (args[0] if args else kwargs["hidden_states"]).detach()
+        return hook
+
+    handles = [view.block(view.check_layer(l)).register_forward_pre_hook(capture(l), with_kwargs=True)
+               for l in layers]
+    try:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+        view.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return {l: augment_inputs(view.normalized("attn", l, captured[l])) for l in layers}
+
+
+def decompose_layer(bases: LayerBases, x: Tensor, attention_mask: Tensor, threshold: float | None = None,
+                    tol: float = DEFAULT_RECON_TOL, keep_contributions: bool = False) -> PairStats:
+    """All analysed pairs of one layer's heads over a batch; ``PairStats.head`` holds model head indices."""
+    x = x.to(bases.U.dtype)
+    visible = causal_visibility(attention_mask, bases.window)
+    stats = sad_pairs(x, x, visible, bases.qk, bases.U, bases.U_rot, threshold, tol, keep_contributions)
+    stats.head = bases.heads.to(stats.head.device)[stats.head]
+    return stats
