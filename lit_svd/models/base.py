@@ -1,12 +1,29 @@
 """The architecture-independent view of a causal LM's weights: the contract every layer above uses.
 
 Nothing above ``lit_svd.models`` touches Hugging Face module names; it asks a view. One subclass per
-architecture family (``gpt2.py``, ``gpt_neox.py``, ``llama.py``, ``gemma2.py``) fills in the abstract
-methods. Shapes follow TransformerLens: ``W_Q, W_K, W_V: [n_heads, d_model, d_head]``,
-``W_O: [n_heads, d_head, d_model]``; grouped-query K/V heads are expanded per query head.
-With ``fold_norms=True`` (default) the norm scales (and LayerNorm biases) are folded into the weights
-that read from them, so every weight acts on the *normalised* residual as returned by
-``normalized(...)`` (centred and scaled to unit RMS, no affine part).
+architecture family (``gpt2.py``, ``gpt_neox.py``, ``llama.py``, ``gemma2.py``) says where the weights
+live and how they are laid out; everything else (norm folding, bias augmentation, rotary matrices,
+factored QK / OV products) is done once, here. Shapes follow TransformerLens:
+``W_Q, W_K, W_V: [n_heads, d_model, d_head]``, ``W_O: [n_heads, d_head, d_model]``; grouped-query K/V
+heads are expanded per query head (query head ``h`` reads K/V head ``h // (n_heads // n_kv_heads)``,
+as HF's ``repeat_kv``).
+
+With ``fold_norms=True`` (default) the norm scales (Gemma: ``1 + w``) and LayerNorm biases are folded
+into the weights that read from them, so every weight acts on the *normalised* residual as returned by
+``normalized(...)`` (centred for LayerNorm, divided by ``sqrt(mean square + eps)``, no affine part).
+With ``fold_norms=False`` weights are the model's own and act on the norm's output.
+
+Augmented matrices act on ``[1, x]`` (the leading 1 carries the biases):
+
+* ``qk(layer, delta)``: ``[n_heads, d_model+1, d_model+1]``, ``[1, x_i] M [1, x_j]^T`` is the
+  pre-softmax score (``scale`` included) of query position ``i`` and key position ``j = i + delta``.
+  Rotary models: ``M(delta) = s [b_Q; W_Q] R_i R_j^T [b_K; W_K]^T`` in the model's own convention
+  (HF ``rotate_half`` on the first ``rotary_dim`` features of each head). Gemma-2 scores are *pre*
+  soft-cap: the model then applies ``attn_softcap * tanh(score / attn_softcap)``.
+* ``ov(layer)``: ``[n_heads, d_model+1, d_model]``, ``M = [b_V; W_V] W_O``. The output bias ``b_O`` is
+  shared by all heads and is **not** in any head's matrix: a layer's attention output is
+  ``sum_h sum_j A_h[i, j] [1, x_j] M_h + b_O``. (Gemma-2 then applies its post-attention norm.)
+* ``mlp_in / mlp_gate``: ``[d_model+1, d_mlp]`` augmented input maps; ``mlp_out``: ``[d_mlp+1, d_model]``.
 """
 from __future__ import annotations
 
@@ -22,6 +39,7 @@ from lit_svd.linalg import FactoredMatrix
 Site = Literal["q", "k", "v", "o", "gate", "up", "down"]
 SITES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 NormPoint = Literal["attn", "mlp", "final"]
+NORM_POINTS: tuple[str, ...] = ("attn", "mlp", "final")
 
 
 @dataclass
@@ -42,7 +60,7 @@ class AttnWeights:
 @dataclass
 class MLPWeights:
     """One layer's MLP: ``out = act(x W_gate + b_gate) * (x W_in + b_in) W_out + b_out`` when gated,
-    ``act(x W_in + b_in) W_out + b_out`` otherwise."""
+    ``act(x W_in + b_in) W_out + b_out`` otherwise. Biases are zeros where the model has none."""
 
     W_in: Tensor  # [d_model, d_mlp]
     b_in: Tensor  # [d_mlp]
@@ -52,11 +70,50 @@ class MLPWeights:
     W_gate: Tensor | None = None  # [d_model, d_mlp]
     b_gate: Tensor | None = None  # [d_mlp]
 
+    def __call__(self, x: Tensor) -> Tensor:
+        """The MLP applied to ``x: [..., d_model]`` (the input these weights read)."""
+        pre = x @ self.W_in + self.b_in
+        hidden = self.act(pre) if self.W_gate is None else self.act(x @ self.W_gate + self.b_gate) * pre
+        return hidden @ self.W_out + self.b_out
+
+
+@dataclass
+class NormAffine:
+    """A norm's effective elementwise affine part: ``out = normalised * scale + bias``."""
+
+    scale: Tensor  # [d_model]; Gemma's (1 + w) already applied
+    bias: Tensor | None  # [d_model] for LayerNorm, None for RMSNorm
+    eps: float
+
+
+def augment(W: Tensor, b: Tensor) -> Tensor:
+    """``[b; W]``: prepend the bias as row 0, ``W: [..., d_in, d_out]``, ``b: [..., d_out]`` -> ``[..., d_in+1, d_out]``."""
+    return torch.cat([b.unsqueeze(-2), W], dim=-2)
+
+
+def split_heads_out(weight: Tensor, n: int) -> Tensor:
+    """An ``nn.Linear`` weight ``[n * d_head, d_in]`` -> per head ``[n, d_in, d_head]``."""
+    out, d_in = weight.shape
+    return weight.reshape(n, out // n, d_in).transpose(1, 2)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """HF's rotary pairing: features ``(i, i + d/2)`` rotate together."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
 
 class ModelView(ABC):
-    """Per-layer, per-head weights of one HF causal LM, and the hook points to run it modified."""
+    """Per-layer, per-head weights of one HF causal LM, and the hook points to run it modified.
+
+    Subclasses set the size attributes in ``__init__`` and implement the ``_``-prefixed accessors
+    (where the HF weights and norms live) and the hook points; everything public is derived here.
+    """
 
     model_type: str = ""
+    attn_softcap: float | None = None  # Gemma-2: scores pass through cap * tanh(score / cap)
+    final_softcap: float | None = None  # Gemma-2: logits pass through cap * tanh(logit / cap)
+    parallel_residual: bool = False  # GPT-NeoX: the MLP reads the block input, not input + attention
 
     def __init__(self, model: nn.Module, fold_norms: bool = True):
         self.model = model
@@ -73,6 +130,13 @@ class ModelView(ABC):
     vocab_size: int
     gated_mlp: bool
     rotary_dim: int  # 0 for learned absolute positions (GPT-2)
+    norm_kind: Literal["layernorm", "rmsnorm"]
+
+    def sizes(self) -> dict[str, int | bool | str]:
+        """All size attributes as one dict (for logs and results.json)."""
+        keys = ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head", "d_mlp", "vocab_size",
+                "gated_mlp", "rotary_dim", "norm_kind")
+        return {"model_type": self.model_type, **{k: getattr(self, k) for k in keys}}
 
     def check_layer(self, layer: int) -> int:
         if not 0 <= layer < self.n_layers:
@@ -84,53 +148,255 @@ class ModelView(ABC):
             raise IndexError(f"head {head} out of range: {self.model_type} has heads 0..{self.n_heads - 1}")
         return head
 
-    # --- weights -----------------------------------------------------------------------------
+    def check_site(self, site: str) -> str:
+        allowed = SITES if self.gated_mlp else tuple(s for s in SITES if s != "gate")
+        if site not in allowed:
+            raise ValueError(f"site {site!r} unknown for {self.model_type}; allowed: {', '.join(allowed)}")
+        return site
+
+    def _check_point(self, point: str, layer: int | None) -> None:
+        if point not in NORM_POINTS:
+            raise ValueError(f"norm point {point!r} unknown; allowed: {', '.join(NORM_POINTS)}")
+        if point != "final":
+            if layer is None:
+                raise ValueError(f"norm point {point!r} needs a layer (got None)")
+            self.check_layer(layer)
+
+    # --- what each architecture supplies ------------------------------------------------------
     @abstractmethod
-    def attn(self, layer: int) -> AttnWeights: ...
+    def _raw_attn(self, layer: int) -> AttnWeights:
+        """The model's own attention weights per head (GQA expanded), acting on the norm's output."""
 
     @abstractmethod
-    def mlp(self, layer: int) -> MLPWeights: ...
+    def _raw_mlp(self, layer: int) -> MLPWeights:
+        """The model's own MLP weights, acting on the norm's output."""
 
     @abstractmethod
-    def unembed(self) -> tuple[Tensor, Tensor]:
-        """``(W_U [d_model, vocab], b_U [vocab])`` acting on ``normalized("final", resid)``."""
+    def _raw_unembed(self) -> tuple[Tensor, Tensor]:
+        """``(W_U [d_model, vocab], b_U [vocab])`` acting on the final norm's output."""
 
     @abstractmethod
+    def norm_module(self, point: NormPoint, layer: int | None) -> nn.Module:
+        """The norm module read by the attention (``"attn"``), the MLP (``"mlp"``) or the unembedding."""
+
+    @abstractmethod
+    def _rotary_module(self) -> nn.Module | None:
+        """HF's rotary embedding module (``forward(x, position_ids) -> (cos, sin)``), None if no rotary."""
+
+    @abstractmethod
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """The residual stream entering layer 0 for ``input_ids: [batch, pos]`` (token embeddings, scaled
+        by ``sqrt(d_model)`` for Gemma, plus learned positions for GPT-2)."""
+
+    # --- norms ---------------------------------------------------------------------------------
+    def norm_affine(self, point: NormPoint, layer: int | None = None) -> NormAffine:
+        """The effective affine part of a norm (Gemma's ``1 + w`` included)."""
+        self._check_point(point, layer)
+        mod = self.norm_module(point, layer)
+        eps = getattr(mod, "eps", None)
+        if eps is None:
+            eps = getattr(mod, "variance_epsilon")
+        bias = getattr(mod, "bias", None)
+        return NormAffine(self._norm_scale(mod.weight), bias, float(eps))
+
+    def _norm_scale(self, weight: Tensor) -> Tensor:
+        return weight
+
     def normalized(self, point: NormPoint, layer: int | None, resid: Tensor) -> Tensor:
-        """The input the folded weights read: the norm at ``point`` applied to ``resid`` without its
-        scale when ``fold_norms`` (exactly the model's norm output otherwise)."""
+        """The input the view's weights read: the norm at ``point`` applied to ``resid`` without its
+        affine part when ``fold_norms`` (exactly the model's norm output otherwise)."""
+        self._check_point(point, layer)
+        if not self.fold_norms:
+            return self.norm_module(point, layer)(resid)
+        eps = self.norm_affine(point, layer).eps
+        x = resid.float()
+        if self.norm_kind == "layernorm":
+            x = x - x.mean(-1, keepdim=True)
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(resid.dtype)
 
-    @abstractmethod
     def final_norm(self, resid: Tensor) -> Tensor:
         """The model's own final norm, exactly as its forward applies it (Gemma: ``* (1 + w)``)."""
+        return self.norm_module("final", None)(resid)
+
+    def post_norm(self, point: Literal["attn", "mlp"], layer: int, out: Tensor) -> Tensor:
+        """What the block adds to the residual from a sub-layer's output: identity except Gemma-2,
+        which normalises attention and MLP outputs (``post_attention`` / ``post_feedforward`` norms)."""
+        return out
+
+    def _fold(self, point: NormPoint, layer: int | None, W: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        """Fold the norm's affine into ``W: [..., d_model, d_out]``, ``b: [..., d_out]``."""
+        if not self.fold_norms:
+            return W, b
+        aff = self.norm_affine(point, layer)
+        b = b if aff.bias is None else b + torch.einsum("d,...do->...o", aff.bias, W)
+        return aff.scale[:, None] * W, b
+
+    # --- weights -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def attn(self, layer: int) -> AttnWeights:
+        """Per-head attention weights (norm folded into W_Q, W_K, W_V and their biases)."""
+        raw = self._raw_attn(self.check_layer(layer))
+        W_Q, b_Q = self._fold("attn", layer, raw.W_Q, raw.b_Q)
+        W_K, b_K = self._fold("attn", layer, raw.W_K, raw.b_K)
+        W_V, b_V = self._fold("attn", layer, raw.W_V, raw.b_V)
+        return AttnWeights(W_Q, b_Q, W_K, b_K, W_V, b_V, raw.W_O, raw.b_O, raw.scale)
+
+    @torch.no_grad()
+    def mlp(self, layer: int) -> MLPWeights:
+        """The MLP's weights (norm folded into W_in, W_gate and their biases)."""
+        raw = self._raw_mlp(self.check_layer(layer))
+        W_in, b_in = self._fold("mlp", layer, raw.W_in, raw.b_in)
+        W_gate, b_gate = raw.W_gate, raw.b_gate
+        if W_gate is not None:
+            W_gate, b_gate = self._fold("mlp", layer, W_gate, b_gate)
+        return MLPWeights(W_in, b_in, raw.W_out, raw.b_out, raw.act, W_gate, b_gate)
+
+    @torch.no_grad()
+    def unembed(self) -> tuple[Tensor, Tensor]:
+        """``(W_U [d_model, vocab], b_U [vocab])`` acting on ``normalized("final", None, resid)``;
+        the logits before Gemma-2's final soft-cap."""
+        return self._fold("final", None, *self._raw_unembed())
+
+    @property
+    def W_E(self) -> Tensor:
+        """Token embedding matrix ``[vocab, d_model]`` as the residual receives it (Gemma: scaled)."""
+        emb = self.model.get_input_embeddings()
+        return emb.weight * getattr(emb, "embed_scale", torch.tensor(1.0)).to(emb.weight.dtype)
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     # --- rotary ------------------------------------------------------------------------------
-    @abstractmethod
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Apply the architecture's rotary embedding to queries or keys ``x: [..., pos, d_head]``
         at integer ``positions: [pos]`` (identity when ``rotary_dim == 0``)."""
+        rotary = self._rotary_module()
+        if rotary is None:
+            return x
+        cos, sin = rotary(x, positions.reshape(1, -1).to(x.device))  # [1, pos, rotary_dim]
+        cos, sin = cos[0].to(x.dtype), sin[0].to(x.dtype)
+        r = cos.shape[-1]
+        x_rot, x_pass = x[..., :r], x[..., r:]
+        return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
+
+    def rotary_matrix(self, position: int) -> Tensor:
+        """``R_p: [d_head, d_head]`` with ``rotate(x, [p]) = x @ R_p`` (identity without rotary)."""
+        eye = torch.eye(self.d_head, device=self._device, dtype=self._dtype)
+        return self.rotate(eye[:, None, :], torch.tensor([position]))[:, 0, :]
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
 
     # --- factored, bias-augmented matrices ---------------------------------------------------
-    @abstractmethod
+    @torch.no_grad()
     def qk(self, layer: int, delta: int | None = None) -> FactoredMatrix:
         """Per head ``[n_heads, d_model+1, d_model+1]``: ``[1, x_q] M [1, x_k]^T`` is the pre-softmax
-        score (scale included) of a query at position i and key at ``i + delta`` (``delta <= 0``
-        for causal models; ignored for non-rotary models)."""
+        score (scale included; Gemma-2: before the soft-cap) of a query at position i and a key at
+        ``j = i + delta`` (``delta <= 0`` for causal models; ignored for non-rotary models, required
+        for rotary ones). Computed at ``i = max(0, -delta)``; RoPE depends only on ``j - i``."""
+        w = self.attn(layer)
+        A = augment(w.W_Q, w.b_Q) * w.scale
+        B = augment(w.W_K, w.b_K)
+        if self.rotary_dim:
+            if delta is None:
+                raise ValueError(f"delta=None: {self.model_type} uses rotary positions, qk needs the key offset"
+                                 " delta = key position - query position (an int, <= 0 for causal attention)")
+            i = max(0, -int(delta))
+            A = A @ self.rotary_matrix(i)
+            B = B @ self.rotary_matrix(i + int(delta))
+        return FactoredMatrix(A, B)
 
-    @abstractmethod
+    @torch.no_grad()
     def ov(self, layer: int) -> FactoredMatrix:
         """Per head ``[n_heads, d_model+1, d_model]``: ``M = [b_V; W_V] W_O``. ``b_O`` is shared by
         all heads and is *not* included; it is added once per layer."""
+        w = self.attn(layer)
+        return FactoredMatrix(augment(w.W_V, w.b_V), w.W_O.mT)
+
+    @torch.no_grad()
+    def q_map(self, layer: int) -> Tensor:
+        """Per head augmented query map ``[n_heads, d_model+1, d_head]``: ``[1, x] @ it`` = the query
+        before rotary and scale (the map to mask where a rotary QK product cannot be)."""
+        w = self.attn(layer)
+        return augment(w.W_Q, w.b_Q)
+
+    @torch.no_grad()
+    def k_map(self, layer: int) -> Tensor:
+        """Per head augmented key map ``[n_heads, d_model+1, d_head]`` (GQA expanded), before rotary."""
+        w = self.attn(layer)
+        return augment(w.W_K, w.b_K)
+
+    @torch.no_grad()
+    def mlp_in(self, layer: int) -> Tensor:
+        """Augmented MLP input map ``[d_model+1, d_mlp]`` (``up`` for gated MLPs): ``[1, x] @ it``."""
+        w = self.mlp(layer)
+        return augment(w.W_in, w.b_in)
+
+    @torch.no_grad()
+    def mlp_gate(self, layer: int) -> Tensor:
+        """Augmented gate map ``[d_model+1, d_mlp]`` of a gated MLP."""
+        if not self.gated_mlp:
+            raise ValueError(f"mlp_gate: {self.model_type} has no gated MLP; use mlp_in")
+        w = self.mlp(layer)
+        return augment(w.W_gate, w.b_gate)
+
+    @torch.no_grad()
+    def mlp_out(self, layer: int) -> Tensor:
+        """Augmented MLP output map ``[d_mlp+1, d_model]``: ``[1, hidden] @ it`` is the MLP output."""
+        w = self.mlp(layer)
+        return augment(w.W_out, w.b_out)
 
     # --- hook points (the only place HF module names live) ------------------------------------
     @abstractmethod
-    def site_module(self, layer: int, site: str) -> nn.Module:
-        """The module that computes linear site ``site`` (q, k, v, o, gate, up, down) of ``layer``."""
-
-    @abstractmethod
-    def site_output(self, layer: int, site: str, output: Tensor) -> Tensor:
-        """Slice ``site``'s own output out of ``site_module(...)``'s output (fused qkv layouts)."""
+    def _sites(self, layer: int) -> dict[str, tuple[nn.Module, slice | tuple[int, int] | None]]:
+        """Per site: the module that computes it and where its output sits in that module's output
+        (None: the whole output; a slice of the last dim; ``(k, 3)``: part k of a per-head
+        interleaved fused qkv, GPT-NeoX)."""
 
     @abstractmethod
     def block(self, layer: int) -> nn.Module:
         """The decoder block: its input is the residual stream before layer ``layer``."""
+
+    def site_module(self, layer: int, site: str) -> nn.Module:
+        """The module that computes linear site ``site`` (q, k, v, o, gate, up, down) of ``layer``
+        (fused qkv models: the same module for q, k and v; slice with ``site_output``)."""
+        return self._sites(self.check_layer(layer))[self.check_site(site)][0]
+
+    def _site_index(self, output: Tensor, part) -> Tensor:
+        if part is None:
+            return output
+        if isinstance(part, slice):
+            return output[..., part]
+        k, n = part
+        per_head = output.reshape(*output.shape[:-1], self.n_heads, n, -1)
+        return per_head[..., k, :].flatten(-2)
+
+    def site_output(self, layer: int, site: str, output: Tensor) -> Tensor:
+        """Slice ``site``'s own output ``[..., d_out]`` out of ``site_module(...)``'s output (q / k / v
+        heads concatenated head-major, K/V *not* GQA-expanded: exactly the model's projection)."""
+        return self._site_index(output, self._sites(self.check_layer(layer))[self.check_site(site)][1])
+
+    def with_site_output(self, layer: int, site: str, output: Tensor, value: Tensor) -> Tensor:
+        """``output`` of ``site_module(...)`` with ``site``'s part replaced by ``value`` (not in place,
+        differentiable): what a forward hook returns to modify one site of a fused projection."""
+        part = self._sites(self.check_layer(layer))[self.check_site(site)][1]
+        if part is None:
+            return value
+        if isinstance(part, slice):
+            start, stop, _ = part.indices(output.shape[-1])
+            return torch.cat([output[..., :start], value, output[..., stop:]], dim=-1)
+        k, n = part
+        per_head = list(output.reshape(*output.shape[:-1], self.n_heads, n, -1).unbind(-2))
+        per_head[k] = value.reshape(*value.shape[:-1], self.n_heads, -1)
+        return torch.stack(per_head, dim=-2).flatten(-3)
+
+    @torch.no_grad()
+    def site_weight(self, layer: int, site: str) -> tuple[Tensor, Tensor | None]:
+        """``(W [d_in, d_out], b [d_out] or None)`` with ``site_output = input @ W + b`` for the input
+        the site module receives (the model's own, unfolded weights; K/V not GQA-expanded)."""
+        mod = self.site_module(layer, site)
+        W = mod.weight if type(mod).__name__ == "Conv1D" else mod.weight.T  # GPT-2 Conv1D is [in, out]
+        b = None if getattr(mod, "bias", None) is None else self.site_output(layer, site, mod.bias)
+        return self.site_output(layer, site, W), b

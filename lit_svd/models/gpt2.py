@@ -1,0 +1,77 @@
+"""GPT-2 view: LayerNorm, learned absolute positions, fused ``c_attn`` (columns ``[q | k | v]``, each
+head-major), GELU MLP. HF stores ``Conv1D`` weights as ``[in, out]``.
+
+HF layout: ``transformer.h[l].{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}``,
+``transformer.ln_f``, ``lm_head`` (tied to ``wte``). The attention scale is the module's own
+``scaling`` (``1/sqrt(d_head)``, divided by ``layer + 1`` under ``scale_attn_by_inverse_layer_idx``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from lit_svd.models.base import AttnWeights, MLPWeights, ModelView
+
+
+class GPT2View(ModelView):
+    model_type = "gpt2"
+    norm_kind = "layernorm"
+    gated_mlp = False
+
+    def __init__(self, model: nn.Module, fold_norms: bool = True):
+        super().__init__(model, fold_norms)
+        cfg = self.config
+        self.n_layers = cfg.n_layer
+        self.n_heads = self.n_kv_heads = cfg.n_head
+        self.d_model = cfg.n_embd
+        self.d_head = self.d_model // self.n_heads
+        self.d_mlp = cfg.n_inner if cfg.n_inner is not None else 4 * self.d_model
+        self.vocab_size = cfg.vocab_size
+        self.rotary_dim = 0
+
+    @property
+    def _layers(self) -> nn.ModuleList:
+        return self.model.transformer.h
+
+    def block(self, layer: int) -> nn.Module:
+        return self._layers[self.check_layer(layer)]
+
+    def norm_module(self, point, layer):
+        self._check_point(point, layer)
+        if point == "final":
+            return self.model.transformer.ln_f
+        return self._layers[layer].ln_1 if point == "attn" else self._layers[layer].ln_2
+
+    def _rotary_module(self):
+        return None
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        tr = self.model.transformer
+        positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
+        return tr.wte(input_ids) + tr.wpe(positions)
+
+    def _raw_attn(self, layer: int) -> AttnWeights:
+        at = self._layers[layer].attn
+        h, dh, d = self.n_heads, self.d_head, self.d_model
+        W = at.c_attn.weight.reshape(d, 3, h, dh).permute(1, 2, 0, 3)  # [3, h, d, dh]
+        b = at.c_attn.bias.reshape(3, h, dh)
+        return AttnWeights(W_Q=W[0], b_Q=b[0], W_K=W[1], b_K=b[1], W_V=W[2], b_V=b[2],
+                           W_O=at.c_proj.weight.reshape(h, dh, d), b_O=at.c_proj.bias, scale=float(at.scaling))
+
+    def _raw_mlp(self, layer: int) -> MLPWeights:
+        m = self._layers[layer].mlp
+        return MLPWeights(W_in=m.c_fc.weight, b_in=m.c_fc.bias, W_out=m.c_proj.weight, b_out=m.c_proj.bias,
+                          act=m.act)
+
+    def _raw_unembed(self) -> tuple[Tensor, Tensor]:
+        head = self.model.lm_head
+        bias = head.bias if head.bias is not None else torch.zeros(self.vocab_size, dtype=head.weight.dtype,
+                                                                   device=head.weight.device)
+        return head.weight.T, bias
+
+    def _sites(self, layer: int):
+        blk = self._layers[layer]
+        d = self.d_model
+        return {"q": (blk.attn.c_attn, slice(0, d)), "k": (blk.attn.c_attn, slice(d, 2 * d)),
+                "v": (blk.attn.c_attn, slice(2 * d, 3 * d)), "o": (blk.attn.c_proj, None),
+                "up": (blk.mlp.c_fc, None), "down": (blk.mlp.c_proj, None)}

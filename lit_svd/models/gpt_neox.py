@@ -1,0 +1,82 @@
+"""GPT-NeoX view (Pythia): LayerNorm, partial rotary (first ``rotary_pct * d_head`` features of each
+head, ``rotate_half`` pairing within them), fused ``query_key_value`` laid out per head as
+``(head, [q, k, v], d_head)``, GELU MLP, optional parallel residual (``parallel_residual``: attention
+and MLP both read the block input, through ``input_layernorm`` and ``post_attention_layernorm``).
+
+HF layout: ``gpt_neox.layers[l].{input_layernorm, attention.query_key_value, attention.dense,
+post_attention_layernorm, mlp.dense_h_to_4h, mlp.dense_4h_to_h}``, ``gpt_neox.final_layer_norm``,
+``embed_out`` / ``lm_head`` (untied).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from lit_svd.models.base import AttnWeights, MLPWeights, ModelView
+
+
+class GPTNeoXView(ModelView):
+    model_type = "gpt_neox"
+    norm_kind = "layernorm"
+    gated_mlp = False
+
+    def __init__(self, model: nn.Module, fold_norms: bool = True):
+        super().__init__(model, fold_norms)
+        cfg = self.config
+        self.n_layers = cfg.num_hidden_layers
+        self.n_heads = self.n_kv_heads = cfg.num_attention_heads
+        self.d_model = cfg.hidden_size
+        self.d_head = self.d_model // self.n_heads
+        self.d_mlp = cfg.intermediate_size
+        self.vocab_size = cfg.vocab_size
+        self.rotary_dim = self._layers[0].attention.rotary_ndims
+        self.parallel_residual = bool(cfg.use_parallel_residual)
+
+    @property
+    def _layers(self) -> nn.ModuleList:
+        return self.model.gpt_neox.layers
+
+    def block(self, layer: int) -> nn.Module:
+        return self._layers[self.check_layer(layer)]
+
+    def norm_module(self, point, layer):
+        self._check_point(point, layer)
+        if point == "final":
+            return self.model.gpt_neox.final_layer_norm
+        blk = self._layers[layer]
+        return blk.input_layernorm if point == "attn" else blk.post_attention_layernorm
+
+    def _rotary_module(self):
+        return self.model.gpt_neox.rotary_emb
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.model.gpt_neox.embed_in(input_ids)
+
+    def _zeros(self, *shape: int) -> Tensor:
+        p = self.model.gpt_neox.embed_in.weight
+        return torch.zeros(shape, dtype=p.dtype, device=p.device)
+
+    def _raw_attn(self, layer: int) -> AttnWeights:
+        at = self._layers[layer].attention
+        h, dh, d = self.n_heads, self.d_head, self.d_model
+        W = at.query_key_value.weight.reshape(h, 3, dh, d).permute(1, 0, 3, 2)  # [3, h, d, dh]
+        qkv_b = at.query_key_value.bias
+        b = qkv_b.reshape(h, 3, dh).transpose(0, 1) if qkv_b is not None else self._zeros(3, h, dh)
+        b_O = at.dense.bias if at.dense.bias is not None else self._zeros(d)
+        return AttnWeights(W_Q=W[0], b_Q=b[0], W_K=W[1], b_K=b[1], W_V=W[2], b_V=b[2],
+                           W_O=at.dense.weight.T.reshape(h, dh, d), b_O=b_O, scale=float(at.scaling))
+
+    def _raw_mlp(self, layer: int) -> MLPWeights:
+        m = self._layers[layer].mlp
+        return MLPWeights(W_in=m.dense_h_to_4h.weight.T, b_in=m.dense_h_to_4h.bias,
+                          W_out=m.dense_4h_to_h.weight.T, b_out=m.dense_4h_to_h.bias, act=m.act)
+
+    def _raw_unembed(self) -> tuple[Tensor, Tensor]:
+        head = self.model.get_output_embeddings()
+        return head.weight.T, head.bias if head.bias is not None else self._zeros(self.vocab_size)
+
+    def _sites(self, layer: int):
+        blk = self._layers[layer]
+        qkv = blk.attention.query_key_value
+        return {"q": (qkv, (0, 3)), "k": (qkv, (1, 3)), "v": (qkv, (2, 3)), "o": (blk.attention.dense, None),
+                "up": (blk.mlp.dense_h_to_4h, None), "down": (blk.mlp.dense_4h_to_h, None)}

@@ -1,0 +1,94 @@
+"""Llama-family view (SmolLM2, Llama, Mistral-style): RMSNorm, RoPE (``rotate_half``), GQA, SwiGLU.
+
+HF layout: ``model.layers[l].self_attn.{q,k,v,o}_proj`` (``nn.Linear``, weight ``[out, in]``,
+biases only with ``attention_bias``), ``mlp.{gate,up,down}_proj``, norms ``input_layernorm`` (attention)
+and ``post_attention_layernorm`` (MLP), final ``model.norm``, ``lm_head`` (often tied to the embedding).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from lit_svd.models.base import AttnWeights, MLPWeights, ModelView, split_heads_out
+
+
+def _bias(linear: nn.Linear, shape: tuple[int, ...]) -> Tensor:
+    if linear.bias is not None:
+        return linear.bias.reshape(shape)
+    return torch.zeros(shape, dtype=linear.weight.dtype, device=linear.weight.device)
+
+
+class LlamaView(ModelView):
+    model_type = "llama"
+    norm_kind = "rmsnorm"
+    gated_mlp = True
+
+    def __init__(self, model: nn.Module, fold_norms: bool = True):
+        super().__init__(model, fold_norms)
+        cfg = self.config
+        self.n_layers = cfg.num_hidden_layers
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.d_model = cfg.hidden_size
+        self.d_head = getattr(cfg, "head_dim", None) or self.d_model // self.n_heads
+        self.d_mlp = cfg.intermediate_size
+        self.vocab_size = cfg.vocab_size
+        self.rotary_dim = self.d_head
+
+    @property
+    def _layers(self) -> nn.ModuleList:
+        return self.model.model.layers
+
+    def block(self, layer: int) -> nn.Module:
+        return self._layers[self.check_layer(layer)]
+
+    def norm_module(self, point, layer):
+        self._check_point(point, layer)
+        if point == "final":
+            return self.model.model.norm
+        blk = self._layers[layer]
+        return blk.input_layernorm if point == "attn" else self._mlp_norm(blk)
+
+    def _mlp_norm(self, blk: nn.Module) -> nn.Module:
+        return blk.post_attention_layernorm
+
+    def _rotary_module(self):
+        return self.model.model.rotary_emb
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.model.model.embed_tokens(input_ids)
+
+    def _raw_attn(self, layer: int) -> AttnWeights:
+        at = self._layers[layer].self_attn
+        h, kv, dh = self.n_heads, self.n_kv_heads, self.d_head
+        rep = h // kv
+
+        def expand(t: Tensor) -> Tensor:  # KV heads -> one per query head, as HF repeat_kv
+            return t.repeat_interleave(rep, dim=0)
+
+        return AttnWeights(
+            W_Q=split_heads_out(at.q_proj.weight, h), b_Q=_bias(at.q_proj, (h, dh)),
+            W_K=expand(split_heads_out(at.k_proj.weight, kv)), b_K=expand(_bias(at.k_proj, (kv, dh))),
+            W_V=expand(split_heads_out(at.v_proj.weight, kv)), b_V=expand(_bias(at.v_proj, (kv, dh))),
+            W_O=at.o_proj.weight.T.reshape(h, dh, self.d_model), b_O=_bias(at.o_proj, (self.d_model,)),
+            scale=float(at.scaling),
+        )
+
+    def _raw_mlp(self, layer: int) -> MLPWeights:
+        m = self._layers[layer].mlp
+        return MLPWeights(
+            W_in=m.up_proj.weight.T, b_in=_bias(m.up_proj, (self.d_mlp,)),
+            W_out=m.down_proj.weight.T, b_out=_bias(m.down_proj, (self.d_model,)),
+            act=m.act_fn,
+            W_gate=m.gate_proj.weight.T, b_gate=_bias(m.gate_proj, (self.d_mlp,)),
+        )
+
+    def _raw_unembed(self) -> tuple[Tensor, Tensor]:
+        head = self.model.lm_head
+        return head.weight.T, _bias(head, (self.vocab_size,))
+
+    def _sites(self, layer: int):
+        blk = self._layers[layer]
+        at, m = blk.self_attn, blk.mlp
+        return {"q": (at.q_proj, None), "k": (at.k_proj, None), "v": (at.v_proj, None), "o": (at.o_proj, None),
+                "gate": (m.gate_proj, None), "up": (m.up_proj, None), "down": (m.down_proj, None)}
