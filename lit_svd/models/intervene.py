@@ -1,0 +1,310 @@
+"""Running the unchanged HF forward with components rescaled along their singular directions.
+
+A *component* is one bias-augmented linear map of the model, batched over its groups (heads, KV
+heads, or the layer), with its SVD ``M = U diag(S) V^T`` computed once from the view:
+
+===========  =====================================  =======  ============================================
+kind         matrix (view method)                   groups   what is rescaled
+===========  =====================================  =======  ============================================
+``qk``       ``[b_Q; W_Q] [b_K; W_K]^T`` (``qk``)    heads    the pre-softmax score (non-rotary models)
+``q``        ``[b_Q; W_Q]`` (``q_map``)             heads    the query, before RoPE
+``k``        ``[b_K; W_K]`` (``k_map``)             KV heads the key, before RoPE (one map per KV head)
+``ov``       ``[b_V; W_V] W_O`` (``ov``)            heads    the head's output (``b_O`` untouched)
+``mlp_in``   ``[b_in; W_in]`` (``mlp_in``)          layer    the MLP's (up) pre-activation
+``mlp_gate`` ``[b_gate; W_gate]`` (``mlp_gate``)    layer    the gate pre-activation (gated MLPs)
+``mlp_out``  ``[b_out; W_out]`` (``mlp_out``)       layer    the MLP's output
+===========  =====================================  =======  ============================================
+
+Running with scales ``lambda`` (one per direction) replaces ``M`` by ``U diag(S * lambda) V^T``. Every
+kind but ``qk`` writes into the span of its ``V``, so the modification is a low-rank correction of
+the site's own output: with ``c = out @ V`` (the direction's coefficient, ``sigma_k [1, x] u_k``, for
+``ov`` attention-mixed over sources: ``c = z_h @ (W_O V)``),
+
+    out' = out + ((c - c_ref) * (lambda - 1)) @ V^T
+
+which is exact, needs no dense augmented matrix and no pseudo-inverse, and costs about one extra
+projection. ``c_ref = 0`` is zero ablation; ``c_ref`` = the coefficient recorded on another (corrupted)
+prompt is patching, ``c' = lambda c + (1 - lambda) c_ref``. Either acts at all positions or only at
+one position per example (the answer position). ``qk`` (GPT-2) replaces query and key by
+``q' = ([1, x] U) * S * lambda / scale`` and ``k' = [1, x] V`` so that the model's own attention
+computes ``[1, x_i] U diag(S lambda) V^T [1, x_j]^T``; it always acts at all positions (zero ablation).
+For rotary models a QK direction cannot be masked through the offset-dependent rotation, so the
+query and key maps' own directions (``q``, ``k``) are masked instead. Hooks sit on
+``view.site_module`` / ``view.block`` only.
+"""
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from lit_svd.linalg import svd_dense, svd_factored
+from lit_svd.models.base import ModelView
+
+KINDS: tuple[str, ...] = ("qk", "q", "k", "ov", "mlp_in", "mlp_gate", "mlp_out")
+ALIASES = {"mlp": "mlp_in, mlp_gate (gated MLPs), mlp_out", "qk": "qk (non-rotary) or q and k (rotary)"}
+SITE_OF = {"qk": "q", "q": "q", "k": "k", "ov": "o", "mlp_in": "up", "mlp_gate": "gate", "mlp_out": "down"}
+GROUP_OF = {"qk": "head", "q": "head", "k": "kv_head", "ov": "head", "mlp_in": "layer", "mlp_gate": "layer",
+            "mlp_out": "layer"}
+
+
+@dataclass
+class Component:
+    """One map's SVD batched over groups: ``U: [G, d_in(+1), K]``, ``S: [G, K]``, ``V: [G, d_out, K]``.
+
+    ``read`` (``ov`` only): ``W_O V`` ``[G, d_head, K]``, mapping the head's mixed value ``z`` to the
+    coefficients. ``scale`` (``qk`` only): the attention's own score scale.
+    """
+
+    kind: str
+    layer: int
+    U: Tensor
+    S: Tensor
+    V: Tensor
+    read: Tensor | None = None
+    scale: float = 1.0
+
+    @property
+    def name(self) -> str:
+        return f"L{self.layer}.{self.kind}"
+
+    @property
+    def site(self) -> str:
+        return SITE_OF[self.kind]
+
+    @property
+    def group(self) -> str:
+        return GROUP_OF[self.kind]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(groups, directions per group)``: the shape of this component's scales."""
+        return tuple(self.S.shape)
+
+    @property
+    def n_directions(self) -> int:
+        return self.S.numel()
+
+    def coefficients(self, x: Tensor) -> Tensor:
+        """Direction coefficients ``[..., G, K]`` of the site output (or, for ``ov``, of the o input ``z``)."""
+        G = self.S.shape[0]
+        x = x.reshape(*x.shape[:-1], G, -1)
+        return torch.einsum("...gd,gdk->...gk", x, self.read if self.kind == "ov" else self.V)
+
+    def write(self, coef: Tensor) -> Tensor:
+        """``coef: [..., G, K]`` back to the site's output space ``[..., d_out]`` (``ov``: summed over heads)."""
+        if self.kind == "ov":
+            return torch.einsum("...gk,gdk->...d", coef, self.V)
+        return torch.einsum("...gk,gdk->...gd", coef, self.V).flatten(-2)
+
+
+def expand_kinds(view: ModelView, kinds: Sequence[str]) -> list[str]:
+    """Resolve the aliases ``qk`` and ``mlp`` for this architecture; unknown kinds fail in one line."""
+    out: list[str] = []
+    for kind in kinds:
+        if kind == "qk":
+            out += ["qk"] if view.rotary_dim == 0 else ["q", "k"]
+        elif kind == "mlp":
+            out += ["mlp_in", "mlp_gate", "mlp_out"] if view.gated_mlp else ["mlp_in", "mlp_out"]
+        elif kind not in KINDS:
+            allowed = ", ".join(list(KINDS) + ["mlp"])
+            raise ValueError(f"components: unknown component type {kind!r}; allowed: {allowed}")
+        else:
+            out.append(kind)
+    for kind in out:
+        if kind == "mlp_gate" and not view.gated_mlp:
+            raise ValueError(f"components: 'mlp_gate' but {view.model_type} has no gated MLP; use mlp_in, mlp_out")
+    return list(dict.fromkeys(out))
+
+
+def _svd(M: Tensor):
+    s = svd_dense(M.double())
+    return s.U.float(), s.S.float(), s.V.float()
+
+
+@torch.no_grad()
+def build_component(view: ModelView, kind: str, layer: int) -> Component:
+    """The SVD of one component (all groups), computed in float64 from the view's folded weights."""
+    view.check_layer(layer)
+    if kind == "qk":
+        if view.rotary_dim:
+            raise ValueError(f"components: joint 'qk' cannot be masked on rotary {view.model_type}; use q and k")
+        fm = view.qk(layer)
+        s = svd_factored(fm.A.double(), fm.B.double())
+        return Component(kind, layer, s.U.float(), s.S.float(), s.V.float(), scale=view.attn(layer).scale)
+    if kind == "ov":
+        fm = view.ov(layer)
+        s = svd_factored(fm.A.double(), fm.B.double())
+        U, S, V = s.U.float(), s.S.float(), s.V.float()
+        read = view.attn(layer).W_O.float() @ V  # [H, d_head, K]
+        return Component(kind, layer, U, S, V, read=read)
+    if kind == "q":
+        M = view.q_map(layer)
+    elif kind == "k":
+        M = view.k_map(layer)[:: view.n_heads // view.n_kv_heads]  # one map per KV head
+    elif kind == "mlp_in":
+        M = view.mlp_in(layer)[None]
+    elif kind == "mlp_gate":
+        M = view.mlp_gate(layer)[None]
+    elif kind == "mlp_out":
+        M = view.mlp_out(layer)[None]
+    else:
+        expand_kinds(view, [kind])  # raises the one-line error
+        raise AssertionError(kind)
+    return Component(kind, layer, *_svd(M))
+
+
+def build_components(view: ModelView, kinds: Sequence[str] = ("qk", "ov", "mlp"),
+                     layers: Sequence[int] | None = None, progress: bool = False) -> list[Component]:
+    """Every requested component of every layer (default all), ordered by layer then kind."""
+    kinds = expand_kinds(view, kinds)
+    layers = range(view.n_layers) if layers is None else [view.check_layer(int(l)) for l in layers]
+    todo = [(layer, kind) for layer in layers for kind in kinds]
+    if progress:
+        from tqdm.auto import tqdm
+
+        todo = tqdm(todo, desc="component SVDs")
+    return [build_component(view, kind, layer) for layer, kind in todo]
+
+
+def _rows(out: Tensor, positions: Tensor | None) -> Tensor:
+    return out if positions is None else out[torch.arange(out.shape[0], device=out.device), positions]
+
+
+def _put_rows(out: Tensor, positions: Tensor | None, rows: Tensor) -> Tensor:
+    if positions is None:
+        return rows
+    return out.index_put((torch.arange(out.shape[0], device=out.device), positions), rows)
+
+
+class Intervention:
+    """Hooks that run ``view.model`` with components rescaled (``apply``) or read (``record``)."""
+
+    def __init__(self, view: ModelView, components: Sequence[Component]):
+        self.view = view
+        self.components = {c.name: c for c in components}
+        if len(self.components) != len(components):
+            raise ValueError("components: the same (layer, kind) is listed twice")
+
+    def ones(self) -> dict[str, Tensor]:
+        """Scales that leave the model unchanged."""
+        return {name: torch.ones(c.shape, device=c.S.device) for name, c in self.components.items()}
+
+    def _check(self, scales: dict[str, Tensor]) -> None:
+        for name, lam in scales.items():
+            if name not in self.components:
+                raise KeyError(f"scales: no component {name!r}; known: {', '.join(list(self.components)[:6])}, ...")
+            if tuple(lam.shape) != self.components[name].shape:
+                raise ValueError(f"scales[{name!r}] has shape {tuple(lam.shape)}; expected {self.components[name].shape}")
+
+    def _by_site(self, names) -> dict[tuple[int, str], list[Component]]:
+        out: dict[tuple[int, str], list[Component]] = {}
+        for name in names:
+            c = self.components[name]
+            out.setdefault((c.layer, c.site), []).append(c)
+            if c.kind == "qk":
+                out.setdefault((c.layer, "k"), []).append(c)
+        return out
+
+    @contextmanager
+    def apply(self, scales: dict[str, Tensor], *, positions: Tensor | None = None,
+              reference: dict[str, Tensor] | None = None) -> Iterator[None]:
+        """Within the block, the model runs with ``scales[name]: [G, K]`` on each named component.
+
+        ``positions``: None (every position) or ``[batch]`` long, one position per example, for all
+        kinds but ``qk``. ``reference``: coefficients from ``record`` (same ``positions`` layout) to
+        patch toward; None is zero ablation. Differentiable in the scales.
+        """
+        self._check(scales)
+        view = self.view
+        with ExitStack() as stack:
+            normalized: dict[int, Tensor] = {}
+            for (layer, site), comps in self._by_site(scales).items():
+                if any(c.kind == "qk" for c in comps) and layer not in normalized:
+                    stack.enter_context(self._stash_normalized(layer, normalized))
+                hook = self._apply_hook(layer, site, comps, scales, positions, reference, normalized)
+                stack.enter_context(_registered(view.site_module(layer, site), hook))
+            yield
+
+    def _apply_hook(self, layer, site, comps, scales, positions, reference, normalized):
+        view = self.view
+
+        def hook(module, args, out):
+            for c in comps:
+                lam = scales[c.name].to(out.dtype)
+                if c.kind == "qk":
+                    out = view.with_site_output(layer, site, out, self._qk_site(c, site, normalized[layer], lam, out))
+                    continue
+                rows = _rows(out, positions)
+                ref = None if reference is None else reference[c.name]
+                if c.kind == "ov":
+                    coef = c.coefficients(_rows(args[0], positions))
+                    delta = c.write((coef if ref is None else coef - ref) * (lam - 1))
+                    out = _put_rows(out, positions, rows + delta)
+                else:
+                    own = view.site_output(layer, site, rows)
+                    coef = c.coefficients(own)
+                    new = own + c.write((coef if ref is None else coef - ref) * (lam - 1))
+                    out = _put_rows(out, positions, view.with_site_output(layer, site, rows, new))
+            return out
+
+        return hook
+
+    def _qk_site(self, c: Component, site: str, x: Tensor, lam: Tensor, out: Tensor) -> Tensor:
+        """Query or key replacement for a joint QK component (``[..., H * d_head]``)."""
+        basis = c.U if site == "q" else c.V  # [H, d+1, K]
+        proj = torch.einsum("...d,hdk->...hk", x.to(basis.dtype), basis[:, 1:]) + basis[:, 0]
+        if site == "q":
+            proj = proj * (c.S * lam) / c.scale
+        d_head = self.view.d_head
+        if proj.shape[-1] < d_head:
+            proj = torch.nn.functional.pad(proj, (0, d_head - proj.shape[-1]))
+        return proj.flatten(-2).to(out.dtype)
+
+    @contextmanager
+    def _stash_normalized(self, layer: int, store: dict[int, Tensor]):
+        view = self.view
+
+        def pre(module, args, kwargs):
+            resid = args[0] if args else kwargs["hidden_states"]
+            store[layer] = view.normalized("attn", layer, resid)
+
+        handle = view.block(layer).register_forward_pre_hook(pre, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+            store.pop(layer, None)
+
+    @contextmanager
+    def record(self, names: Sequence[str] | None = None, *, positions: Tensor | None = None) -> Iterator[dict]:
+        """Within the block, forward passes store each component's coefficients ``[batch, (pos,) G, K]``
+        (at ``positions`` if given) into the yielded dict: the ``reference`` for patching."""
+        names = list(self.components) if names is None else list(names)
+        store: dict[str, Tensor] = {}
+        view = self.view
+        with ExitStack() as stack:
+            for (layer, site), comps in self._by_site(names).items():
+                comps = [c for c in comps if c.kind != "qk"]  # joint QK masks only zero-ablate
+                if not comps:
+                    continue
+
+                def hook(module, args, out, layer=layer, site=site, comps=comps):
+                    for c in comps:
+                        src = args[0] if c.kind == "ov" else view.site_output(layer, site, out)
+                        store[c.name] = c.coefficients(_rows(src, positions)).detach()
+
+                stack.enter_context(_registered(view.site_module(layer, site), hook))
+            yield store
+
+
+@contextmanager
+def _registered(module: torch.nn.Module, hook):
+    handle = module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
