@@ -1,0 +1,414 @@
+"""Tiled-SVD mounts of a linear site and their scores on real activations (pure functions).
+
+A *site* is one linear map ``dh = W x + b`` of a transformer layer (q, k, v, o, gate, up, down),
+``W: [d_out, d_in]``. A *mount* is a triple (trigger ``v`` in input space, write ``u`` in output
+space, strength ``sigma``). Tiled SVD splits the input columns into tiles ``B_t = W[:, s:e]`` and
+keeps the top ``k`` singular triples of each tile, so ``B_t x_t = sum_j sigma_j u_j (v_j . x_t)``
+up to the dropped modes (the *SVD identity*). Three baselines get the same number of mounts: the
+whole-matrix SVD, norm-weighted column sampling, and random unit directions.
+
+Every data statistic is a *sum over tokens* (``site_sums``), so it streams over batches and
+DDP ranks and is turned into figures only at the end (``summarize``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+from torch import Tensor
+
+STRATEGIES: tuple[str, ...] = ("tiled", "whole", "columns", "random")
+EPS = 1e-12
+REF_SEED, REF_STRIDE = 10007, 997  # per-mount random reference direction j uses seed 10007 + 997 j
+
+
+@dataclass
+class Mounts:
+    """``n`` mounts: writes ``U: [d_out, n]`` (unit), triggers ``V: [d_in, n]`` (unit, zero outside
+    the mount's tile), strengths ``S: [n]``, tile index ``tile: [n]`` (-1 when not tiled)."""
+
+    U: Tensor
+    V: Tensor
+    S: Tensor
+    tile: Tensor
+
+    def __len__(self) -> int:
+        return self.U.shape[1]
+
+
+# --- building mounts ------------------------------------------------------------------------------
+def tile_bounds(d_in: int, tile_width: int, key: str = "tile_width") -> list[tuple[int, int]]:
+    """Column ranges ``[(s, e), ...]`` of the tiles (the last one may be narrower)."""
+    if not isinstance(tile_width, int) or tile_width <= 0 or tile_width > d_in:
+        raise ValueError(f"{key}={tile_width!r} is not allowed: a tile width must be an integer in 1..{d_in}"
+                         " (the site's input size)")
+    return [(s, min(s + tile_width, d_in)) for s in range(0, d_in, tile_width)]
+
+
+def check_modes(modes: int, tile_width: int, d_out: int, key: str = "modes_per_tile") -> int:
+    if not isinstance(modes, int) or modes <= 0 or modes > min(tile_width, d_out):
+        raise ValueError(f"{key}={modes!r} is not allowed: modes per tile must be an integer in "
+                         f"1..{min(tile_width, d_out)} (at most the tile width {tile_width} and output size {d_out})")
+    return modes
+
+
+def top_svd(B: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The top ``k`` singular triples ``(U [m, k], S [k], Vh [k, n])`` of ``B`` (float64), from the
+    eigen-decomposition of the Gram matrix of its smaller side: exact for the leading triples and far
+    cheaper than a full SVD (``k`` is at most ``min(B.shape)``)."""
+    B = B.double()
+    k = min(k, *B.shape)
+    left = B.shape[0] <= B.shape[1]
+    evals, evecs = torch.linalg.eigh(B @ B.mT if left else B.mT @ B)
+    evecs = evecs[:, -k:].flip(1)
+    S = evals[-k:].flip(0).clamp_min(0).sqrt()
+    other = (B.mT @ evecs if left else B @ evecs) / S.clamp_min(EPS)
+    U, V = (evecs, other) if left else (other, evecs)
+    return U, S, V.mT
+
+
+def tile_svds(W: Tensor, bounds: list[tuple[int, int]], k: int) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Top ``k`` singular triples ``(U, S, Vh)`` of each column tile ``W[:, s:e]`` (float64)."""
+    return [top_svd(W[:, s:e], k) for s, e in bounds]
+
+
+def mounts_from_tiles(svds, bounds: list[tuple[int, int]], d_in: int, modes: int) -> Mounts:
+    """The top ``modes`` triples of each tile (a ragged last tile keeps at most its rank)."""
+    Us, Vs, Ss, tiles = [], [], [], []
+    for t, ((U, S, Vh), (s, e)) in enumerate(zip(svds, bounds)):
+        k = min(modes, S.numel())
+        V = torch.zeros(d_in, k, dtype=torch.float64)
+        V[s:e] = Vh[:k].mT
+        Us.append(U[:, :k]), Vs.append(V), Ss.append(S[:k]), tiles.append(torch.full((k,), t))
+    return Mounts(torch.cat(Us, 1), torch.cat(Vs, 1), torch.cat(Ss), torch.cat(tiles))
+
+
+def tiled_svd_mounts(W: Tensor, tile_width: int, modes: int) -> Mounts:
+    """Top ``modes`` singular triples of each column tile of ``W: [d_out, d_in]``."""
+    d_out, d_in = W.shape
+    bounds = tile_bounds(d_in, tile_width)
+    check_modes(modes, tile_width, d_out)
+    return mounts_from_tiles(tile_svds(W, bounds, modes), bounds, d_in, modes)
+
+
+def whole_svd_mounts(W: Tensor, n: int) -> Mounts:
+    """The top ``n`` singular triples of the whole matrix."""
+    if n > min(W.shape):
+        raise ValueError(f"mount budget {n} exceeds the rank bound {min(W.shape)} of the {tuple(W.shape)} site;"
+                         " lower modes_per_tile or widen the tiles")
+    U, S, Vh = top_svd(W, n)
+    return Mounts(U, Vh.mT, S, torch.full((n,), -1))
+
+
+def column_sample_mounts(W: Tensor, n: int, seed: int = 0) -> Mounts:
+    """Draw ``min(4n, d_in)`` columns without replacement with probability proportional to their
+    norm, keep the ``n`` of highest norm; write = the normalised column, trigger = that input axis."""
+    W = W.double()
+    norms = W.norm(dim=0)
+    g = torch.Generator().manual_seed(seed)
+    drawn = torch.multinomial(norms.clamp_min(EPS), min(4 * n, W.shape[1]), replacement=False, generator=g)
+    cols = drawn[norms[drawn].argsort(descending=True)[:n]]
+    V = torch.zeros(W.shape[1], n, dtype=torch.float64)
+    V[cols, torch.arange(n)] = 1.0
+    return Mounts(W[:, cols] / norms[cols].clamp_min(EPS), V, norms[cols], torch.full((n,), -1))
+
+
+def random_units(d: int, n: int, seed: int) -> Tensor:
+    """``n`` Gaussian unit vectors ``[d, n]`` from one seeded generator."""
+    X = torch.randn(d, n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return X / X.norm(dim=0, keepdim=True)
+
+
+def random_mounts(d_out: int, d_in: int, n: int, seed: int = 0) -> Mounts:
+    """Random unit writes (``seed``) and triggers (``seed + 1``), strength 1."""
+    return Mounts(random_units(d_out, n, seed), random_units(d_in, n, seed + 1), torch.ones(n, dtype=torch.float64),
+                  torch.full((n,), -1))
+
+
+def reference_directions(d_out: int, n: int) -> Tensor:
+    """The per-mount random references ``[d_out, n]``: column j from its own seed ``10007 + 997 j``, so
+    mount j of every strategy is compared with the same random direction."""
+    return torch.cat([random_units(d_out, 1, REF_SEED + REF_STRIDE * j) for j in range(n)], dim=1)
+
+
+def strategy_mounts(W: Tensor, tile_width: int, modes: int, seed: int = 0, tiled: Mounts | None = None
+                    ) -> dict[str, Mounts]:
+    """The four strategies at the tiled budget ``n`` (the number of tiled mounts)."""
+    tiled = tiled if tiled is not None else tiled_svd_mounts(W, tile_width, modes)
+    n = len(tiled)
+    return {"tiled": tiled, "whole": whole_svd_mounts(W, n), "columns": column_sample_mounts(W, n, seed),
+            "random": random_mounts(W.shape[0], W.shape[1], n, seed)}
+
+
+# --- effective paths ------------------------------------------------------------------------------
+def gate_weighted(W_up: Tensor, mean_gate: Tensor) -> Tensor:
+    """``W* = diag(mean gate activation) W_up``: the up map as seen through the average gate."""
+    return mean_gate.to(W_up.dtype).unsqueeze(1) * W_up
+
+
+def ridge_map(XtX: Tensor, XtZ: Tensor, ridge: float) -> Tensor:
+    """``W: [d_z, d_x]`` minimising ``sum_t ||z_t - W x_t||^2 + lam ||W||^2`` from the sufficient
+    statistics ``X^T X`` and ``X^T Z``; ``lam = ridge * trace(X^T X) / d_x`` (scale-free)."""
+    if ridge < 0:
+        raise ValueError(f"v_ridge={ridge!r} is not allowed: the ridge strength must be >= 0")
+    d = XtX.shape[0]
+    lam = ridge * torch.trace(XtX) / d
+    A = XtX.double() + lam * torch.eye(d, dtype=torch.float64, device=XtX.device)
+    return torch.linalg.solve(A, XtZ.double()).mT
+
+
+# --- streaming statistics -------------------------------------------------------------------------
+def orthonormal_span(U: Tensor, rtol: float = 1e-8) -> Tensor:
+    """Orthonormal basis of the column span of ``U`` (numerical rank kept)."""
+    Q, s, _ = torch.linalg.svd(U, full_matrices=False)
+    return Q[:, s > rtol * s.max()]
+
+
+@dataclass
+class CoverageDict:
+    """A dictionary ``D: [d_out, n]`` (unit columns) and its Gram matrix, for sparse coverage."""
+
+    D: Tensor
+    G: Tensor
+
+    @classmethod
+    def of(cls, D: Tensor) -> "CoverageDict":
+        D = D / D.norm(dim=0, keepdim=True).clamp_min(EPS)
+        return cls(D, D.mT @ D)
+
+
+def energy_ratio_sums(dh: Tensor, U: Tensor, norm2: Tensor) -> Tensor:
+    """``sum_t (dh_t . u_j)^2 / (||dh_t||^2 + eps)`` for each column ``u_j`` -> ``[n]``."""
+    return ((dh @ U) ** 2 / (norm2 + EPS).unsqueeze(1)).sum(0)
+
+
+def sparse_explained(c: Tensor, G: Tensor, k_active: int) -> Tensor:
+    """``sum_t ||P_t dh_t||^2``: energy of each ``dh_t`` explained by the least-squares fit on its
+    ``k_active`` dictionary atoms of largest ``|<dh_t, d>|``, from the projections ``c = dh D: [T, n]``
+    and the dictionary's Gram matrix ``G = D^T D``. The fit is solved on the atoms' Gram block
+    (explained energy ``c_k^T G_k^{-1} c_k``), so nothing of size ``d_out`` is gathered per token."""
+    c = c.double()
+    k = min(k_active, c.shape[1])
+    idx = c.abs().topk(k, dim=1).indices  # [T, k]
+    ck = c.gather(1, idx).unsqueeze(2)
+    Gk = G[idx.unsqueeze(2), idx.unsqueeze(1)]  # [T, k, k]
+    L, info = torch.linalg.cholesky_ex(Gk)
+    ok = info == 0
+    total = (torch.linalg.solve_triangular(L[ok], ck[ok], upper=False) ** 2).sum()
+    if not ok.all():  # (near-)dependent atoms: pseudo-inverse through the eigenbasis
+        evals, evecs = torch.linalg.eigh(Gk[~ok])
+        proj = (evecs.mT @ ck[~ok]).squeeze(2)
+        keep = evals > 1e-10 * evals[:, -1:].clamp_min(EPS)
+        total = total + (proj ** 2 / torch.where(keep, evals, torch.ones_like(evals)) * keep).sum()
+    return total
+
+
+@dataclass
+class SitePlan:
+    """Everything fixed by the weights that scoring one site-layer needs."""
+
+    W: Tensor  # [d_out, d_in]: the mount matrix (effective map on effective paths)
+    strategies: dict[str, Mounts]
+    ref: Tensor  # [d_out, n]
+    spans: dict[str, Tensor]
+    coverage: list[tuple[int, CoverageDict, CoverageDict]]  # (modes, tiled, random same size)
+    tiles: list[tuple[int, int]]
+    k_active: int
+    layout: dict[str, int] = field(default_factory=dict)
+    proj: Tensor | None = None  # [d_out, N] float32: every direction dh is projected on, side by side
+    blocks: dict[str, slice] = field(default_factory=dict)  # where each group of directions sits in proj
+    W32: Tensor | None = None
+    V32: Tensor | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.strategies["tiled"])
+
+    @property
+    def size(self) -> int:
+        return sum(self.layout.values())
+
+
+def plan_site(W: Tensor, tile_width: int, modes: int, modes_sweep: list[int] | tuple[int, ...], k_active: int,
+              seed: int = 0, key: str = "tile_width") -> SitePlan:
+    """Build the mounts of all strategies, references, span bases and coverage dictionaries of ``W``."""
+    W = W.detach().double().cpu()
+    d_out, d_in = W.shape
+    tiles = tile_bounds(d_in, tile_width, key)
+    if not isinstance(k_active, int) or k_active <= 0:
+        raise ValueError(f"k_active={k_active!r} is not allowed: it must be a positive integer")
+    check_modes(modes, tile_width, d_out)
+    for m in modes_sweep:
+        check_modes(m, tile_width, d_out, "modes_sweep")
+    svds = tile_svds(W, tiles, max(modes, *modes_sweep))  # once, shared by the strategy and the sweep
+    strategies = strategy_mounts(W, tile_width, modes, seed, mounts_from_tiles(svds, tiles, d_in, modes))
+    n = len(strategies["tiled"])
+    coverage = []
+    for m in modes_sweep:
+        D = mounts_from_tiles(svds, tiles, d_in, m).U
+        coverage.append((m, CoverageDict.of(D), CoverageDict.of(random_units(d_out, D.shape[1], seed + 2))))
+    plan = SitePlan(W, strategies, reference_directions(d_out, n),
+                    {s: orthonormal_span(mt.U) for s, mt in strategies.items()}, coverage, tiles, k_active)
+    groups = {**{f"lift_{s}": m.U for s, m in strategies.items()}, "ref": plan.ref,
+              **{f"span_{s}": Q for s, Q in plan.spans.items()},
+              **{f"cov_t{i}": t.D for i, (_, t, _) in enumerate(coverage)},
+              **{f"cov_r{i}": r.D for i, (_, _, r) in enumerate(coverage)}}
+    start = 0
+    for name, D in groups.items():
+        plan.blocks[name] = slice(start, start + D.shape[1])
+        start += D.shape[1]
+    plan.proj = torch.cat(list(groups.values()), dim=1).float()
+    plan.W32 = W.float()
+    plan.V32 = (strategies["tiled"].V * strategies["tiled"].S).float()
+    plan.layout = {"tokens": 1, "energy": 1, "lift": len(STRATEGIES) * n, "ref": n, "span": len(STRATEGIES),
+                   "cover_tiled": len(coverage), "cover_random": len(coverage),
+                   "tile_mode": n, "tile_ref": n, "ident_err": n, "ident_norm": n}
+    return plan
+
+
+def site_sums(plan: SitePlan, x: Tensor, dh: Tensor) -> Tensor:
+    """All token sums of one batch, flattened in ``plan.layout`` order (float64).
+
+    ``x: [T, d_in]`` is the site input (what ``W`` reads), ``dh: [T, d_out]`` the write scored
+    (the site output, or the gated product / mixed value on effective paths)."""
+    x, dh = x.float(), dh.float()
+    P = dh @ plan.proj  # [T, N]: every projection at once
+    norm2 = (dh.double() ** 2).sum(1)
+    ratio = (P.double() ** 2 / (norm2 + EPS).unsqueeze(1)).sum(0)  # [N]
+    b = plan.blocks
+    out = {"tokens": torch.tensor([float(dh.shape[0])], dtype=torch.float64), "energy": norm2.sum().reshape(1),
+           "lift": torch.cat([ratio[b[f"lift_{s}"]] for s in STRATEGIES]), "ref": ratio[b["ref"]],
+           "span": torch.stack([ratio[b[f"span_{s}"]].sum() for s in STRATEGIES]),
+           "cover_tiled": torch.stack([sparse_explained(P[:, b[f"cov_t{i}"]], t.G, plan.k_active)
+                                       for i, (_, t, _) in enumerate(plan.coverage)]),
+           "cover_random": torch.stack([sparse_explained(P[:, b[f"cov_r{i}"]], r.G, plan.k_active)
+                                        for i, (_, _, r) in enumerate(plan.coverage)])}
+    # tile-local statistics of the tiled mounts: tile write tw = B_t x_t, its energy along u_j
+    # (tile_mode), along the reference (tile_ref), and the SVD identity tw . u_j = sigma_j (v_j . x)
+    tiled = plan.strategies["tiled"]
+    trig = (x @ plan.V32).double()  # [T, n]: sigma_j (v_j . x_t)
+    U32, ref32 = plan.proj[:, b["lift_tiled"]], plan.proj[:, b["ref"]]
+    tm, tr, ie, inn = (torch.zeros(plan.n, dtype=torch.float64) for _ in range(4))
+    for t, (s, e) in enumerate(plan.tiles):
+        j = (tiled.tile == t).nonzero().squeeze(1)
+        tw = x[:, s:e] @ plan.W32[:, s:e].mT
+        tn2 = (tw.double() ** 2).sum(1).unsqueeze(1) + EPS
+        proj, rp = (tw @ U32[:, j]).double(), (tw @ ref32[:, j]).double()
+        tm[j] = (proj ** 2 / tn2).sum(0)
+        tr[j] = (rp ** 2 / tn2).sum(0)
+        ie[j] = ((proj - trig[:, j]) ** 2).sum(0)
+        inn[j] = (proj ** 2).sum(0)
+    out.update(tile_mode=tm, tile_ref=tr, ident_err=ie, ident_norm=inn)
+    return torch.cat([out[k].reshape(-1) for k in plan.layout])
+
+
+def unflatten(plan: SitePlan, sums: Tensor) -> dict[str, Tensor]:
+    parts = torch.split(sums.double().cpu(), list(plan.layout.values()))
+    return dict(zip(plan.layout, parts))
+
+
+def summarize(plan: SitePlan, sums: Tensor) -> dict:
+    """Turn accumulated sums into the site-layer's figures (plain floats and lists)."""
+    p = unflatten(plan, sums)
+    T = p["tokens"].item()
+    if T <= 0:
+        raise ValueError("no tokens were scored for this site; the token budget or fit_fraction leaves none")
+    n = plan.n
+    ref = p["ref"] / T
+    per_mount = (p["lift"].reshape(len(STRATEGIES), n) / T - ref)  # full-write lift of each mount
+    span = p["span"] / T
+    cov_t = p["cover_tiled"] / p["energy"]
+    cov_r = p["cover_random"] / p["energy"]
+    tile_lift = (p["tile_mode"] - p["tile_ref"]) / T
+    row = {"n_tokens": int(T), "n_mounts": n}
+    for i, s in enumerate(STRATEGIES):
+        row[f"lift_{s}"] = per_mount[i].mean().item()
+    for i, s in enumerate(STRATEGIES):
+        row[f"span_{s}"] = span[i].item()
+        row[f"span_lift_{s}"] = (span[i] - span[STRATEGIES.index("random")]).item()
+    row["coverage_modes"] = [m for m, _, _ in plan.coverage]
+    row["coverage_tiled"] = cov_t.tolist()
+    row["coverage_random"] = cov_r.tolist()
+    row["coverage_lift"] = (cov_t - cov_r).tolist()
+    row["tile_lift"] = tile_lift.tolist()
+    row["identity_rel_err"] = (p["ident_err"].sum() / p["ident_norm"].sum().clamp_min(EPS)).sqrt().item()
+    return row
+
+
+# --- steering and the unembedding reading -------------------------------------------------------
+def ranks(a: Tensor) -> Tensor:
+    """Ordinal ranks 0..n-1 (ties broken by position, no tie correction)."""
+    r = torch.empty_like(a, dtype=torch.float64)
+    r[a.argsort(stable=True)] = torch.arange(a.numel(), dtype=torch.float64)
+    return r
+
+
+def spearman(a: Tensor, b: Tensor) -> float:
+    """Spearman rho as the Pearson correlation of ordinal ranks."""
+    ra, rb = ranks(a.flatten()), ranks(b.flatten())
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return (ra @ rb / (ra.norm() * rb.norm()).clamp_min(EPS)).item()
+
+
+def topk_jaccard(a: Tensor, b: Tensor, k: int = 20) -> float:
+    """Jaccard overlap of the indices of the ``k`` largest entries of ``a`` and of ``b``."""
+    k = min(k, a.numel())
+    ia, ib = set(a.flatten().topk(k).indices.tolist()), set(b.flatten().topk(k).indices.tolist())
+    return len(ia & ib) / len(ia | ib)
+
+
+# --- pass rules -----------------------------------------------------------------------------------
+@dataclass
+class MountRules:
+    """Every threshold of the per-site-layer pass rule (defaults: the paper's)."""
+
+    a1_margin: float = 0.005             # A1: tiled lift > random lift + margin
+    a1_margin_effective: float = 0.002
+    a2_slack: float = 0.002              # A2: tiled >= column sampling - slack
+    a3_max_rel_err: float = 1e-4         # A3: the SVD identity holds on the data (relative error)
+    a4_slack_residual: float = 0.002     # A4: tiled + slack >= whole, or tiled / whole >= floor
+    a4_floor_residual: float = 0.80
+    a4_slack: float = 0.005
+    a4_floor: float = 0.70
+    b1_peak_residual: float = 0.25       # B1: peak coverage lift >= floor
+    b1_peak: float = 0.15
+    b1_peak_effective: float = 0.08
+    b1_early_points_residual: int = 2    # best of the first points >= peak - early margin
+    b1_early_points: int = 3
+    b1_early_margin: float = 0.08
+    b1_last_margin: float = 0.10         # last point >= peak - last margin
+    c1_min_layer: int = 6                # C1 required on residual writes at layer >= this
+    c1_min_rho: float = 0.05             # pass if mean rho >= this or mean Jaccard >= c1_min_jaccard
+    c1_min_jaccard: float = 0.05
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "MountRules":
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(d) - known)
+        if bad:
+            raise ValueError(f"rules key {bad[0]!r} is unknown; allowed keys: {', '.join(sorted(known))}")
+        return cls(**d)
+
+
+def judge(row: dict, rules: MountRules, *, residual: bool, effective: bool) -> dict[str, bool | None]:
+    """The checks A1-A4, B1, C1 of one site-layer (C1 is None where it is not required) and ``pass``."""
+    t, w, c, r = (row[f"lift_{s}"] for s in STRATEGIES)
+    checks: dict[str, bool | None] = {}
+    checks["A1"] = t > r + (rules.a1_margin_effective if effective else rules.a1_margin)
+    checks["A2"] = t >= c - rules.a2_slack
+    checks["A3"] = row["identity_rel_err"] <= rules.a3_max_rel_err
+    slack, floor = ((rules.a4_slack_residual, rules.a4_floor_residual) if residual else (rules.a4_slack, rules.a4_floor))
+    checks["A4"] = t + slack >= w or (w > 0 and t / w >= floor)
+    lifts = row["coverage_lift"]
+    peak = max(lifts)
+    floor_b = rules.b1_peak_residual if residual else (rules.b1_peak_effective if effective else rules.b1_peak)
+    early = max(lifts[: rules.b1_early_points_residual if residual else rules.b1_early_points])
+    checks["B1"] = peak >= floor_b and early >= peak - rules.b1_early_margin and lifts[-1] >= peak - rules.b1_last_margin
+    if residual and row["layer"] >= rules.c1_min_layer:
+        rho, jac = row.get("steer_rho"), row.get("steer_jaccard")
+        checks["C1"] = rho is not None and (rho >= rules.c1_min_rho or jac >= rules.c1_min_jaccard)
+    else:
+        checks["C1"] = None
+    checks["pass"] = all(v for v in checks.values() if v is not None)
+    return {k: (None if v is None else bool(v)) for k, v in checks.items()}

@@ -1,0 +1,356 @@
+"""Tiled-SVD mounts of every linear site of a frozen LM, scored on a text stream (``python -m lit_svd test``).
+
+One forward pass per batch; forward hooks capture each layer's site inputs and outputs and reduce them
+to token sums as soon as the layer finishes (``lit_svd.analysis.mounts.site_sums``), so memory holds one
+layer's activations of one batch. Sums live in torchmetrics states (``dist_reduce_fx="sum"``), so a DDP
+run over sharded tokens gives the same table as one process.
+
+Effective paths (``effective_paths=True``): ``up`` is mounted on ``diag(mean gate activation) W_up``
+and scored on the gated product; ``v`` on a ridge map from the v input to the per-head mixed value
+(the o input). Their data statistics (mean gate, ridge sufficient statistics) are gathered on the first
+``fit_fraction`` of each rank's batches and the paths are scored only on the remaining batches, so the
+fit never sees a scored token.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from tqdm.auto import tqdm
+
+from lit_svd.analysis import mounts as M
+from lit_svd.models.base import SITES
+from lit_svd.modules.pretrained import PretrainedLMModule
+
+RESIDUAL_SITES = ("o", "down")
+DEFAULT_TILE_WIDTHS = {"q": 128, "k": 256, "v": 256, "o": 512, "gate": 512, "up": 512, "down": 512}
+
+
+class SumState(Metric):
+    """A flat float64 vector of token sums, summed over batches and DDP ranks."""
+
+    full_state_update = False
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.add_state("sums", torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, value: Tensor) -> None:
+        self.sums += value.to(self.sums)
+
+    def compute(self) -> Tensor:
+        return self.sums
+
+
+def _tokens(t: Tensor, mask: Tensor | None) -> Tensor:
+    """``[batch, pos, d] -> [tokens, d]`` keeping positions where ``mask`` is 1."""
+    t = t.reshape(-1, t.shape[-1])
+    return t if mask is None else t[mask]
+
+
+class MountsAnalysisModule(PretrainedLMModule):
+    """Scores tiled-SVD mounts against whole-matrix SVD, column sampling and random directions on every
+    requested site-layer; the results (``self.rows``) are written by ``lit_svd.callbacks.MountsReport``."""
+
+    def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
+                 sites: list[str] | None = None, layers: list[int] | None = None,
+                 tile_widths: dict[str, int] | None = None, modes_per_tile: int = 2,
+                 modes_sweep: list[int] = (1, 2, 4, 8, 16), k_active: int = 8, seed: int = 0,
+                 effective_paths: bool = True, fit_fraction: float = 0.5, v_ridge: float = 1e-3,
+                 steer_alpha: float = 2.0, steer_mounts: int = 8, steer_texts: int = 8, steer_tokens: int = 32,
+                 rules: dict | None = None):
+        super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
+        self.save_hyperparameters()
+        view = self.view
+        self.sites = list(sites) if sites is not None else [s for s in SITES if s != "gate" or view.gated_mlp]
+        for s in self.sites:
+            view.check_site(s)
+        self.layers = list(range(view.n_layers)) if layers is None else [view.check_layer(int(l)) for l in layers]
+        self.tile_widths = {**DEFAULT_TILE_WIDTHS, **(tile_widths or {})}
+        unknown = sorted(set(self.tile_widths) - set(SITES))
+        if unknown:
+            raise ValueError(f"tile_widths key {unknown[0]!r} is unknown; allowed: {', '.join(SITES)}")
+        if not 0.0 < fit_fraction < 1.0:
+            raise ValueError(f"fit_fraction={fit_fraction!r} is not allowed: it must lie strictly between 0 and 1")
+        for key, value in (("steer_mounts", steer_mounts), ("steer_texts", steer_texts), ("steer_tokens", steer_tokens)):
+            if int(value) <= 0:
+                raise ValueError(f"{key}={value!r} is not allowed: it must be a positive integer")
+        self.rules = M.MountRules.from_dict(rules)
+        self.effective = {s for s in ("v", "up") if effective_paths and s in self.sites}
+        if "up" in self.effective and not view.gated_mlp:
+            self.effective.discard("up")  # ungated MLPs: up is scored on its own output
+        # validate every tile width and mode count against the site shapes now (one clear line each)
+        for s in self.sites:
+            d_in, d_out = self._site_shape(s)
+            bounds = M.tile_bounds(d_in, self.tile_widths[s], f"tile_widths.{s}")
+            for m in (modes_per_tile, *modes_sweep):
+                M.check_modes(m, bounds[0][1] - bounds[0][0], d_out,
+                              "modes_per_tile" if m == modes_per_tile else "modes_sweep")
+        self.plans: dict[str, M.SitePlan] = {}
+        self.sums = torch.nn.ModuleDict()
+        self.fit = torch.nn.ModuleDict()
+        self.rows: list[dict] = []
+        self._stash: dict = {}
+
+    # --- shapes and plans --------------------------------------------------------------------------
+    def _site_shape(self, site: str) -> tuple[int, int]:
+        """``(d_in, d_out)`` of the matrix mounts are taken from (effective map on effective paths)."""
+        v = self.view
+        if site == "v" and site in self.effective:
+            return v.d_model, v.n_heads * v.d_head
+        if site == "up" and site in self.effective:
+            return v.d_model, v.d_mlp
+        W, _ = v.site_weight(self.layers[0], site)
+        return W.shape
+
+    @staticmethod
+    def key(layer: int, site: str) -> str:
+        return f"L{layer}_{site}"
+
+    def _plan(self, W_out_in: Tensor, site: str) -> M.SitePlan:
+        hp = self.hparams
+        return M.plan_site(W_out_in, self.tile_widths[site], hp.modes_per_tile, list(hp.modes_sweep), hp.k_active,
+                           hp.seed, f"tile_widths.{site}")
+
+    def setup(self, stage: str) -> None:
+        if self.plans:
+            return
+        jobs = [(l, s) for l in self.layers for s in self.sites if s not in self.effective]
+        for l, s in tqdm(jobs, desc="mount plans", disable=not self._is_zero()):
+            W, _ = self.view.site_weight(l, s)
+            plan = self._plan(W.mT, s)
+            self.plans[self.key(l, s)] = plan
+            self.sums[self.key(l, s)] = SumState(plan.size)
+        # effective plans are built after the fit; their state sizes follow from the shape alone
+        sizes = {s: self._plan(torch.randn(*self._site_shape(s)[::-1], generator=torch.Generator().manual_seed(0)),
+                               s).size for s in self.effective}
+        for l in self.layers:
+            for s in self.effective:
+                self.sums[self.key(l, s)] = SumState(sizes[s])
+            if self.effective:
+                v = self.view
+                self.fit[f"L{l}"] = SumState(1 + v.d_mlp + v.d_model * (v.d_model + v.n_heads * v.d_head))
+
+    def _is_zero(self) -> bool:
+        return self._trainer is None or self.trainer.is_global_zero
+
+    # --- the forward pass with taps ----------------------------------------------------------------
+    def _n_fit_batches(self) -> int:
+        n = self.trainer.num_test_batches[0]
+        if n == float("inf") or n < 2:
+            raise ValueError(f"the test stream has {n} batches per process; effective paths need at least 2"
+                             " (one to fit, one to score): give more tokens or a smaller batch size")
+        return max(1, min(int(n) - 1, int(round(self.hparams.fit_fraction * n))))
+
+    @contextmanager
+    def _taps(self, mask: Tensor | None, fitting: bool):
+        """Forward hooks on every site module of the requested layers; each layer is reduced to sums
+        when its block finishes."""
+        v = self.view
+        handles = []
+        for l in self.layers:
+            store: dict = {}
+            needed = set(self.sites) | ({"o"} if "v" in self.effective else set()) | \
+                ({"gate", "down"} if "up" in self.effective else set())
+
+            def tap(mod, args, out, store=store):
+                store[id(mod)] = (args[0], out)
+
+            seen = set()
+            for s in needed:
+                mod = v.site_module(l, s)
+                if id(mod) not in seen:
+                    seen.add(id(mod))
+                    handles.append(mod.register_forward_hook(tap))
+
+            def done(mod, args, out, l=l, store=store):
+                self._reduce_layer(l, store, mask, fitting)
+                store.clear()
+
+            handles.append(v.block(l).register_forward_hook(done))
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _site_io(self, l: int, s: str, store: dict) -> tuple[Tensor, Tensor]:
+        mod = self.view.site_module(l, s)
+        x, out = store[id(mod)]
+        return x, self.view.site_output(l, s, out)
+
+    def _reduce_layer(self, l: int, store: dict, mask: Tensor | None, fitting: bool) -> None:
+        for s in self.sites:
+            if s in self.effective:
+                continue
+            x, dh = self._site_io(l, s, store)
+            k = self.key(l, s)
+            self.sums[k].update(M.site_sums(self.plans[k], _tokens(x, mask), _tokens(dh, mask)))
+        if not self.effective:
+            return
+        v = self.view
+        x_v, _ = self._site_io(l, "v", store) if "v" in self.effective else (None, None)
+        z, _ = self._site_io(l, "o", store) if "v" in self.effective else (None, None)
+        x_up, _ = self._site_io(l, "up", store) if "up" in self.effective else (None, None)
+        p, _ = self._site_io(l, "down", store) if "up" in self.effective else (None, None)
+        if fitting:
+            parts = [torch.zeros(1, dtype=torch.float64), torch.zeros(v.d_mlp, dtype=torch.float64),
+                     torch.zeros(v.d_model * (v.d_model + v.n_heads * v.d_head), dtype=torch.float64)]
+            if "up" in self.effective:
+                _, g = self._site_io(l, "gate", store)
+                gate = v.mlp(l).act(_tokens(g, mask)).double()
+                parts[0][0] = gate.shape[0]
+                parts[1] = gate.sum(0)
+            if "v" in self.effective:
+                X, Z = _tokens(x_v, mask).double(), _tokens(z, mask).double()
+                parts[0][0] = X.shape[0]
+                parts[2] = torch.cat([(X.mT @ X).reshape(-1), (X.mT @ Z).reshape(-1)])
+            self.fit[f"L{l}"].update(torch.cat(parts))
+            return
+        if "v" in self.effective:
+            k = self.key(l, "v")
+            self.sums[k].update(M.site_sums(self.plans[k], _tokens(x_v, mask), _tokens(z, mask)))
+        if "up" in self.effective:
+            k = self.key(l, "up")
+            self.sums[k].update(M.site_sums(self.plans[k], _tokens(x_up, mask), _tokens(p, mask)))
+
+    def _build_effective(self) -> None:
+        """Reduce the fit statistics over ranks and mount the effective maps."""
+        v = self.view
+        d, dz = v.d_model, v.n_heads * v.d_head
+        for l in self.layers:
+            f = self.fit[f"L{l}"].compute().double().cpu()
+            count, gate, rest = f[0], f[1:1 + v.d_mlp], f[1 + v.d_mlp:]
+            if count <= 0:
+                raise ValueError("no tokens reached the effective-path fit; raise fit_fraction or the token budget")
+            if "up" in self.effective:
+                W_up, _ = v.site_weight(l, "up")
+                self.plans[self.key(l, "up")] = self._plan(M.gate_weighted(W_up.mT.double(), gate / count), "up")
+            if "v" in self.effective:
+                XtX, XtZ = rest[: d * d].reshape(d, d), rest[d * d:].reshape(d, dz)
+                self.plans[self.key(l, "v")] = self._plan(M.ridge_map(XtX, XtZ, self.hparams.v_ridge), "v")
+
+    @staticmethod
+    def _unpack(batch) -> tuple[Tensor, Tensor | None]:
+        if isinstance(batch, Tensor):
+            return batch, None
+        if isinstance(batch, dict):
+            return batch["input_ids"], batch.get("attention_mask")
+        return batch[0], (batch[1] if len(batch) > 1 else None)
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        ids, attn = self._unpack(batch)
+        if self.effective and batch_idx == self._n_fit_batches() and not self._effective_built:
+            self._build_effective()
+            self._effective_built = True
+        fitting = bool(self.effective) and not self._effective_built
+        mask = None if attn is None else attn.reshape(-1).bool()
+        if batch_idx == 0 and "steer_ids" not in self._stash:
+            self._stash["first_ids"] = ids[: self.hparams.steer_texts, : self.hparams.steer_tokens].clone()
+        with torch.no_grad(), self._taps(mask, fitting):
+            self.lm(input_ids=ids, attention_mask=attn)
+
+    def on_test_epoch_start(self) -> None:
+        self._effective_built = False
+        for m in (*self.sums.values(), *self.fit.values()):
+            m.reset()
+
+    # --- the end: summaries, steering, pass rules ----------------------------------------------------
+    def on_test_epoch_end(self) -> None:
+        if self.effective and not self._effective_built:
+            raise ValueError("the test stream ended before the effective-path fit finished")
+        texts = self._steer_texts()
+        reading_W = self.view.unembed()[0].double()
+        rows = []
+        for l in self.layers:
+            for s in self.sites:
+                k = self.key(l, s)
+                row = {"site": s, "layer": l, "residual": s in RESIDUAL_SITES,
+                       "path": "effective" if s in self.effective else "module",
+                       "tile_width": self.tile_widths[s], **M.summarize(self.plans[k], self.sums[k].compute())}
+                rows.append(row)
+        steer_rows = [r for r in rows if r["residual"]]
+        for row in tqdm(steer_rows, desc="steering", disable=not self._is_zero()):
+            row.update(self._steer(row, texts, reading_W))
+        for row in rows:
+            row["checks"] = M.judge(row, self.rules, residual=row["residual"], effective=row["path"] == "effective")
+            row["pass"] = row["checks"]["pass"]
+        self.rows = rows
+        self.log("mounts/pass_fraction", sum(r["pass"] for r in rows) / len(rows), sync_dist=False)
+
+    def _steer_texts(self) -> Tensor:
+        """The first ``steer_texts`` windows of the stream, identical on every rank (rank zero's first
+        batch, broadcast)."""
+        ids = self._stash.get("first_ids")
+        ids = self.trainer.strategy.broadcast(ids, src=0)
+        return ids.to(self.device)
+
+    @torch.no_grad()
+    def _steer(self, row: dict, texts: Tensor, W_U: Tensor) -> dict:
+        """Add ``alpha * u`` to the residual after the sub-layer for the ``steer_mounts`` tiled mounts of
+        highest tile-local lift; compare the mean last-token logit change with ``u``'s unembedding reading."""
+        hp = self.hparams
+        plan = self.plans[self.key(row["layer"], row["site"])]
+        top = torch.tensor(row["tile_lift"]).argsort(descending=True)[: hp.steer_mounts]
+        U = plan.strategies["tiled"].U[:, top].mT.float()  # [m, d_model]
+        base = self._last_logits(texts)  # [texts, vocab]
+        rhos, jacs = [], []
+        read = unembed_reading(self.view, U.double(), W_U)
+        for j in range(U.shape[0]):
+            with steering(self.view, row["layer"], row["site"], hp.steer_alpha * U[j].to(self.device)):
+                delta = (self._last_logits(texts) - base).mean(0).double().cpu()
+            rhos.append(M.spearman(delta, read[j]))
+            jacs.append(M.topk_jaccard(delta, read[j], 20))
+        return {"steer_rho": sum(rhos) / len(rhos), "steer_jaccard": sum(jacs) / len(jacs),
+                "steer_rho_per_mount": rhos, "steer_jaccard_per_mount": jacs}
+
+    def _last_logits(self, ids: Tensor) -> Tensor:
+        return self.lm(input_ids=ids, logits_to_keep=1).logits[:, -1].float()
+
+
+def unembed_reading(view, U: Tensor, W_U: Tensor | None = None) -> Tensor:
+    """How the unembedding reads write directions ``U: [n, d_model]``: the logit change of each
+    direction through the model's own final norm, ``(norm(u) - norm(0)) W_U`` -> ``[n, vocab]``.
+
+    ``norm`` is ``view.normalized("final", ...)`` paired with ``view.unembed()``: the model's exact
+    convention (Gemma: ``1 + w``; LayerNorm bias removed by the ``- norm(0)`` term). Gemma-2's final
+    soft-cap is monotone, so rank statistics of the reading do not depend on it."""
+    if W_U is None:
+        W_U = view.unembed()[0]
+    W_U = W_U.to(U.dtype)
+    normed = view.normalized("final", None, U.to(W_U.device))
+    zero = view.normalized("final", None, torch.zeros_like(U[:1]).to(W_U.device))
+    return ((normed - zero) @ W_U).cpu()
+
+
+@contextmanager
+def steering(view, layer: int, site: str, add: Tensor):
+    """Add ``add: [d_model]`` (or ``[batch, d_model]``) to the residual stream right after ``site``'s
+    sub-layer of ``layer`` (``o``: after attention; ``down``: after the MLP), whatever the norms.
+
+    After the MLP: the block output. After attention (sequential blocks): the MLP's pre-norm reads
+    ``h + add`` and the block output gains ``add`` too, which is exactly the residual ``h + add`` carried
+    on; parallel-residual blocks (GPT-NeoX) add attention and MLP to the same input, so the block output
+    is the place."""
+    if site not in RESIDUAL_SITES:
+        raise ValueError(f"steering site {site!r} is not a residual write; allowed: {', '.join(RESIDUAL_SITES)}")
+    add3 = add if add.dim() == 1 else add.unsqueeze(1)
+
+    def out_hook(mod, args, out):
+        if isinstance(out, tuple):
+            return (out[0] + add3.to(out[0].dtype),) + tuple(out[1:])
+        return out + add3.to(out.dtype)
+
+    def pre_hook(mod, args):
+        return (args[0] + add3.to(args[0].dtype),) + tuple(args[1:])
+
+    handles = [view.block(layer).register_forward_hook(out_hook)]
+    if site == "o" and not view.parallel_residual:
+        handles.append(view.norm_module("mlp", layer).register_forward_pre_hook(pre_hook))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
