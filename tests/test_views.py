@@ -93,15 +93,15 @@ def scores_from_view(v, layer: int, x: torch.Tensor) -> torch.Tensor:
     T = x.shape[0]
     xa = torch.cat([torch.ones(T, 1), x], dim=-1)
     out = torch.zeros(v.n_heads, T, T)
-    deltas = range(-(T - 1), 1) if v.rotary_dim else [None]
-    for delta in deltas:
-        fm = v.qk(layer, delta)
-        q, k = xa @ fm.A, xa @ fm.B  # [h, T, r]: the factors, never the dense matrix
-        full = q @ k.mT
-        if delta is None:
-            return torch.tril(full)
+    if not v.rotary_dim:
+        fm = v.qk(layer)
+        return torch.tril((xa @ fm.A) @ (xa @ fm.B).mT)  # the factors, never the dense matrix
+    deltas = list(range(-(T - 1), 1))
+    fm = v.qk(layer, deltas)  # [n_deltas, h, d+1, r]
+    full = (xa @ fm.A) @ (xa @ fm.B).mT  # [n_deltas, h, T, T]
+    for n, delta in enumerate(deltas):
         idx = torch.arange(-delta, T)
-        out[:, idx, idx + delta] = full[:, idx, idx + delta]
+        out[:, idx, idx + delta] = full[n][:, idx, idx + delta]
     return out
 
 
@@ -210,6 +210,9 @@ def test_rotary_depends_on_offset_only(arch):
         assert R7[v.rotary_dim:, :v.rotary_dim].abs().max() == 0
     assert_close(R7 @ R3.T, v.rotary_matrix(4), f"{arch} R composes")
     assert (v.qk(0, -2).dense() - v.qk(0, -5).dense()).abs().max() > 1e-3  # offsets do matter
+    batched = v.qk(0, [-5, -2, 0])
+    assert batched.shape == (3, v.n_heads, v.d_model + 1, v.d_model + 1)
+    assert_close(batched[1].dense(), v.qk(0, -2).dense(), f"{arch} batched offsets")
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)

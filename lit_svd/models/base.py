@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -282,8 +282,13 @@ class ModelView(ABC):
 
     def rotary_matrix(self, position: int) -> Tensor:
         """``R_p: [d_head, d_head]`` with ``rotate(x, [p]) = x @ R_p`` (identity without rotary)."""
+        return self.rotary_matrices(torch.tensor([position]))[0]
+
+    def rotary_matrices(self, positions: Tensor) -> Tensor:
+        """``[len(positions), d_head, d_head]``: ``R_p`` for each position."""
         eye = torch.eye(self.d_head, device=self._device, dtype=self._dtype)
-        return self.rotate(eye[:, None, :], torch.tensor([position]))[:, 0, :]
+        rows = self.rotate(eye[:, None, :].expand(-1, len(positions), -1), positions)  # [d_head, P, d_head]
+        return rows.transpose(0, 1)
 
     @property
     def _dtype(self) -> torch.dtype:
@@ -291,21 +296,27 @@ class ModelView(ABC):
 
     # --- factored, bias-augmented matrices ---------------------------------------------------
     @torch.no_grad()
-    def qk(self, layer: int, delta: int | None = None) -> FactoredMatrix:
+    def qk(self, layer: int, delta: int | Sequence[int] | Tensor | None = None) -> FactoredMatrix:
         """Per head ``[n_heads, d_model+1, d_model+1]``: ``[1, x_q] M [1, x_k]^T`` is the pre-softmax
         score (scale included; Gemma-2: before the soft-cap) of a query at position i and a key at
         ``j = i + delta`` (``delta <= 0`` for causal models; ignored for non-rotary models, required
-        for rotary ones). Computed at ``i = max(0, -delta)``; RoPE depends only on ``j - i``."""
+        for rotary ones). Computed at ``i = max(0, -delta)``; RoPE depends only on ``j - i``.
+        A sequence of offsets gives ``[len(delta), n_heads, d_model+1, d_model+1]`` in one pass."""
         w = self.attn(layer)
         A = augment(w.W_Q, w.b_Q) * w.scale
         B = augment(w.W_K, w.b_K)
-        if self.rotary_dim:
-            if delta is None:
-                raise ValueError(f"delta=None: {self.model_type} uses rotary positions, qk needs the key offset"
-                                 " delta = key position - query position (an int, <= 0 for causal attention)")
-            i = max(0, -int(delta))
-            A = A @ self.rotary_matrix(i)
-            B = B @ self.rotary_matrix(i + int(delta))
+        if not self.rotary_dim:
+            return FactoredMatrix(A, B)
+        if delta is None:
+            raise ValueError(f"delta=None: {self.model_type} uses rotary positions, qk needs the key offset"
+                             " delta = key position - query position (an int, <= 0 for causal attention)")
+        deltas = torch.as_tensor(delta, dtype=torch.long).reshape(-1)
+        q_pos = (-deltas).clamp_min(0)
+        R_q, R_k = self.rotary_matrices(q_pos), self.rotary_matrices(q_pos + deltas)  # [n, d_head, d_head]
+        A = A.unsqueeze(0) @ R_q.unsqueeze(1)  # [n, h, d+1, d_head]
+        B = B.unsqueeze(0) @ R_k.unsqueeze(1)
+        if isinstance(delta, int) or (isinstance(delta, Tensor) and delta.dim() == 0):
+            A, B = A[0], B[0]
         return FactoredMatrix(A, B)
 
     @torch.no_grad()
