@@ -1,1 +1,2 @@
 """Observers that compute an analysis during or after a run and write it out."""
+from lit_svd.callbacks.mounts import MountsReport  # noqa: E402,F401
