@@ -70,6 +70,10 @@ def load_causal_lm(name_or_path: str, *, gguf_file: str | None = None, revision:
             raise ModelUnavailableError(f"GGUF file {str(gguf_path)!r} does not exist; give an existing .gguf path")
         return _load_gguf(gguf_path, dtype=dtype, cache=cache)
 
+    if _looks_local(name_or_path) and not Path(name_or_path).expanduser().is_dir():
+        raise ModelUnavailableError(f"local model directory {name_or_path!r} does not exist; give an existing"
+                                    " directory, a .gguf file, a hub name or an offline alias"
+                                    f" ({', '.join(OFFLINE_ALIASES)})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, revision=revision, dtype=dtype)
@@ -84,6 +88,11 @@ def load_causal_lm(name_or_path: str, *, gguf_file: str | None = None, revision:
             + f": {str(err).splitlines()[0]}"
         ) from err
     return _finish(model, tokenizer)
+
+
+def _looks_local(name: str) -> bool:
+    """A path rather than a hub name: absolute, relative with ./ or ../, or home-relative."""
+    return name.startswith(("/", "./", "../", "~"))
 
 
 def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None, revision: str | None = None):
