@@ -315,3 +315,62 @@ def decompose_layer(bases: LayerBases, x: Tensor, attention_mask: Tensor, thresh
     stats = sad_pairs(x, x, visible, bases.qk, bases.U, bases.U_rot, threshold, tol, keep_contributions)
     stats.head = bases.heads.to(stats.head.device)[stats.head]
     return stats
+
+
+# --- per-head summaries from accumulated sums --------------------------------------------------------
+def histogram_median(counts: Tensor) -> float:
+    """Median of a distribution given as counts of the values ``1..len(counts)`` (NaN when empty);
+    the mean of the two middle values for an even total, as ``numpy.median``."""
+    n = int(counts.sum().item())
+    if n == 0:
+        return float("nan")
+    cum = counts.cumsum(0)
+    lo = int(torch.searchsorted(cum, torch.tensor((n + 1) // 2, dtype=cum.dtype)).item()) + 1
+    hi = int(torch.searchsorted(cum, torch.tensor(n // 2 + 1, dtype=cum.dtype)).item()) + 1
+    return (lo + hi) / 2
+
+
+def summarise_heads(layers: list[int], heads: list[list[int]], n_pairs: Tensor, sparsity_sum: Tensor,
+                    sparsity_rotated_sum: Tensor, recon_hist: Tensor, recon_hist_rotated: Tensor,
+                    min_pairs: int = 20) -> tuple[list[dict], dict]:
+    """Rows ``{"layer", "head", "n_pairs", "sparsity", "sparsity_rotated", "n_recon_median", ...}`` for the
+    analysed heads (``heads[i]`` lists the heads of ``layers[i]``; sums are ``[L, H]``, histograms
+    ``[L, H, k]``), and a summary over the heads with at least ``min_pairs`` pairs."""
+    rows = []
+    for i, layer in enumerate(layers):
+        for h in heads[i]:
+            n = int(n_pairs[i, h].item())
+            rows.append({
+                "layer": layer, "head": h, "n_pairs": n,
+                "sparsity": sparsity_sum[i, h].item() / n if n else None,
+                "sparsity_rotated": sparsity_rotated_sum[i, h].item() / n if n else None,
+                "n_recon_median": histogram_median(recon_hist[i, h]) if n else None,
+                "n_recon_median_rotated": histogram_median(recon_hist_rotated[i, h]) if n else None,
+                "n_recon_hist": [int(v) for v in recon_hist[i, h].tolist()],
+            })
+    eligible = [r for r in rows if r["n_pairs"] >= min_pairs]
+    mask = torch.zeros_like(n_pairs, dtype=torch.bool)
+    for i, layer in enumerate(layers):
+        for h in heads[i]:
+            mask[i, h] = n_pairs[i, h] >= min_pairs
+    pooled = recon_hist[mask].sum(0)
+    pooled_rot = recon_hist_rotated[mask].sum(0)
+    total = max(int(pooled.sum().item()), 1)
+    summary = {
+        "min_pairs": min_pairs,
+        "n_heads": len(rows),
+        "n_heads_eligible": len(eligible),
+        "n_heads_sparser_than_rotated": sum(r["sparsity"] < r["sparsity_rotated"] for r in eligible),
+        "fraction_sparser_than_rotated": (sum(r["sparsity"] < r["sparsity_rotated"] for r in eligible) / len(eligible)
+                                          if eligible else None),
+        "mean_sparsity": sum(r["sparsity"] for r in eligible) / len(eligible) if eligible else None,
+        "mean_sparsity_rotated": sum(r["sparsity_rotated"] for r in eligible) / len(eligible) if eligible else None,
+        "n_pairs": int(pooled.sum().item()),
+        "n_recon_hist": [int(v) for v in pooled.tolist()],
+        "n_recon_hist_rotated": [int(v) for v in pooled_rot.tolist()],
+        "n_recon_median": histogram_median(pooled),
+        "n_recon_median_rotated": histogram_median(pooled_rot),
+        "n_recon_fraction_le_4": pooled[:4].sum().item() / total,
+        "n_recon_fraction_le_4_rotated": pooled_rot[:4].sum().item() / total,
+    }
+    return rows, summary

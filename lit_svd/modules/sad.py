@@ -1,0 +1,180 @@
+"""SAD over a frozen pretrained model: ``python -m lit_svd test --config configs/sad/smollm2_ioi.yaml``.
+
+Every analysed head's pairs are decomposed batch by batch (all heads of a layer at once) and reduced to
+per-head sums in ``SADHeadStats`` (torchmetrics states, summed over DDP ranks), so two processes give the
+results of one. At the end rank zero writes ``results.json`` (keys in ``docs/sad.md``), a layer x head
+heatmap (``sad_heatmap.png``) and the N_recon histograms (``sad_n_recon.png``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from tqdm.auto import tqdm
+
+from lit_svd.analysis.sad import (DEFAULT_RECON_TOL, PairStats, attention_inputs, check_threshold, check_tolerance,
+                                  decompose_layer, layer_bases, summarise_heads)
+from lit_svd.modules.pretrained import PretrainedLMModule
+from lit_svd.output import write_results
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class SADHeadStats(Metric):
+    """Per (layer, head) sums over analysed pairs: counts, sparsity sums, N_recon histograms (float64)."""
+
+    full_state_update = False
+
+    def __init__(self, n_layers: int, n_heads: int, n_directions: int):
+        super().__init__()
+        z = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
+        self.add_state("n_pairs", z(n_layers, n_heads), dist_reduce_fx="sum")
+        self.add_state("sparsity", z(n_layers, n_heads), dist_reduce_fx="sum")
+        self.add_state("sparsity_rotated", z(n_layers, n_heads), dist_reduce_fx="sum")
+        self.add_state("recon_hist", z(n_layers, n_heads, n_directions), dist_reduce_fx="sum")
+        self.add_state("recon_hist_rotated", z(n_layers, n_heads, n_directions), dist_reduce_fx="sum")
+        self.add_state("n_prompts", z(()), dist_reduce_fx="sum")
+
+    def update(self, row: int, stats: PairStats) -> None:
+        """Add one layer's pairs (``row`` indexes the analysed layers)."""
+        h = stats.head.long().to(self.n_pairs.device)
+        one = torch.ones_like(h, dtype=torch.float64)
+        self.n_pairs[row].index_add_(0, h, one)
+        self.sparsity[row].index_add_(0, h, stats.sparsity.to(self.sparsity))
+        self.sparsity_rotated[row].index_add_(0, h, stats.sparsity_rotated.to(self.sparsity))
+        k = self.recon_hist.shape[-1]
+        self.recon_hist[row].view(-1).index_add_(0, h * k + stats.n_recon.long() - 1, one)
+        self.recon_hist_rotated[row].view(-1).index_add_(0, h * k + stats.n_recon_rotated.long() - 1, one)
+
+    def add_prompts(self, n: int) -> None:
+        self.n_prompts += n
+
+    def compute(self) -> dict[str, Tensor]:
+        return {k: getattr(self, k) for k in ("n_pairs", "sparsity", "sparsity_rotated", "recon_hist",
+                                              "recon_hist_rotated", "n_prompts")}
+
+
+def parse_head_selection(view, layers: list[int] | None, heads: list[list[int]] | None) -> dict[int, list[int]]:
+    """``{layer: [heads]}`` from ``layers`` (all heads of each) or ``heads`` (``[layer, head]`` pairs);
+    neither: every head. Out-of-range entries fail with one line (IndexError)."""
+    if layers is not None and heads is not None:
+        raise ValueError("give model.layers or model.heads, not both: layers analyses every head of each layer,"
+                         " heads lists [layer, head] pairs")
+    if heads is not None:
+        chosen: dict[int, list[int]] = {}
+        for pair in heads:
+            if len(pair) != 2:
+                raise ValueError(f"model.heads entry {pair!r} is not a [layer, head] pair")
+            layer, head = int(pair[0]), int(pair[1])
+            view.check_layer(layer)
+            view.check_head(head)
+            if head not in chosen.setdefault(layer, []):
+                chosen[layer].append(head)
+        if not chosen:
+            raise ValueError("model.heads=[] selects no head; give [layer, head] pairs or null for all heads")
+        return {l: sorted(h) for l, h in sorted(chosen.items())}
+    layers = list(range(view.n_layers)) if layers is None else [view.check_layer(int(l)) for l in layers]
+    if not layers:
+        raise ValueError("model.layers=[] selects no layer; give layer indices or null for all layers")
+    return {l: list(range(view.n_heads)) for l in sorted(set(layers))}
+
+
+class SADAnalysisModule(PretrainedLMModule):
+    """Sparse attention decomposition of a pretrained model's heads over the test prompts.
+
+    Args:
+        model, gguf_file, revision, fold_norms: as ``PretrainedLMModule`` (``revision`` picks a Pythia checkpoint).
+        layers: analyse every head of these layers; heads: or these ``[layer, head]`` pairs; neither: all heads.
+        threshold: a pair is analysed when the head's attention weight is >= threshold (in [0, 1]); null
+            (default): the uniform level 1 / (number of visible sources). Relative attention must be > 0.
+        recon_tol: N_recon counts directions until the running sum reaches l~ - recon_tol * sum_k |c_k|.
+        seed: seeds the Haar rotation of each head's control basis.
+        min_pairs: heads with fewer analysed pairs are left out of the summary.
+        input_key: the batch key holding token ids (``clean_ids`` for task prompts; ``input_ids`` as fallback).
+        dtype: "float32" or "float64" for the model and the decomposition.
+    """
+
+    def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
+                 fold_norms: bool = True, layers: list[int] | None = None, heads: list[list[int]] | None = None,
+                 threshold: float | None = None, recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0,
+                 min_pairs: int = 20, input_key: str = "clean_ids", dtype: str = "float32"):
+        check_threshold(threshold, "model.threshold")
+        check_tolerance(recon_tol, "model.recon_tol")
+        if dtype not in DTYPES:
+            raise ValueError(f"model.dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        if not isinstance(min_pairs, int) or min_pairs < 1:
+            raise ValueError(f"model.min_pairs={min_pairs!r} must be a positive integer")
+        super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=fold_norms)
+        self.save_hyperparameters()
+        self.lm.to(DTYPES[dtype])
+        self.selection = parse_head_selection(self.view, layers, heads)
+        self.layer_list = list(self.selection)
+        k = min(self.view.d_head, self.view.d_model + 1)
+        self.stats = SADHeadStats(len(self.layer_list), self.view.n_heads, k)
+        self.bases: dict[int, object] = {}
+
+    def _is_zero(self) -> bool:
+        return self._trainer is None or self.trainer.is_global_zero
+
+    def on_test_start(self) -> None:
+        if self._trainer is not None and sum(self.trainer.num_test_batches) == 0:
+            raise ValueError("the prompt set is empty (0 test batches); give the datamodule at least one test prompt"
+                             " (e.g. data.n_test > 0)")
+        dtype = DTYPES[self.hparams.dtype]
+        self.bases = {l: layer_bases(self.view, l, self.selection[l], self.hparams.seed, dtype)
+                      for l in tqdm(self.layer_list, desc="SAD bases", disable=not self._is_zero())}
+
+    def _unpack(self, batch) -> tuple[Tensor, Tensor]:
+        if isinstance(batch, Tensor):
+            return batch, torch.ones_like(batch)
+        key = self.hparams.input_key if self.hparams.input_key in batch else "input_ids"
+        if key not in batch:
+            raise ValueError(f"batch has no {self.hparams.input_key!r} or 'input_ids' key (keys: {', '.join(batch)});"
+                             " set model.input_key")
+        ids = batch[key]
+        return ids, batch.get("attention_mask", torch.ones_like(ids))
+
+    def analyse_batch(self, ids: Tensor, mask: Tensor) -> dict[int, PairStats]:
+        """Decompose every selected head on one batch; returns the pairs per layer (also accumulated)."""
+        if ids.shape[0] == 0:
+            raise ValueError("empty batch of prompts; give at least one prompt")
+        if not self.bases:
+            self.on_test_start()
+        X = attention_inputs(self.view, ids, mask, self.layer_list)
+        out = {}
+        for row, layer in enumerate(tqdm(self.layer_list, desc="SAD layers", leave=False, disable=not self._is_zero())):
+            out[layer] = decompose_layer(self.bases[layer], X.pop(layer), mask, self.hparams.threshold,
+                                         self.hparams.recon_tol)
+            self.stats.update(row, out[layer])
+        self.stats.add_prompts(ids.shape[0])
+        return out
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        with torch.no_grad():
+            self.analyse_batch(*self._unpack(batch))
+
+    def on_test_epoch_start(self) -> None:
+        self.stats.reset()
+
+    def results(self) -> dict:
+        """The summary over all ranks (call on every rank: it syncs the metric states)."""
+        sums = {k: v.cpu() for k, v in self.stats.compute().items()}
+        if int(sums["n_prompts"].item()) == 0:
+            raise ValueError("the prompt set is empty: no prompt was analysed; give at least one test prompt")
+        rows, summary = summarise_heads(self.layer_list, [self.selection[l] for l in self.layer_list],
+                                        sums["n_pairs"], sums["sparsity"], sums["sparsity_rotated"],
+                                        sums["recon_hist"], sums["recon_hist_rotated"], self.hparams.min_pairs)
+        hp = self.hparams
+        return {"experiment": "sad", "model": hp.model, "revision": hp.revision, "model_type": self.view.model_type,
+                "n_prompts": int(sums["n_prompts"].item()), "n_directions": self.stats.recon_hist.shape[-1],
+                "threshold": hp.threshold, "threshold_rule": "uniform 1/n_visible" if hp.threshold is None else "fixed",
+                "recon_tol": hp.recon_tol, "seed": hp.seed, "dtype": hp.dtype, "summary": summary, "heads": rows}
+
+    def on_test_epoch_end(self) -> None:
+        from lit_svd.callbacks.sad import plot_head_heatmap, plot_n_recon
+
+        results = self.results()
+        write_results(self.trainer, results)
+        if self.trainer.is_global_zero:
+            plot_head_heatmap(self.trainer, results, self.view.n_layers, self.view.n_heads)
+            plot_n_recon(self.trainer, results)
