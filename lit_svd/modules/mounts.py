@@ -247,7 +247,7 @@ class MountsAnalysisModule(PretrainedLMModule):
             self._effective_built = True
         fitting = bool(self.effective) and not self._effective_built
         mask = None if attn is None else attn.reshape(-1).bool()
-        if batch_idx == 0 and "steer_ids" not in self._stash:
+        if batch_idx == 0:
             self._stash["first_ids"] = ids[: self.hparams.steer_texts, : self.hparams.steer_tokens].clone()
         with torch.no_grad(), self._taps(mask, fitting):
             self.lm(input_ids=ids, attention_mask=attn)
@@ -281,11 +281,13 @@ class MountsAnalysisModule(PretrainedLMModule):
         self.log("mounts/pass_fraction", sum(r["pass"] for r in rows) / len(rows), sync_dist=False)
 
     def _steer_texts(self) -> Tensor:
-        """The first ``steer_texts`` windows of the stream, identical on every rank (rank zero's first
-        batch, broadcast)."""
-        ids = self._stash.get("first_ids")
-        ids = self.trainer.strategy.broadcast(ids, src=0)
-        return ids.to(self.device)
+        """The first ``steer_texts`` windows of the stream in global order, identical on every rank: the
+        ranks' first batches gathered and interleaved (a distributed sampler deals window ``i`` to rank
+        ``i % world_size``), so one process and DDP steer with the same texts."""
+        ids = self._stash["first_ids"].to(self.device)
+        if self.trainer.world_size > 1:
+            ids = self.all_gather(ids).transpose(0, 1).reshape(-1, ids.shape[-1])
+        return ids[: self.hparams.steer_texts]
 
     @torch.no_grad()
     def _steer(self, row: dict, texts: Tensor, W_U: Tensor) -> dict:

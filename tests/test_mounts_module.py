@@ -1,0 +1,235 @@
+"""MountsAnalysisModule and its model-facing helpers against the HF forward pass of tiny models.
+
+The references here name Hugging Face modules on purpose: they are the independent computation the
+view-based code must agree with.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lit_svd.analysis import mounts as M
+from lit_svd.models import view as make_view
+from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm
+from lit_svd.modules.mounts import MountsAnalysisModule, steering, unembed_reading
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_TILES = {"q": 32, "k": 16, "v": 16, "o": 32, "gate": 32, "up": 32, "down": 64}
+
+
+def _hf_parts(model, arch, layer):
+    """(attention write module, MLP write module, final norm) by HF name, per architecture."""
+    if arch == "llama":
+        blk = model.model.layers[layer]
+        return blk.self_attn.o_proj, blk.mlp.down_proj, model.model.norm
+    if arch == "gemma2":
+        blk = model.model.layers[layer]
+        return blk.post_attention_layernorm, blk.post_feedforward_layernorm, model.model.norm
+    if arch == "gpt2":
+        blk = model.transformer.h[layer]
+        return blk.attn.c_proj, blk.mlp.c_proj, model.transformer.ln_f
+    blk = model.gpt_neox.layers[layer]
+    return blk.attention.dense, blk.mlp.dense_4h_to_h, model.gpt_neox.final_layer_norm
+
+
+def _add_output(module, add):
+    def hook(mod, args, out):
+        return out + add
+    return module.register_forward_hook(hook)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("site", ["o", "down"])
+def test_steering_adds_alpha_u_to_the_residual_after_the_sublayer(arch, site):
+    model = tiny_causal_lm(arch, seed=0)
+    view = make_view(model)
+    ids = torch.randint(0, 1000, (3, 12), generator=torch.Generator().manual_seed(0))
+    u = torch.randn(view.d_model, generator=torch.Generator().manual_seed(1))
+    alpha = 2.0
+    layer = 0
+    attn_w, mlp_w, _ = _hf_parts(model, arch, layer)
+    with torch.no_grad():
+        handle = _add_output(attn_w if site == "o" else mlp_w, alpha * u)  # what enters the residual sum
+        want = model(ids).logits
+        handle.remove()
+        with steering(view, layer, site, alpha * u):
+            got = model(ids).logits
+        base = model(ids).logits
+    assert (got - base).abs().max() > 1e-3  # the steer does something
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # and the block output moves by exactly alpha * u for the MLP write
+    if site == "down":
+        outs = []
+
+        def observe(m, a, o):
+            outs.append(o[0] if isinstance(o, tuple) else o)
+
+        with torch.no_grad():
+            h = view.block(layer).register_forward_hook(observe)
+            model(ids)
+            h.remove()
+            with steering(view, layer, site, alpha * u):
+                h = view.block(layer).register_forward_hook(observe)  # runs after the steering hook
+                model(ids)
+                h.remove()
+        torch.testing.assert_close(outs[1] - outs[0], (alpha * u).expand_as(outs[0]), rtol=0, atol=1e-5)
+
+
+def test_steering_refuses_non_residual_sites():
+    view = make_view(tiny_causal_lm("llama"))
+    with pytest.raises(ValueError, match="steering site 'q' is not a residual write"):
+        with steering(view, 0, "q", torch.zeros(view.d_model)):
+            pass
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_unembedding_reading_matches_the_models_own_final_norm(arch):
+    model = tiny_causal_lm(arch, seed=0)
+    view = make_view(model)  # folded norms, as the module uses
+    U = torch.randn(5, view.d_model, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    got = unembed_reading(view, U.float())
+    _, _, norm = _hf_parts(model, arch, 0)
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        want = head(norm(U.float())) - head(norm(torch.zeros(1, view.d_model)))
+    torch.testing.assert_close(got.float(), want, rtol=1e-4, atol=1e-4)
+
+
+# --- the module on a tiny Llama saved to disk ---------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory):
+    from lit_svd.models.loading import load_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny_llama")
+    tiny_causal_lm("llama", seed=0).save_pretrained(path)
+    load_tokenizer("smollm2-135m").save_pretrained(path)
+    return str(path)
+
+
+def _batches(n=4, b=4, L=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [{"input_ids": torch.randint(0, 2000, (b, L), generator=g)} for _ in range(n)]
+
+
+def _run(module, batches):
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.test(module, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False)
+    return {(r["site"], r["layer"]): r for r in module.rows}
+
+
+def _capture(model, batches, modules):
+    """Inputs and outputs of the given HF modules over all batches, batch by batch (independent hooks)."""
+    got = {name: [] for name in modules}
+    hooks = [mod.register_forward_hook(lambda m, a, o, name=name: got[name].append((a[0].reshape(-1, a[0].shape[-1]),
+                                                                                    o.reshape(-1, o.shape[-1]))))
+             for name, mod in modules.items()]
+    with torch.no_grad():
+        for b in batches:
+            model(**b)
+    for h in hooks:
+        h.remove()
+    return got
+
+
+def test_module_fits_effective_paths_on_held_out_batches_only(tiny_llama_dir):
+    batches = _batches()
+    module = MountsAnalysisModule(model=tiny_llama_dir, tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], layers=[1],
+                                  fit_fraction=0.5, steer_texts=2, steer_mounts=2)
+    rows = _run(module, batches)
+    blk = module.lm.model.layers[1]
+    cap = _capture(module.lm, batches, {"v": blk.self_attn.v_proj, "o": blk.self_attn.o_proj,
+                                        "gate": blk.mlp.gate_proj, "up": blk.mlp.up_proj, "down": blk.mlp.down_proj,
+                                        "q": blk.self_attn.q_proj})
+    fit, score = slice(0, 2), slice(2, 4)  # 4 batches, fit_fraction 0.5
+    X = torch.cat([x for x, _ in cap["v"][fit]]).double()
+    Z = torch.cat([z for z, _ in cap["o"][fit]]).double()
+    W_v = M.ridge_map(X.mT @ X, X.mT @ Z, module.hparams.v_ridge)
+    torch.testing.assert_close(module.plans["L1_v"].W, W_v, rtol=1e-6, atol=1e-7)
+    gate = torch.cat([module.view.mlp(1).act(g) for _, g in cap["gate"][fit]]).double().mean(0)
+    W_up = M.gate_weighted(blk.mlp.up_proj.weight.double(), gate)
+    torch.testing.assert_close(module.plans["L1_up"].W, W_up, rtol=1e-6, atol=1e-7)
+    # the effective paths are scored on the other half only, the module sites on everything
+    n_tok = sum(b["input_ids"].numel() for b in batches)
+    assert rows[("v", 1)]["n_tokens"] == rows[("up", 1)]["n_tokens"] == n_tok // 2
+    assert rows[("q", 1)]["n_tokens"] == n_tok
+    # and their sums are exactly those of the held-out activations
+    xs = torch.cat([x for x, _ in cap["v"][score]])
+    zs = torch.cat([z for z, _ in cap["o"][score]])
+    want = M.summarize(module.plans["L1_v"], M.site_sums(module.plans["L1_v"], xs, zs))
+    assert rows[("v", 1)]["lift_tiled"] == pytest.approx(want["lift_tiled"], abs=1e-6)
+    xq = torch.cat([x for x, _ in cap["q"]])
+    yq = torch.cat([y for _, y in cap["q"]])
+    want_q = M.summarize(module.plans["L1_q"], M.site_sums(module.plans["L1_q"], xq, yq))
+    for key in ("lift_tiled", "lift_whole", "lift_columns", "lift_random", "span_tiled"):
+        assert rows[("q", 1)][key] == pytest.approx(want_q[key], abs=1e-6)
+    assert rows[("q", 1)]["coverage_lift"] == pytest.approx(want_q["coverage_lift"], abs=1e-6)
+    # every row is judged and steering ran on the residual writes
+    assert {r["site"] for r in module.rows} == {"q", "k", "v", "o", "gate", "up", "down"}
+    assert all("pass" in r for r in module.rows)
+    assert -1 <= rows[("o", 1)]["steer_rho"] <= 1 and "steer_rho" not in rows[("q", 1)]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"tile_widths": {**TINY_TILES, "q": 0}}, r"tile_widths\.q=0 is not allowed"),
+    ({"tile_widths": {**TINY_TILES, "k": 65}}, r"tile_widths\.k=65 is not allowed"),
+    ({"tile_widths": {**TINY_TILES, "qq": 8}}, r"tile_widths key 'qq' is unknown"),
+    ({"modes_per_tile": 33}, r"modes_per_tile=33 is not allowed"),
+    ({"modes_sweep": [1, 2, 40]}, r"modes_sweep=40 is not allowed"),
+    ({"sites": ["q", "attn"]}, r"site 'attn' unknown"),
+    ({"layers": [5]}, r"layer 5 out of range"),
+    ({"fit_fraction": 1.0}, r"fit_fraction=1.0 is not allowed"),
+    ({"rules": {"a9": 1}}, r"rules key 'a9' is unknown"),
+])
+def test_module_bad_config_fails_at_construction(tiny_llama_dir, kwargs, match):
+    with pytest.raises((ValueError, IndexError), match=match) as err:
+        MountsAnalysisModule(model=tiny_llama_dir, **{"tile_widths": TINY_TILES, **kwargs})
+    assert "\n" not in str(err.value)
+
+
+DDP_SCRIPT = textwrap.dedent("""
+    import json, sys, torch
+    import lightning.pytorch as pl
+    from lit_svd.modules.mounts import MountsAnalysisModule
+    model_dir, devices, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    g = torch.Generator().manual_seed(0)
+    windows = torch.randint(0, 2000, (32, 24), generator=g)
+    data = [{"input_ids": w} for w in windows]
+    module = MountsAnalysisModule(model=model_dir, tile_widths=%r, modes_sweep=[1, 2, 4], steer_texts=4,
+                                  steer_mounts=2, rules={"c1_min_layer": 0})
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.test(module, dataloaders=torch.utils.data.DataLoader(data, batch_size=4), verbose=False)
+    if trainer.is_global_zero:
+        json.dump(module.rows, open(out, "w"))
+""" % TINY_TILES)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_give_the_same_table_as_one(tiny_llama_dir, tmp_path):
+    script = tmp_path / "ddp_mounts.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    tables = []
+    for devices in (1, 2):
+        out = tmp_path / f"rows{devices}.json"
+        proc = subprocess.run([sys.executable, str(script), tiny_llama_dir, str(devices), str(out)], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        tables.append(json.loads(out.read_text()))
+    one, two = tables
+    assert len(one) == len(two) == 14
+    for a, b in zip(one, two):
+        assert (a["site"], a["layer"], a["n_tokens"]) == (b["site"], b["layer"], b["n_tokens"])
+        assert a["checks"] == b["checks"]
+        for key, value in a.items():
+            if isinstance(value, float):
+                assert b[key] == pytest.approx(value, abs=1e-6), (a["site"], a["layer"], key)
+            elif isinstance(value, list) and value and isinstance(value[0], float):
+                assert b[key] == pytest.approx(value, abs=1e-6), (a["site"], a["layer"], key)
