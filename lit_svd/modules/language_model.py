@@ -1,0 +1,135 @@
+"""A small GPT-2 or GPT-NeoX-style causal LM trained from scratch (random init, no pretrained weights).
+
+``python -m lit_svd fit --config configs/sad/train_tiny_lm.yaml`` trains one on WikiText-2 with the
+``SADCallback`` tracking every head's SAD sparsity against its rotated control as it learns. The model
+is a plain Hugging Face causal LM, so ``self.view`` (``lit_svd.models.view``) reads its weights live.
+"""
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+
+ARCHS = ("gpt2", "gpt_neox")
+
+
+def lm_config(arch: str, vocab_size: int, n_layers: int, d_model: int, n_heads: int, d_mlp: int,
+              max_positions: int, rotary_pct: float):
+    """The HF config of a small dropout-free model of ``arch``."""
+    from transformers import GPT2Config, GPTNeoXConfig
+
+    if arch == "gpt2":
+        cfg = GPT2Config(vocab_size=vocab_size, n_positions=max_positions, n_embd=d_model, n_layer=n_layers,
+                         n_head=n_heads, n_inner=d_mlp, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                         bos_token_id=None, eos_token_id=None)
+    else:
+        cfg = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=d_model, num_hidden_layers=n_layers,
+                            num_attention_heads=n_heads, intermediate_size=d_mlp, max_position_embeddings=max_positions,
+                            rotary_pct=rotary_pct, use_parallel_residual=True, attention_dropout=0.0,
+                            hidden_dropout=0.0, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+class LanguageModelModule(pl.LightningModule):
+    """Train a small causal LM from a config.
+
+    Args:
+        arch: "gpt2" (learned positions, LayerNorm) or "gpt_neox" (rotary on ``rotary_pct`` of each head).
+        n_layers, d_model, n_heads: sizes (``d_model`` divisible by ``n_heads``); d_mlp: default 4 * d_model.
+        max_positions: the longest sequence the model accepts.
+        vocab_size: default: ``len(datamodule.tokenizer)``, read when the model is built.
+        lr, weight_decay, warmup_steps: AdamW with linear warm-up, then constant.
+        seed: initialisation seed.
+    """
+
+    def __init__(self, arch: str = "gpt2", n_layers: int = 2, d_model: int = 128, n_heads: int = 4,
+                 d_mlp: int | None = None, max_positions: int = 256, vocab_size: int | None = None,
+                 rotary_pct: float = 0.25, lr: float = 1e-3, weight_decay: float = 0.01, warmup_steps: int = 100,
+                 seed: int = 0):
+        super().__init__()
+        if arch not in ARCHS:
+            raise ValueError(f"model.arch={arch!r} is not supported; choose one of {', '.join(ARCHS)}")
+        for key, value in (("n_layers", n_layers), ("d_model", d_model), ("n_heads", n_heads),
+                           ("max_positions", max_positions)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"model.{key}={value!r} must be a positive integer")
+        if d_model % n_heads:
+            raise ValueError(f"model.d_model={d_model} is not divisible by model.n_heads={n_heads}")
+        if vocab_size is not None and vocab_size < 2:
+            raise ValueError(f"model.vocab_size={vocab_size!r} must be >= 2 (or null: the datamodule tokenizer's)")
+        if not 0.0 < rotary_pct <= 1.0:
+            raise ValueError(f"model.rotary_pct={rotary_pct!r} must lie in (0, 1]")
+        if not lr > 0 or weight_decay < 0 or warmup_steps < 0:
+            raise ValueError(f"model.lr={lr!r} must be > 0, weight_decay={weight_decay!r} and"
+                             f" warmup_steps={warmup_steps!r} >= 0")
+        self.save_hyperparameters()
+        self.lm = None
+        self._view = None
+        if vocab_size is not None:
+            self._build(vocab_size)
+
+    def _build(self, vocab_size: int) -> None:
+        from transformers import AutoModelForCausalLM
+
+        hp = self.hparams
+        cfg = lm_config(hp.arch, vocab_size, hp.n_layers, hp.d_model, hp.n_heads, hp.d_mlp or 4 * hp.d_model,
+                        hp.max_positions, hp.rotary_pct)
+        with torch.random.fork_rng():
+            torch.manual_seed(hp.seed)
+            self.lm = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+
+    def configure_model(self) -> None:
+        if self.lm is not None:
+            return
+        tok = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None)
+        if tok is None:
+            raise ValueError("model.vocab_size=null needs a datamodule with a tokenizer; set model.vocab_size")
+        self._build(len(tok))
+
+    @property
+    def view(self):
+        """The weight view of the model being trained (reads the live parameters)."""
+        from lit_svd.models import view
+
+        if self._view is None:
+            self._view = view(self.lm)
+        return self._view
+
+    @staticmethod
+    def unpack(batch) -> tuple[Tensor, Tensor]:
+        if isinstance(batch, Tensor):
+            return batch, torch.ones_like(batch)
+        ids = batch["input_ids"]
+        return ids, batch.get("attention_mask", torch.ones_like(ids))
+
+    def loss(self, batch) -> Tensor:
+        ids, mask = self.unpack(batch)
+        if ids.shape[1] > self.hparams.max_positions:
+            raise ValueError(f"sequences of {ids.shape[1]} tokens exceed model.max_positions={self.hparams.max_positions}")
+        labels = ids.masked_fill(mask == 0, -100)
+        loss = self.lm(input_ids=ids, attention_mask=mask, labels=labels).loss
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss.item()} at step {self.global_step}; lower model.lr")
+        return loss
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        return self.lm(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        loss = self.loss(batch)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        return loss
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self.log("val/loss", self.loss(batch), prog_bar=True, on_epoch=True, sync_dist=True)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        decay = [p for n, p in self.lm.named_parameters() if p.dim() >= 2]
+        rest = [p for n, p in self.lm.named_parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},
+                                 {"params": rest, "weight_decay": 0.0}], lr=hp.lr)
+        warm = max(hp.warmup_steps, 1)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
