@@ -1,0 +1,143 @@
+"""Directional circuits as pure functions: masks over components' singular directions, the loss, kept
+counts, logit receptors and steering. The component SVDs and the masked forward live in
+``lit_svd.models.intervene``; nothing here touches Lightning.
+
+A mask is one logit ``theta`` per direction, ``lambda = sigmoid(theta)``; a direction is *kept* when
+``lambda >= threshold`` (default 1e-3, as the paper), and the *hard* mask is that indicator.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from lit_svd.metrics import kl_divergence, logit_diff, top1_correct
+from lit_svd.models.base import ModelView
+from lit_svd.models.intervene import Component, Intervention
+
+ABLATIONS = ("zero", "patch")
+POSITIONS = ("answer", "all")
+
+
+def check_mask_config(alpha: float, init: float, threshold: float, ablation: str, positions: str) -> None:
+    """One-line errors for a bad mask configuration."""
+    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha={alpha!r} is invalid; the L1 weight must be a finite number >= 0")
+    if not 0 < init < 1:
+        raise ValueError(f"init={init!r} is invalid; the initial mask value lambda = sigmoid(theta) must be in (0, 1)")
+    if not 0 < threshold < 1:
+        raise ValueError(f"threshold={threshold!r} is invalid; the kept threshold must be in (0, 1)")
+    if ablation not in ABLATIONS:
+        raise ValueError(f"ablation={ablation!r} is unknown; choose one of {', '.join(ABLATIONS)}")
+    if positions not in POSITIONS:
+        raise ValueError(f"positions={positions!r} is unknown; choose one of {', '.join(POSITIONS)}")
+
+
+def initial_logits(components: Sequence[Component], init: float) -> dict[str, Tensor]:
+    """``theta`` with ``sigmoid(theta) = init`` for every direction."""
+    value = math.log(init / (1 - init))
+    return {c.name: torch.full(c.shape, value) for c in components}
+
+
+def hard_masks(lambdas: dict[str, Tensor], threshold: float) -> dict[str, Tensor]:
+    """The binarised masks: 1 where ``lambda >= threshold``, else 0."""
+    return {n: (lam >= threshold).to(lam.dtype) for n, lam in lambdas.items()}
+
+
+def l1(lambdas: dict[str, Tensor]) -> Tensor:
+    return sum(lam.sum() for lam in lambdas.values())
+
+
+def mask_loss(masked_logits: Tensor, full_logits: Tensor, lambdas: dict[str, Tensor], alpha: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(loss, kl, l1)``: KL(p_full || p_masked) at the answer position (mean over the batch, full
+    vocabulary) + ``alpha * sum(lambda)``."""
+    kl = kl_divergence(masked_logits, full_logits).mean()
+    total = l1(lambdas)
+    return kl + alpha * total, kl, total
+
+
+def kept_report(components: Sequence[Component], lambdas: dict[str, Tensor], threshold: float) -> dict:
+    """Kept counts overall, per component type, and per component (per group: head, KV head, layer)."""
+    per_kind: dict[str, dict[str, int]] = {}
+    records = []
+    n_total = kept_total = 0
+    for c in components:
+        keep = lambdas[c.name].detach() >= threshold  # [G, K]
+        kept = int(keep.sum())
+        n_total += c.n_directions
+        kept_total += kept
+        slot = per_kind.setdefault(c.kind, {"n_directions": 0, "kept": 0})
+        slot["n_directions"] += c.n_directions
+        slot["kept"] += kept
+        records.append({"name": c.name, "kind": c.kind, "layer": c.layer, "group": c.group,
+                        "n_groups": c.shape[0], "n_directions": c.n_directions, "kept": kept,
+                        "kept_per_group": keep.sum(-1).tolist()})
+    for slot in per_kind.values():
+        slot["kept_fraction"] = slot["kept"] / max(slot["n_directions"], 1)
+    return {"n_directions": n_total, "kept": kept_total, "kept_fraction": kept_total / max(n_total, 1),
+            "per_kind": per_kind, "components": records}
+
+
+def task_scores(logits: Tensor, full_logits: Tensor, batch: dict) -> dict[str, Tensor]:
+    """Per-example task scores at the answer position: ``metric`` (logit difference; GT: probability
+    difference greater - lesser), ``correct`` (IOI/GP: arg-max is the answer; GT: metric > 0),
+    ``agree`` (same arg-max as the full model) and ``kl`` (KL(full || this))."""
+    from lit_svd.metrics import gt_prob_diff
+
+    if "greater_mask" in batch:
+        metric = gt_prob_diff(logits, batch["greater_mask"], batch["lesser_mask"])
+        correct = (metric > 0).float()
+    else:
+        metric = logit_diff(logits, batch["correct_id"], batch["wrong_id"])
+        correct = top1_correct(logits, batch["correct_id"])
+    return {"metric": metric, "correct": correct, "agree": (logits.argmax(-1) == full_logits.argmax(-1)).float(),
+            "kl": kl_divergence(logits, full_logits)}
+
+
+@torch.no_grad()
+def logit_receptors(view: ModelView, component: Component, keep: Tensor, tokenizer, top_k: int = 8) -> list[dict]:
+    """For each kept OV direction, its write direction ``v_k`` read through the final norm and the
+    unembedding: the ``top_k`` tokens it promotes (``+v``) and those it promotes with the opposite sign
+    (``-v``). (The final norm's scale and centring are applied; its data-dependent RMS only rescales.)"""
+    if component.kind != "ov":
+        raise ValueError(f"logit receptors are read from OV components; got {component.kind!r}")
+    W_U, _ = view.unembed()
+    out = []
+    heads, dirs = torch.nonzero(keep, as_tuple=True)
+    if len(heads) == 0:
+        return out
+    V = component.V[heads, :, dirs].to(W_U.dtype)  # [n, d_model]
+    logits = view.normalized("final", None, V) @ W_U  # [n, vocab]
+    pos, neg = logits.topk(top_k, dim=-1).indices, (-logits).topk(top_k, dim=-1).indices
+    for i, (h, k) in enumerate(zip(heads.tolist(), dirs.tolist())):
+        out.append({"layer": component.layer, "head": h, "direction": k, "sigma": float(component.S[h, k]),
+                    "promotes": [tokenizer.decode([t]) for t in pos[i].tolist()],
+                    "promotes_negative": [tokenizer.decode([t]) for t in neg[i].tolist()]})
+    return out
+
+
+@torch.no_grad()
+def steer(run: Callable[[dict | None], Tensor], intervention: Intervention, batch: dict, name: str, group: int,
+          direction: int, factors: Sequence[float], base_scales: dict[str, Tensor] | None = None) -> list[dict]:
+    """Scale one direction's coefficient at the answer position by each factor and report the task
+    metric. ``run(scales)`` returns answer-position logits ``[B, V]`` with ``scales`` applied at the
+    answer positions (None: the unmodified model). ``flipped``: fraction of examples whose preferred
+    answer (correct vs wrong; GT: greater vs lesser) changes against the unmodified model."""
+    comp = intervention.components[name]
+    base = run(None)
+    base_scores = task_scores(base, base, batch)
+    rows = []
+    for factor in factors:
+        scales = {k: v.clone() for k, v in (base_scales or {}).items()}
+        lam = scales.get(name, torch.ones(comp.shape, device=comp.S.device)).clone()
+        lam[group, direction] = factor
+        scales[name] = lam
+        logits = run(scales)
+        scores = task_scores(logits, base, batch)
+        flipped = ((scores["metric"] > 0) != (base_scores["metric"] > 0)).float().mean()
+        rows.append({"factor": float(factor), "metric": float(scores["metric"].mean()),
+                     "metric_change": float((scores["metric"] - base_scores["metric"]).mean()),
+                     "flipped": float(flipped), "kl": float(scores["kl"].mean())})
+    return rows

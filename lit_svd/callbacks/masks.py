@@ -1,0 +1,176 @@
+"""DirectionMaskReport: what a direction-mask run measured, written into the run folder.
+
+At the end of ``fit`` (and of ``test``) it evaluates the masks on the validation (test) split with
+soft and hard masks, and writes (rank zero):
+
+* ``results.json``: ``experiment`` ("direction_mask"), ``task``, ``model``, ``n_directions``, ``kept``,
+  ``kept_fraction``, ``kl_soft``, ``kl_hard``, ``logit_diff_full``, ``logit_diff_hard`` (GT: the
+  probability difference greater - lesser), ``accuracy_full``, ``accuracy_hard`` (GT: fraction with a
+  positive probability difference), plus ``logit_diff_soft``, ``accuracy_soft``, ``agreement_soft``,
+  ``agreement_hard``, ``per_kind`` and ``components`` (kept counts per component and group),
+  ``receptors`` and ``steering``;
+* ``masks.pt``: ``torch.load`` it for ``{"lambdas": {component: [groups, directions]}, "threshold", ...}``;
+* ``masks_kept_<kind>.png``: kept directions per layer and head (group), also in TensorBoard.
+
+During training it logs the kept fraction per component type to TensorBoard every ``log_every`` steps
+(the module itself logs KL, L1 and the overall kept fraction every step).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import lightning.pytorch as pl
+import torch
+
+from lit_svd.analysis.masks import logit_receptors, steer
+from lit_svd.output import run_dir, save_figure, write_results
+
+
+class DirectionMaskReport(pl.Callback):
+    """Args:
+        log_every: steps between per-type kept-fraction logs.
+        receptors_top: how many kept OV directions (largest singular value first) get logit receptors.
+        steer_factors: factors a chosen OV direction's coefficient is scaled by at the answer position.
+        steer_component, steer_head, steer_direction: the direction to steer (e.g. "L9.ov", 6, 0);
+            None picks the kept OV direction whose hard-mask scale has the largest effect on the task
+            metric (first-order, one backward pass).
+        eval_split: "val" or "test" for the end-of-fit evaluation.
+    """
+
+    def __init__(self, log_every: int = 10, receptors_top: int = 12,
+                 steer_factors: Sequence[float] = (-2.0, -1.0, 0.0, 2.0, 4.0), steer_component: str | None = None,
+                 steer_head: int | None = None, steer_direction: int | None = None, eval_split: str = "val"):
+        if eval_split not in ("val", "test"):
+            raise ValueError(f"eval_split={eval_split!r} is unknown; choose val or test")
+        self.log_every, self.receptors_top, self.steer_factors = log_every, receptors_top, list(steer_factors)
+        self.steer_target = (steer_component, steer_head, steer_direction)
+        self.eval_split = eval_split
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step % self.log_every:
+            return
+        per_kind = module.kept()["per_kind"]
+        module.log_dict({f"kept_fraction/{k}": v["kept_fraction"] for k, v in per_kind.items()}, on_step=True)
+
+    def on_fit_end(self, trainer, module) -> None:
+        loader = getattr(trainer.datamodule, f"{self.eval_split}_dataloader")()
+        module._to_device()
+        for batch in loader:
+            module.evaluate_batch(_to(batch, module.device))
+        self.report(trainer, module, module.compute_eval(), loader)
+
+    def on_test_end(self, trainer, module) -> None:
+        loader = trainer.datamodule.test_dataloader()
+        self.report(trainer, module, module.last_eval, loader)
+
+    # --------------------------------------------------------------------------------------------
+    def report(self, trainer, module, ev: dict, loader) -> None:
+        kept = module.kept()
+        first = _to(next(iter(loader)), module.device)
+        gt = "greater_mask" in first
+        results = {
+            "experiment": "direction_mask", "task": _task_name(trainer), "model": module.model_name,
+            "components": None, "n_directions": kept["n_directions"], "kept": kept["kept"],
+            "kept_fraction": kept["kept_fraction"], "threshold": module.threshold, "alpha": module.alpha,
+            "ablation": module.ablation, "positions": module.positions, "steps": trainer.global_step,
+            "eval_split": self.eval_split, "metric": "prob_diff" if gt else "logit_diff",
+            "kl_soft": ev["soft_kl"], "kl_hard": ev["hard_kl"],
+            "logit_diff_full": ev["full_metric"], "logit_diff_soft": ev["soft_metric"], "logit_diff_hard": ev["hard_metric"],
+            "accuracy_full": ev["full_correct"], "accuracy_soft": ev["soft_correct"], "accuracy_hard": ev["hard_correct"],
+            "agreement_soft": ev["soft_agree"], "agreement_hard": ev["hard_agree"],
+            "per_kind": kept["per_kind"],
+        }
+        results["components"] = kept["components"]
+        results["receptors"] = self.receptors(module)
+        results["steering"] = self.steering(module, first)
+        write_results(trainer, results)
+        if trainer.is_global_zero:
+            torch.save(module.masks_state(), run_dir(trainer) / "masks.pt")
+            self.figures(trainer, module, kept)
+
+    def receptors(self, module) -> list[dict]:
+        hard = module.hard()
+        rows = []
+        for c in module.components:
+            if c.kind == "ov":
+                rows += logit_receptors(module.view, c, hard[c.name].bool(), module.tokenizer)
+        rows.sort(key=lambda r: -r["sigma"])
+        return rows[: self.receptors_top]
+
+    def steering(self, module, batch: dict) -> dict | None:
+        hard = module.hard()
+        name, head, direction = self.steer_target
+        if name is None:
+            picked = _most_effective_ov_direction(module, batch, hard)
+            if picked is None:
+                return None
+            name, head, direction = picked
+
+        def run(scales):
+            with torch.no_grad():
+                if scales is None:
+                    return module.answer_logits(batch["clean_ids"], batch)
+                with module.intervention.apply(scales, positions=batch["answer_pos"]):
+                    return module.answer_logits(batch["clean_ids"], batch)
+
+        rows = steer(run, module.intervention, batch, name, head, direction, self.steer_factors)
+        return {"component": name, "head": head, "direction": direction, "n_examples": len(batch["answer_pos"]),
+                "factors": rows}
+
+    def figures(self, trainer, module, kept: dict) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+
+        by_kind: dict[str, list[dict]] = {}
+        for rec in kept["components"]:
+            by_kind.setdefault(rec["kind"], []).append(rec)
+        for kind, recs in by_kind.items():
+            layers = sorted(r["layer"] for r in recs)
+            groups = max(r["n_groups"] for r in recs)
+            grid = np.full((len(layers), groups), np.nan)
+            for r in recs:
+                grid[layers.index(r["layer"]), : r["n_groups"]] = r["kept_per_group"]
+            per_group = recs[0]["n_directions"] // recs[0]["n_groups"]
+            fig, ax = plt.subplots(figsize=(1.2 + 0.45 * groups, 1.0 + 0.16 * len(layers)))
+            im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=per_group)
+            ax.set_xlabel(recs[0]["group"])
+            ax.set_ylabel("layer")
+            ax.set_yticks(range(0, len(layers), max(1, len(layers) // 10)))
+            ax.set_yticklabels(layers[:: max(1, len(layers) // 10)])
+            ax.set_title(f"kept {kind} directions (of {per_group})")
+            fig.colorbar(im, ax=ax)
+            save_figure(trainer, fig, f"masks_kept_{kind}")
+
+
+def _most_effective_ov_direction(module, batch: dict, hard: dict) -> tuple[str, int, int] | None:
+    """The kept OV direction with the largest |d metric / d scale| at the hard masks (one backward)."""
+    from lit_svd.analysis.masks import task_scores
+
+    names = [c.name for c in module.components if c.kind == "ov"]
+    if not names:
+        return None
+    scales = {n: h.clone().requires_grad_(n in names) for n, h in hard.items()}
+    with torch.enable_grad():
+        logits = module.answer_logits(batch["clean_ids"], batch, scales, module.reference(batch))
+        metric = task_scores(logits, logits.detach(), batch)["metric"].mean()
+        grads = torch.autograd.grad(metric, [scales[n] for n in names])
+    best, best_val = None, 0.0
+    for n, g in zip(names, grads):
+        score = (g.abs() * hard[n])
+        val = float(score.max())
+        if val > best_val:
+            idx = int(score.argmax())
+            best, best_val = (n, idx // score.shape[1], idx % score.shape[1]), val
+    return best
+
+
+def _task_name(trainer) -> str | None:
+    task = getattr(getattr(trainer, "datamodule", None), "task", None)
+    return getattr(task, "name", None)
+
+
+def _to(batch: dict, device) -> dict:
+    return {k: v.to(device) for k, v in batch.items()}

@@ -1,0 +1,183 @@
+"""DirectionMaskModule: learn a mask over the singular directions of a frozen model's components.
+
+Only the mask logits are trained (the model is frozen); the loss is KL(p_full || p_masked) at the
+answer position plus ``alpha * sum(lambda)``. Under DDP the gradients of the masks are averaged over
+ranks, so two processes with half the batch each follow one process with the whole batch.
+
+Defaults follow the paper where it fits this machine (AdamW, eps 1e-7, gradient clip 1.0,
+threshold 1e-3, lambda initialised near 1); ``lr`` and ``init`` are configurable because the number
+of optimiser steps affordable on two CPU cores is far below the paper's 480 (see docs/masks.md).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+
+from lit_svd.analysis.masks import (check_mask_config, hard_masks, initial_logits, kept_report, mask_loss,
+                                    task_scores)
+from lit_svd.models.intervene import Intervention, build_components
+from lit_svd.modules.pretrained import PretrainedLMModule
+
+SCORES = ("metric", "correct", "agree", "kl")
+
+
+class DirectionMaskModule(PretrainedLMModule):
+    """Args:
+        model, gguf_file, revision, fold_norms: the frozen model (see ``PretrainedLMModule``).
+        components: component types (``qk``, ``ov``, ``mlp`` or explicit ``q``, ``k``, ``mlp_in``,
+            ``mlp_gate``, ``mlp_out``; see ``lit_svd.models.intervene``).
+        layers: layers to mask (default all).
+        alpha: L1 weight on sum(lambda) (>= 0).
+        lr, eps, weight_decay, grad_clip: AdamW and clipping.
+        init: initial lambda (sigmoid of the initial logit), in (0, 1).
+        ablation: ``zero`` or ``patch`` (toward the matched corrupted prompt) for OV and MLP masks;
+            QK / q / k masks always zero-ablate at all positions.
+        positions: ``answer`` (OV and MLP masks act at the answer position only) or ``all``.
+        threshold: lambda at or above which a direction counts as kept (hard mask).
+        steps_per_batch: optimiser steps on each batch (the paper: 15); the full model's logits and
+            the corrupted reference are computed once per batch.
+    """
+
+    def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
+                 fold_norms: bool = True, components: Sequence[str] = ("qk", "ov", "mlp"),
+                 layers: Sequence[int] | None = None, alpha: float = 2e-4, lr: float = 2e-2, eps: float = 1e-7,
+                 weight_decay: float = 0.0, grad_clip: float = 1.0, init: float = 0.99, ablation: str = "zero",
+                 positions: str = "answer", threshold: float = 1e-3, steps_per_batch: int = 1):
+        check_mask_config(alpha, init, threshold, ablation, positions)
+        if steps_per_batch < 1:
+            raise ValueError(f"steps_per_batch={steps_per_batch} is invalid; give an integer >= 1")
+        super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=fold_norms)
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.alpha, self.threshold, self.ablation, self.positions = alpha, threshold, ablation, positions
+        self.components = build_components(self.view, components, layers)
+        self.intervention = Intervention(self.view, self.components)
+        self.theta = nn.ParameterDict({_key(n): nn.Parameter(t) for n, t in initial_logits(self.components, init).items()})
+        self.n_directions = sum(c.n_directions for c in self.components)
+        self.eval_metrics = nn.ModuleDict({f"{s}_{m}": MeanMetric() for s in ("full", "soft", "hard") for m in SCORES})
+        self.last_eval: dict[str, float] = {}
+
+    # --- masks -----------------------------------------------------------------------------------
+    def lambdas(self) -> dict[str, Tensor]:
+        return {c.name: self.theta[_key(c.name)].sigmoid() for c in self.components}
+
+    def hard(self) -> dict[str, Tensor]:
+        return hard_masks({n: lam.detach() for n, lam in self.lambdas().items()}, self.threshold)
+
+    def masks_state(self) -> dict:
+        """Everything needed to reload the masks: per component its lambdas and SVD shape."""
+        return {"lambdas": {n: lam.detach().cpu() for n, lam in self.lambdas().items()},
+                "threshold": self.threshold, "model": self.model_name, "hparams": dict(self.hparams)}
+
+    def on_fit_start(self) -> None:
+        self._to_device()
+
+    def on_validation_start(self) -> None:
+        self._to_device()
+
+    def on_test_start(self) -> None:
+        self._to_device()
+
+    def _to_device(self) -> None:
+        for c in self.components:
+            for attr in ("U", "S", "V", "read"):
+                t = getattr(c, attr)
+                if t is not None and t.device != self.device:
+                    setattr(c, attr, t.to(self.device))
+
+    # --- forward passes ------------------------------------------------------------------------
+    def answer_logits(self, ids: Tensor, batch: dict, scales: dict[str, Tensor] | None = None,
+                      reference: dict | None = None) -> Tensor:
+        """Logits ``[B, V]`` at the answer position, with ``scales`` applied (None: the plain model)."""
+        pos = batch["answer_pos"]
+        kwargs = dict(input_ids=ids, attention_mask=batch["attention_mask"], logits_to_keep=pos[:, None])
+        if scales is None:
+            return self.lm(**kwargs).logits[:, 0]
+        at = pos if self.positions == "answer" else None
+        with self.intervention.apply(scales, positions=at, reference=reference):
+            return self.lm(**kwargs).logits[:, 0]
+
+    @torch.no_grad()
+    def reference(self, batch: dict) -> dict | None:
+        """Patch mode: the coefficients of every component on the corrupted prompt."""
+        if self.ablation != "patch":
+            return None
+        at = batch["answer_pos"] if self.positions == "answer" else None
+        with self.intervention.record(positions=at) as store:
+            self.lm(input_ids=batch["corrupt_ids"], attention_mask=batch["attention_mask"])
+        return dict(store)
+
+    # --- training -------------------------------------------------------------------------------
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        opt = self.optimizers()
+        with torch.no_grad():
+            full = self.answer_logits(batch["clean_ids"], batch)
+        reference = self.reference(batch)
+        for _ in range(self.hparams.steps_per_batch):
+            lambdas = self.lambdas()
+            masked = self.answer_logits(batch["clean_ids"], batch, lambdas, reference)
+            loss, kl, total = mask_loss(masked, full, lambdas, self.alpha)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"direction mask loss is {loss.item()} at step {self.global_step}; lower lr")
+            opt.zero_grad()
+            self.manual_backward(loss)
+            if self.hparams.grad_clip:
+                self.clip_gradients(opt, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm")
+            opt.step()
+        kept = sum(int((lam.detach() >= self.threshold).sum()) for lam in lambdas.values())
+        self.log_dict({"train/loss": loss.detach(), "train/kl": kl.detach(), "train/l1": total.detach(),
+                       "train/kept_fraction": kept / self.n_directions}, prog_bar=True, on_step=True)
+        return loss.detach()
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.theta.parameters(), lr=self.hparams.lr, eps=self.hparams.eps,
+                                 weight_decay=self.hparams.weight_decay)
+
+    # --- evaluation (soft and hard masks) --------------------------------------------------------
+    @torch.no_grad()
+    def evaluate_batch(self, batch: dict) -> None:
+        """Update the full / soft / hard metric states with one batch."""
+        ids = batch["clean_ids"]
+        full = self.answer_logits(ids, batch)
+        reference = self.reference(batch)
+        soft = self.answer_logits(ids, batch, {n: l.detach() for n, l in self.lambdas().items()}, reference)
+        hard = self.answer_logits(ids, batch, self.hard(), reference)
+        for setting, logits in (("full", full), ("soft", soft), ("hard", hard)):
+            for name, values in task_scores(logits, full, batch).items():
+                self.eval_metrics[f"{setting}_{name}"].update(values)
+
+    def compute_eval(self) -> dict[str, float]:
+        """Synced (DDP) means of the evaluation states, then reset."""
+        out = {name: float(metric.compute()) for name, metric in self.eval_metrics.items()}
+        for metric in self.eval_metrics.values():
+            metric.reset()
+        return out
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.evaluate_batch(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            for metric in self.eval_metrics.values():
+                metric.reset()
+            return
+        self.last_eval = self.compute_eval()
+        self.log_dict({f"val/{k}": v for k, v in self.last_eval.items()}, sync_dist=False)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self.evaluate_batch(batch)
+
+    def on_test_epoch_end(self) -> None:
+        self.last_eval = self.compute_eval()
+        self.log_dict({f"test/{k}": v for k, v in self.last_eval.items()}, sync_dist=False)
+
+    def kept(self) -> dict:
+        return kept_report(self.components, self.lambdas(), self.threshold)
+
+
+def _key(name: str) -> str:
+    """ParameterDict keys cannot hold dots."""
+    return name.replace(".", "_")

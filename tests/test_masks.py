@@ -1,0 +1,210 @@
+"""Direction masks: kept counts against brute force, the module and callback end to end on tiny models,
+configs instantiated with tiny random models, DDP against one process, and bad input."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_svd.analysis.masks import hard_masks, kept_report, logit_receptors, mask_loss
+from lit_svd.models import view as make_view
+from lit_svd.models.intervene import build_components
+from lit_svd.models.tiny import tiny_causal_lm
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs" / "masks"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """SmolLM2's offline tokenizer (its vocabulary matches the tiny models')."""
+    from lit_svd.models.loading import load_tokenizer
+
+    return load_tokenizer("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory, tokenizer):
+    """Saved tiny random models (with the tokenizer) that ``load_causal_lm`` reads like any local model."""
+    out = {}
+    for arch in ("gpt2", "gpt_neox", "llama"):
+        folder = tmp_path_factory.mktemp(f"tiny_{arch}")
+        tiny_causal_lm(arch).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        out[arch] = str(folder)
+    return out
+
+
+def test_kept_counts_match_brute_force():
+    view = make_view(tiny_causal_lm("llama"))
+    comps = build_components(view)
+    g = torch.Generator().manual_seed(0)
+    lambdas = {c.name: torch.rand(c.shape, generator=g) ** 4 for c in comps}
+    threshold = 0.05
+    report = kept_report(comps, lambdas, threshold)
+    total = kept = 0
+    per_kind: dict[str, int] = {}
+    for c in comps:  # brute force: one direction at a time
+        G, K = c.shape
+        for gi in range(G):
+            n_group = 0
+            for k in range(K):
+                total += 1
+                if float(lambdas[c.name][gi, k]) >= threshold:
+                    kept += 1
+                    n_group += 1
+                    per_kind[c.kind] = per_kind.get(c.kind, 0) + 1
+            rec = next(r for r in report["components"] if r["name"] == c.name)
+            assert rec["kept_per_group"][gi] == n_group
+    assert report["n_directions"] == total == sum(c.S.numel() for c in comps)
+    assert report["kept"] == kept and 0 < kept < total
+    assert {k: v["kept"] for k, v in report["per_kind"].items() if v["kept"]} == per_kind
+    hard = hard_masks(lambdas, threshold)
+    assert sum(int(h.sum()) for h in hard.values()) == kept
+    # SmolLM2-sized count, stated in docs/masks.md: 30 * (9*64 + 3*64 + 9*64 + 577 + 577 + 576) = 92,220
+    assert 30 * (9 * 64 + 3 * 64 + 9 * 64 + 577 + 577 + 576) == 92220
+
+
+def test_mask_loss_is_kl_plus_alpha_l1():
+    full, masked = torch.randn(3, 11), torch.randn(3, 11)
+    lambdas = {"a": torch.rand(2, 4)}
+    loss, kl, l1 = mask_loss(masked, full, lambdas, alpha=0.5)
+    p = full.softmax(-1)
+    want_kl = (p * (p.log() - masked.log_softmax(-1))).sum(-1).mean()
+    assert torch.allclose(kl, want_kl, atol=1e-6)
+    assert torch.allclose(loss, want_kl + 0.5 * lambdas["a"].sum(), atol=1e-6)
+
+
+def test_logit_receptors_read_the_unembedding():
+    model = tiny_causal_lm("llama")
+    view = make_view(model)
+    comp = build_components(view, ["ov"], layers=[1])[0]
+    keep = torch.zeros(comp.shape, dtype=torch.bool)
+    keep[2, 0] = True
+
+    class Tok:
+        def decode(self, ids):
+            return str(ids[0])
+
+    rows = logit_receptors(view, comp, keep, Tok(), top_k=5)
+    assert len(rows) == 1 and rows[0]["head"] == 2
+    # independent: RMS-normalise v, apply the final norm weight and the tied embedding by hand
+    v = comp.V[2, :, 0]
+    w = model.model.norm.weight
+    logits = (v / v.pow(2).mean().sqrt() * w) @ model.lm_head.weight.T
+    assert [int(t) for t in rows[0]["promotes"]] == logits.topk(5).indices.tolist()
+    assert [int(t) for t in rows[0]["promotes_negative"]] == (-logits).topk(5).indices.tolist()
+
+
+def _fit(model_dir, tokenizer, tmp_path, **kwargs):
+    import lightning.pytorch as pl
+
+    from lit_svd.callbacks import DirectionMaskReport
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.modules import DirectionMaskModule
+
+    module = DirectionMaskModule(model=model_dir, lr=0.5, alpha=1e-2, init=0.9, **kwargs)
+    dm = TaskDataModule("ioi", tokenizer, n_train=8, n_val=8, n_test=0, batch_size=8)
+    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=1, default_root_dir=str(tmp_path),
+                         limit_val_batches=0, num_sanity_val_steps=0, enable_progress_bar=False,
+                         enable_checkpointing=False, callbacks=[DirectionMaskReport()])
+    trainer.fit(module, dm)
+    return module, Path(trainer.log_dir)
+
+
+@pytest.mark.parametrize("ablation", ["zero", "patch"])
+def test_fit_writes_results_masks_and_figures(tiny_dirs, tokenizer, tmp_path, ablation):
+    module, out = _fit(tiny_dirs["llama"], tokenizer, tmp_path, ablation=ablation, steps_per_batch=2)
+    res = json.loads((out / "results.json").read_text())
+    for key in ("experiment", "task", "n_directions", "kept", "kept_fraction", "kl_soft", "kl_hard",
+                "logit_diff_full", "logit_diff_hard", "accuracy_full", "accuracy_hard", "components"):
+        assert key in res, key
+    assert res["experiment"] == "direction_mask" and res["task"] == "ioi"
+    assert res["n_directions"] == sum(c.n_directions for c in module.components)
+    assert res["kept"] == sum(r["kept"] for r in res["components"])
+    assert res["kept"] < res["n_directions"]  # alpha and lr are large enough to prune in 8 steps
+    assert res["kl_hard"] >= 0 and res["steering"]["factors"]
+    saved = torch.load(out / "masks.pt")
+    for name, lam in module.lambdas().items():
+        assert torch.equal(saved["lambdas"][name], lam.detach())
+    assert (out / "masks_kept_ov.png").is_file() and (out / "masks_kept_mlp_out.png").is_file()
+
+
+def _run_cli(args, cwd, timeout=300):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "lit_svd", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+def test_configs_instantiate_with_tiny_models(config, tiny_dirs, tokenizer):
+    """Every config parses and builds its module and data with a tiny random model of its architecture."""
+    import yaml
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from lit_svd.cli import LitSVDCLI
+
+    arch = "gpt_neox" if "pythia" in config else "gpt2" if "gpt2" in config else "llama"
+    cli = LitSVDCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                    run=False, args=["--config", str(CONFIGS / config), "--model.init_args.model", tiny_dirs[arch],
+                                     "--data.init_args.tokenizer", tiny_dirs[arch], "--data.init_args.n_train", "8",
+                                     "--data.init_args.n_val", "4", "--trainer.logger", "false"])
+    cfg = yaml.safe_load((CONFIGS / config).read_text())
+    assert cli.model.alpha == cfg["model"]["init_args"]["alpha"]
+    assert cli.datamodule.task.name == cfg["data"]["init_args"]["task"]
+    kinds = {c.kind for c in cli.model.components}
+    assert kinds == ({"qk", "ov", "mlp_in", "mlp_out"} if arch == "gpt2" else
+                     {"q", "k", "ov", "mlp_in", "mlp_out"} | ({"mlp_gate"} if arch == "llama" else set()))
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one(tiny_dirs, tmp_path):
+    """Same global batch (8 prompts: the whole train split) in 1 process x 8 and 2 processes x 4."""
+    masks = {}
+    for devices, batch in ((1, 8), (2, 4)):
+        root = tmp_path / f"d{devices}"
+        _run_cli(["fit", "--config", str(CONFIGS / "smollm2_ioi.yaml"),
+                  "--model.init_args.model", tiny_dirs["llama"], "--model.init_args.lr", "0.3",
+                  "--model.init_args.alpha", "0.01", "--data.init_args.tokenizer", tiny_dirs["llama"],
+                  "--data.init_args.n_train", "8", "--data.init_args.n_val", "8",
+                  "--data.init_args.batch_size", str(batch), "--trainer.max_steps", "3",
+                  "--trainer.devices", str(devices), "--trainer.strategy", "ddp" if devices > 1 else "auto",
+                  "--trainer.default_root_dir", str(root)], cwd=ROOT)
+        masks[devices] = torch.load(next(root.rglob("masks.pt")))["lambdas"]
+        res = json.loads(next(root.rglob("results.json")).read_text())
+        masks[f"res{devices}"] = res
+    moved = 0.0
+    for name, lam in masks[1].items():
+        assert torch.allclose(lam, masks[2][name], atol=1e-5), name
+        moved = max(moved, float((lam - 0.95).abs().max()))
+    assert moved > 0.1  # the masks trained
+    assert abs(masks["res1"]["kl_soft"] - masks["res2"]["kl_soft"]) < 1e-5
+
+
+def test_bad_inputs_fail_in_one_line(tiny_dirs, tokenizer):
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.modules import DirectionMaskModule
+
+    with pytest.raises(ValueError, match=r"alpha=-0.1 is invalid"):
+        DirectionMaskModule(model=tiny_dirs["llama"], alpha=-0.1)
+    with pytest.raises(ValueError, match="unknown component type 'heads'"):
+        DirectionMaskModule(model=tiny_dirs["llama"], components=["heads"])
+    with pytest.raises(ValueError, match="ablation='mean' is unknown"):
+        DirectionMaskModule(model=tiny_dirs["llama"], ablation="mean")
+    # a task the tokenizer cannot express: a word-level tokenizer without " he" / " she"
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[PAD]", "So", "is", "a", "very", "person", "isn't"])}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", pad_token="[PAD]")
+    with pytest.raises(ValueError, match="task gp"):
+        TaskDataModule("gp", tok, n_train=4, n_val=0, n_test=0)
