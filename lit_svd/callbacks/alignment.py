@@ -1,0 +1,141 @@
+"""SVDAlignmentCallback: watches the toy head's Omega = W_Q^T W_K align with the template's feature pairs.
+
+Every ``every_n_steps`` (and before the first step) it logs to TensorBoard, per instance:
+``alignment/mean_abs_cos/inst{i}`` (mean over pairs of |cos(w_i, u_k)| and |cos(w_j, v_k)|),
+``alignment/mean_abs_cos`` (over instances), ``alignment/pair{p}_cos_query|key/inst{i}`` (first pairs),
+``spectrum/sigma{k}/inst{i}`` and ``spectrum/sigma_ratio/inst{i}``, and heatmap images
+``heatmap/cos_W_U/inst{i}``, ``heatmap/cos_W_V/inst{i}`` (rows: features, columns: singular index).
+At the end of fit it writes ``results.json`` (keys in docs/toy.md) and PNG figures. Rank zero only.
+"""
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from lit_svd.analysis.alignment import alignment_report, feature_singular_cosines
+from lit_svd.output import save_figure, write_results
+
+
+class SVDAlignmentCallback(Callback):
+    """Args:
+        every_n_steps: log interval in optimizer steps.
+        heatmap_instances: how many instances (from 0) get heatmap images.
+        pair_scalars: how many pairs (from the largest target) get their own scalar tags.
+        spectrum_scalars: how many leading singular values get scalar tags.
+    """
+
+    def __init__(self, every_n_steps: int = 50, heatmap_instances: int = 2, pair_scalars: int = 4,
+                 spectrum_scalars: int = 4):
+        super().__init__()
+        for name, v in (("every_n_steps", every_n_steps), ("heatmap_instances", heatmap_instances + 1),
+                        ("pair_scalars", pair_scalars + 1), ("spectrum_scalars", spectrum_scalars + 1)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r}: must be a positive integer (>= 0 for counts)")
+        self.every_n_steps, self.heatmap_instances = every_n_steps, heatmap_instances
+        self.pair_scalars, self.spectrum_scalars = pair_scalars, spectrum_scalars
+        self.history: list[tuple[int, list[float]]] = []
+        self._last_step = -1
+
+    @staticmethod
+    def report(module) -> list[dict]:
+        W_Q, W_K = (w.float().cpu() for w in module.head_weights())
+        return alignment_report(module.feature_directions(), W_Q, W_K, module.template.cpu(), module.pairs,
+                                frozen=module.frozen_features)
+
+    def on_train_start(self, trainer: pl.Trainer, module) -> None:
+        self.observe(trainer, module)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step % self.every_n_steps == 0:
+            self.observe(trainer, module)
+
+    def observe(self, trainer: pl.Trainer, module) -> list[dict] | None:
+        step = trainer.global_step
+        if not trainer.is_global_zero or step == self._last_step:
+            return None
+        self._last_step = step
+        reports = self.report(module)
+        self.history.append((step, [r["mean_abs_cos"] for r in reports]))
+        metrics = {"alignment/mean_abs_cos": sum(r["mean_abs_cos"] for r in reports) / len(reports)}
+        for n, r in enumerate(reports):
+            metrics[f"alignment/mean_abs_cos/inst{n}"] = r["mean_abs_cos"]
+            metrics[f"spectrum/sigma_ratio/inst{n}"] = min(r["sigma_ratio"], 1e6)
+            for p, m in enumerate(r["pairs"][: self.pair_scalars]):
+                metrics[f"alignment/pair{p}_cos_query/inst{n}"] = m["cos_query"]
+                metrics[f"alignment/pair{p}_cos_key/inst{n}"] = m["cos_key"]
+            for k, s in enumerate(r["singular_values"][: self.spectrum_scalars]):
+                metrics[f"spectrum/sigma{k}/inst{n}"] = float(s)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+        self.log_heatmaps(trainer, module, step)
+        return reports
+
+    def log_heatmaps(self, trainer: pl.Trainer, module, step: int) -> None:
+        loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+        if not loggers or self.heatmap_instances == 0:
+            return
+        n = min(self.heatmap_instances, module.n_instances)
+        cos_u, cos_v = feature_singular_cosines(module.feature_directions()[:n], _first(module.omega_svd(), n))
+        zoom = max(1, 160 // max(cos_u.shape[-2:]))
+        for i in range(n):
+            for name, cos in (("cos_W_U", cos_u[i]), ("cos_W_V", cos_v[i])):
+                img = cos.repeat_interleave(zoom, 0).repeat_interleave(zoom, 1).clamp(0, 1)
+                for lg in loggers:
+                    lg.experiment.add_image(f"heatmap/{name}/inst{i}", img[None], global_step=step, dataformats="CHW")
+
+    def on_fit_end(self, trainer: pl.Trainer, module) -> None:
+        if not trainer.is_global_zero:
+            return
+        self.observe(trainer, module)
+        reports = self.report(module)
+        dm = trainer.datamodule
+        p = dm.p.tolist() if dm is not None and hasattr(dm, "p") else None
+        instances = []
+        for n, r in enumerate(reports):
+            inst = {"index": n, "seed": module.seeds[n], "lambda": module.lambdas[n], "d_head": module.d_heads[n],
+                    **({"p": p[n]} if p is not None else {}), **r}
+            if module.frozen_features:
+                inst["interference"] = module.interference[n]
+            instances.append(inst)
+        results = {"experiment": "toy_alignment", "global_step": trainer.global_step,
+                   "n_instances": module.n_instances, "frozen_features": module.frozen_features,
+                   "template_pairs": [list(pr) for pr in module.pairs], "summary": summarise(instances),
+                   "history": [{"step": s, "mean_abs_cos": v} for s, v in self.history], "instances": instances}
+        path = write_results(trainer, results)
+        self.write_figures(trainer, module, reports)
+        print(f"[SVDAlignmentCallback] results: {path}")
+
+    def write_figures(self, trainer: pl.Trainer, module, reports: list[dict]) -> None:
+        from lit_svd.callbacks import alignment_figures as figs
+
+        cos_u, cos_v = feature_singular_cosines(module.feature_directions()[:1], _first(module.omega_svd(), 1))
+        save_figure(trainer, figs.heatmaps(cos_u[0], cos_v[0], module.pairs), "heatmap")
+        save_figure(trainer, figs.spectra([r["singular_values"] for r in reports]), "spectra")
+        save_figure(trainer, figs.dynamics(self.history), "alignment_dynamics")
+        if module.frozen_features and len(set(module.interference)) > 1:
+            save_figure(trainer, figs.interference_sweep(module.interference, reports), "interference_sweep")
+
+
+def _first(svd, n: int):
+    """The first ``n`` instances of a batched SVD."""
+    from lit_svd.linalg import SVD
+
+    return SVD(svd.U[:n], svd.S[:n], svd.V[:n])
+
+
+def summarise(instances: list[dict]) -> dict:
+    """Ensemble-level figures: how many instances have every pair at |cos| >= 0.95 on both sides, etc."""
+    def aligned(inst: dict, thr: float) -> bool:
+        return all(m["cos_query"] >= thr and m["cos_key"] >= thr for m in inst["pairs"])
+
+    out = {"n_instances": len(instances),
+           "n_all_pairs_cos_ge_0.95": sum(aligned(i, 0.95) for i in instances),
+           "n_all_pairs_cos_ge_0.9": sum(aligned(i, 0.9) for i in instances),
+           "mean_abs_cos": sum(i["mean_abs_cos"] for i in instances) / len(instances),
+           "min_sigma_ratio": min(i["sigma_ratio"] for i in instances),
+           "n_distinct_indices": sum(i["distinct_indices"] for i in instances)}
+    if "spearman_sigma_target" in instances[0]:
+        out["min_spearman_sigma_target"] = min(i["spearman_sigma_target"] for i in instances)
+    return out

@@ -1,0 +1,189 @@
+"""The toy SVF-alignment model: a sparse-feature autoencoder trained jointly with one attention head.
+
+Per instance (all batched over a leading instance dimension ``I``):
+    tokens          r = W f(r),  s_j = W f(s_j)                   W: [D, N]
+    reconstruction  f' = ReLU(W^T x + b)                          b: [N]
+    head logits     l_j = r^T W_Q^T W_K s_j                        W_Q, W_K: [H, D]
+    target logits   t_j = f(r)^T T f(s_j),  p_target = softmax(t / tau) over the m keys
+    loss            L = L_recon + lambda * L_attn,  L_recon = mean_n imp_n (f_n - f'_n)^2,
+                    L_attn = cross-entropy(p_target, softmax(l))
+The ensemble loss is the sum of the instances' losses; Adam(W) updates each element on its own, so every
+instance trains exactly as it would alone. In frozen-feature mode W is fixed at initialisation with a
+chosen interference ||E_X||_2 (``toy_features``) and only W_Q, W_K train (the loss is lambda * L_attn).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lit_svd.analysis.alignment import omega_svd
+from lit_svd.linalg import SVD
+from lit_svd.modules.toy_features import features_with_interference
+from lit_svd.modules.toy_templates import build_template, template_pairs
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r}: must be a positive integer")
+
+
+def per_instance(name: str, value: Any, n: int) -> list:
+    """A scalar repeated n times, or a list that must have n entries."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} values but n_instances={n}; give one or one per instance")
+        return list(value)
+    return [value] * n
+
+
+def infer_n_instances(n_instances: int | None, **lists: Any) -> int:
+    """``n_instances`` if given, else the length of the per-instance lists (which must agree), else 1."""
+    lengths = {k: len(v) for k, v in lists.items() if isinstance(v, (list, tuple))}
+    if n_instances is None:
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"per-instance lists disagree in length: {lengths}; set n_instances")
+        n_instances = next(iter(lengths.values()), 1)
+    _positive_int("n_instances", n_instances)
+    return n_instances
+
+
+class ToyAlignmentModule(pl.LightningModule):
+    """Batched ensemble of toy models; see the module docstring for the model.
+
+    Args:
+        n_features: N.  d_model: D.  d_head: H, one value or one per instance (the largest is allocated,
+            rows beyond an instance's H are masked to zero).
+        template: attention template spec (``toy_templates.build_template``).
+        lambda_attn: weight of L_attn, one value or one per instance.
+        temperature: tau of the target softmax.
+        n_instances: ensemble size (else inferred from the per-instance lists, else 1).
+        seed: instance i is initialised from ``seed + i`` unless ``seeds`` lists them.
+        importance_decay: reconstruction weight of feature n is ``importance_decay ** n`` (1 = uniform).
+        frozen_features: fix W at initialisation with ``interference`` (one value or one per instance).
+        init_scale: std of W_Q, W_K at initialisation is ``init_scale / sqrt(D)``.
+        lr, weight_decay: AdamW; weight decay applies to W_Q, W_K only.
+    """
+
+    def __init__(self, n_features: int = 20, d_model: int = 10, d_head: int | list[int] = 10,
+                 template: dict[str, Any] | None = None, lambda_attn: float | list[float] = 1.0,
+                 temperature: float = 0.1, n_instances: int | None = None, seed: int = 0,
+                 seeds: list[int] | None = None, importance_decay: float = 1.0, frozen_features: bool = False,
+                 interference: float | list[float] | None = None, init_scale: float = 0.1, lr: float = 1e-3,
+                 weight_decay: float = 0.0):
+        super().__init__()
+        self.save_hyperparameters()
+        _positive_int("n_features", n_features)
+        _positive_int("d_model", d_model)
+        n = infer_n_instances(n_instances, d_head=d_head, lambda_attn=lambda_attn, seeds=seeds,
+                              interference=interference)
+        heads = per_instance("d_head", d_head, n)
+        for h in heads:
+            _positive_int("d_head", h)
+        lambdas = [float(v) for v in per_instance("lambda_attn", lambda_attn, n)]
+        if any(v < 0 for v in lambdas):
+            raise ValueError(f"lambda_attn={lambda_attn!r}: must be >= 0")
+        for name, v in (("temperature", temperature), ("lr", lr), ("init_scale", init_scale)):
+            if not v > 0:
+                raise ValueError(f"{name}={v!r}: must be > 0")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay={weight_decay!r}: must be >= 0")
+        if not 0 < importance_decay <= 1:
+            raise ValueError(f"importance_decay={importance_decay!r}: must lie in (0, 1]")
+        if frozen_features and interference is None:
+            raise ValueError("interference=None: frozen_features=True needs interference (a value >= 0 or one per instance)")
+        if not frozen_features and interference is not None:
+            raise ValueError(f"interference={interference!r}: only allowed with frozen_features=True")
+        T = build_template(template if template is not None else {"pair": [0, 1, 1.0]}, n_features)
+
+        self.n_instances, self.n_features, self.d_model = n, n_features, d_model
+        self.frozen_features, self.temperature = frozen_features, float(temperature)
+        self.seeds = list(seeds) if seeds is not None else [seed + i for i in range(n)]
+        self.d_heads, self.lambdas = heads, lambdas
+        self.pairs = template_pairs(T)
+        self.register_buffer("template", T)
+        self.register_buffer("lambda_attn", torch.tensor(lambdas))
+        self.register_buffer("importance", importance_decay ** torch.arange(n_features, dtype=torch.float32))
+        h_max = max(heads)
+        self.register_buffer("head_mask", (torch.arange(h_max)[None, :] < torch.tensor(heads)[:, None]).float())
+
+        W, W_Q, W_K, reached = [], [], [], []
+        targets = per_instance("interference", interference, n)
+        for i, s in enumerate(self.seeds):
+            g = torch.Generator().manual_seed(int(s))
+            if frozen_features:
+                X, e = features_with_interference(n_features, d_model, float(targets[i]), g)
+                W.append(X)
+                reached.append(e)
+            else:  # Xavier-normal feature directions
+                W.append(torch.randn(d_model, n_features, generator=g) * (2.0 / (d_model + n_features)) ** 0.5)
+            W_Q.append(torch.randn(h_max, d_model, generator=g) * init_scale / d_model ** 0.5)
+            W_K.append(torch.randn(h_max, d_model, generator=g) * init_scale / d_model ** 0.5)
+        self.interference = reached if frozen_features else None
+        self.W = nn.Parameter(torch.stack(W), requires_grad=not frozen_features)          # [I, D, N]
+        self.b = nn.Parameter(torch.zeros(n, n_features), requires_grad=not frozen_features)  # [I, N]
+        self.W_Q = nn.Parameter(torch.stack(W_Q) * self.head_mask[..., None])               # [I, H, D]
+        self.W_K = nn.Parameter(torch.stack(W_K) * self.head_mask[..., None])               # [I, H, D]
+
+    # ---- the model view the callbacks read -------------------------------------------------------
+    def head_weights(self) -> tuple[Tensor, Tensor]:
+        """Masked ``W_Q, W_K: [I, H, D]`` (detached)."""
+        m = self.head_mask[..., None]
+        return (self.W_Q * m).detach(), (self.W_K * m).detach()
+
+    def omega_svd(self) -> SVD:
+        """Batched SVD of ``Omega = W_Q^T W_K`` per instance (``U, V: [I, D, k]``, ``S: [I, k]``)."""
+        return omega_svd(*(w.float().cpu() for w in self.head_weights()))
+
+    def feature_directions(self) -> Tensor:
+        return self.W.detach().float().cpu()
+
+    # ---- training ----------------------------------------------------------------------------------
+    def losses(self, feats: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-instance ``(L_recon, L_attn)``, each ``[I]``, for a batch ``[I, B, 1 + m, N]``."""
+        x = torch.einsum("ibtn,idn->ibtd", feats, self.W)
+        if self.frozen_features:
+            recon = feats.new_zeros(self.n_instances)
+        else:
+            f_hat = F.relu(torch.einsum("ibtd,idn->ibtn", x, self.W) + self.b[:, None, None, :])
+            recon = (self.importance * (f_hat - feats) ** 2).mean(dim=(1, 2, 3))
+        W_Q, W_K = self.W_Q * self.head_mask[..., None], self.W_K * self.head_mask[..., None]
+        q = torch.einsum("ibd,ihd->ibh", x[:, :, 0], W_Q)
+        k = torch.einsum("ibjd,ihd->ibjh", x[:, :, 1:], W_K)
+        logits = torch.einsum("ibh,ibjh->ibj", q, k)
+        target = torch.einsum("ibm,ibjm->ibj", feats[:, :, 0] @ self.template, feats[:, :, 1:])
+        p_target = torch.softmax(target / self.temperature, dim=-1)
+        attn = -(p_target * torch.log_softmax(logits, dim=-1)).sum(-1).mean(-1)
+        return recon, attn
+
+    def check_batch(self, feats: Tensor) -> None:
+        if feats.dim() != 4 or feats.shape[0] != self.n_instances or feats.shape[-1] != self.n_features \
+                or feats.shape[2] < 2:
+            raise ValueError(f"batch shape {tuple(feats.shape)}: expected [n_instances={self.n_instances}, batch, "
+                             f"1 + n_keys, n_features={self.n_features}]; match the datamodule to the model")
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        for key in ("n_features", "n_instances"):
+            if dm is not None and hasattr(dm, key) and getattr(dm, key) != getattr(self, key):
+                raise ValueError(f"data.{key}={getattr(dm, key)} but model.{key}={getattr(self, key)}: they must match")
+
+    def training_step(self, feats: Tensor, batch_idx: int) -> Tensor:
+        self.check_batch(feats)
+        recon, attn = self.losses(feats)
+        loss = (recon + self.lambda_attn * attn).sum()
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss became {float(loss)} at step {self.global_step}; "
+                                     "lower lr or temperature-scaled targets")
+        self.log_dict({"train/loss": loss / self.n_instances, "train/recon": recon.mean(),
+                       "train/attn": attn.mean()}, prog_bar=True, on_step=True, on_epoch=False)
+        return loss
+
+    def configure_optimizers(self):
+        groups = [{"params": [self.W_Q, self.W_K], "weight_decay": self.hparams.weight_decay}]
+        if not self.frozen_features:
+            groups.append({"params": [self.W, self.b], "weight_decay": 0.0})
+        return torch.optim.AdamW(groups, lr=self.hparams.lr)
