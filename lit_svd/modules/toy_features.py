@@ -35,7 +35,7 @@ def features_with_interference(n_features: int, d_model: int, target: float, gen
 
     lowest, ceiling = float(interference(base)), float(n_features - 1)
     if target < lowest - tol or target >= ceiling:
-        raise ValueError(f"interference={target}: must lie in [{lowest:.4g}, {ceiling:g}) for "
+        raise ValueError(f"interference={target}: must lie in [{round(lowest, 4):g}, {ceiling:g}) for "
                          f"n_features={n_features}, d_model={d_model}")
     lo, hi = 0.0, 1.0
     while float(interference(make(hi))) < target:
