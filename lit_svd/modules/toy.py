@@ -120,8 +120,9 @@ class ToyAlignmentModule(pl.LightningModule):
                 reached.append(e)
             else:  # Xavier-normal feature directions
                 W.append(torch.randn(d_model, n_features, generator=g) * (2.0 / (d_model + n_features)) ** 0.5)
-            W_Q.append(torch.randn(h_max, d_model, generator=g) * init_scale / d_model ** 0.5)
-            W_K.append(torch.randn(h_max, d_model, generator=g) * init_scale / d_model ** 0.5)
+            for head in (W_Q, W_K):  # drawn at the instance's own H, so its init is the same in any ensemble
+                w = torch.randn(heads[i], d_model, generator=g) * init_scale / d_model ** 0.5
+                head.append(F.pad(w, (0, 0, 0, h_max - heads[i])))
         self.interference = reached if frozen_features else None
         self.W = nn.Parameter(torch.stack(W), requires_grad=not frozen_features)          # [I, D, N]
         self.b = nn.Parameter(torch.zeros(n, n_features), requires_grad=not frozen_features)  # [I, N]
