@@ -17,8 +17,20 @@ import torch
 
 
 def run_dir(trainer: pl.Trainer) -> Path:
-    """The run's output folder: ``trainer.log_dir``, else ``default_root_dir``."""
-    path = Path(trainer.log_dir or trainer.default_root_dir)
+    """The run's output folder: ``trainer.log_dir``, else ``default_root_dir``.
+
+    Resolved locally, as ``trainer.log_dir`` does but without its DDP broadcast: that broadcast is a
+    collective, and rank zero alone calling it (as the rank-zero writers below do) hangs a DDP run.
+    Rank zero's own logger folder is the right one, since only rank zero writes.
+    """
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    if trainer.loggers:
+        logger = trainer.loggers[0]
+        local = logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else logger.save_dir
+    else:
+        local = trainer.default_root_dir
+    path = Path(local or trainer.default_root_dir)
     if trainer.is_global_zero:
         path.mkdir(parents=True, exist_ok=True)
     return path
