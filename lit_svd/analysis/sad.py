@@ -111,10 +111,12 @@ def augment_inputs(x: Tensor) -> Tensor:
     return torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)
 
 
-def rotated_bases(U: Tensor, seed: int = 0) -> Tensor:
-    """The control basis ``U Q`` per head, ``Q`` Haar-random ``[k, k]`` from ``seed`` (same on every rank)."""
-    gen = torch.Generator().manual_seed(seed)
-    Q = haar_orthogonal(U.shape[-1], *U.shape[:-2], generator=gen, dtype=U.dtype).to(U.device)
+def rotated_bases(U: Tensor, seed: int = 0, head_ids: list[int] | None = None) -> Tensor:
+    """The control basis ``U Q`` per head, ``Q`` Haar-random ``[k, k]``, drawn for each head from
+    ``(seed, head id)`` alone: the same on every rank, whichever other heads are analysed."""
+    head_ids = list(range(U.shape[0])) if head_ids is None else list(head_ids)
+    Q = torch.stack([haar_orthogonal(U.shape[-1], generator=torch.Generator().manual_seed(seed * 1_000_003 + h),
+                                     dtype=U.dtype) for h in head_ids]).to(U.device)
     return U @ Q
 
 
@@ -281,7 +283,7 @@ def layer_bases(view, layer: int, heads: list[int] | None = None, seed: int = 0,
     heads = list(range(view.n_heads)) if heads is None else [view.check_head(h) for h in heads]
     qk = qk_heads_from_view(view, layer).select(heads).to(dtype)
     U = qk.basis()
-    return LayerBases(layer, torch.tensor(heads), qk, U, rotated_bases(U, seed * 100_003 + layer),
+    return LayerBases(layer, torch.tensor(heads), qk, U, rotated_bases(U, seed * 100_003 + layer, heads),
                       attention_window(view, layer))
 
 

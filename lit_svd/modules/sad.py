@@ -116,10 +116,19 @@ class SADAnalysisModule(PretrainedLMModule):
     def _is_zero(self) -> bool:
         return self._trainer is None or self.trainer.is_global_zero
 
+    def setup(self, stage: str) -> None:
+        # Lightning silently skips a test loop without batches: fail instead, with one line
+        dm = getattr(self.trainer, "datamodule", None)
+        if stage == "test" and dm is not None:
+            try:
+                n = len(dm.test_dataloader().dataset)
+            except (TypeError, AttributeError, NotImplementedError):  # unsized streams are checked at the end
+                return
+            if n == 0:
+                raise ValueError("the prompt set is empty (0 test prompts); give the datamodule at least one test"
+                                 " prompt (e.g. data.n_test > 0)")
+
     def on_test_start(self) -> None:
-        if self._trainer is not None and sum(self.trainer.num_test_batches) == 0:
-            raise ValueError("the prompt set is empty (0 test batches); give the datamodule at least one test prompt"
-                             " (e.g. data.n_test > 0)")
         dtype = DTYPES[self.hparams.dtype]
         self.bases = {l: layer_bases(self.view, l, self.selection[l], self.hparams.seed, dtype)
                       for l in tqdm(self.layer_list, desc="SAD bases", disable=not self._is_zero())}

@@ -1,0 +1,147 @@
+"""SADAnalysisModule and SADCallback: per-head accumulation against a direct recomputation, DDP over two
+CPU processes against one, bad inputs, and the callback on the toy model and a tiny LM."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+
+from lit_svd.analysis.sad import attention_inputs, decompose_layer, layer_bases
+from lit_svd.modules.sad import SADAnalysisModule
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def word_tokenizer(words):
+    """A whitespace word-level tokenizer over ``words`` (no hub, no SmolLM2 needed)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<pad>", "<unk>", *sorted(set(words))])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>")
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_dir(tmp_path_factory):
+    """A tiny random Llama (rotary, GQA) saved as a local HF folder with a tokenizer covering the IOI words."""
+    from lit_svd.datamodules import task_words as tw
+    from lit_svd.models.tiny import tiny_causal_lm
+
+    text = " ".join([*tw.MALE_NAMES, *tw.FEMALE_NAMES, *tw.PLACES, *tw.OBJECTS, *tw.IOI_TEMPLATES])
+    tok = word_tokenizer(re.findall(r"\w+|[^\w\s]", text))
+    model = tiny_causal_lm("llama", vocab_size=len(tok))
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def make_module(tiny_lm_dir, **kw):
+    return SADAnalysisModule(model=tiny_lm_dir, **{"dtype": "float64", **kw})
+
+
+def test_accumulated_heads_equal_direct_recomputation(tiny_lm_dir):
+    mod = make_module(tiny_lm_dir, min_pairs=1, heads=[[1, 0], [1, 3], [0, 2]])
+    tok = mod.tokenizer
+    enc = tok(["When Mary and John went to the store , John gave a drink to",
+               "Then , Anna and Tom went to the garden"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        mod.analyse_batch(enc["input_ids"], enc["attention_mask"])
+    res = mod.results()
+    assert res["experiment"] == "sad" and res["n_prompts"] == 2
+    assert [(r["layer"], r["head"]) for r in res["heads"]] == [(0, 2), (1, 0), (1, 3)]
+    view = mod.view
+    X = attention_inputs(view, enc["input_ids"], enc["attention_mask"], [0, 1])
+    for row in res["heads"]:
+        full = decompose_layer(layer_bases(view, row["layer"], dtype=torch.float64), X[row["layer"]],
+                               enc["attention_mask"])
+        mine = full.head == row["head"]
+        assert row["n_pairs"] == int(mine.sum()) > 0
+        assert row["sparsity"] == pytest.approx(full.sparsity[mine].mean().item(), rel=1e-12)
+        assert row["sparsity_rotated"] == pytest.approx(full.sparsity_rotated[mine].mean().item(), rel=1e-12)
+        assert row["n_recon_median"] == float(np.median(full.n_recon[mine].numpy()))
+        assert row["n_recon_hist"] == np.bincount(full.n_recon[mine].numpy(), minlength=len(row["n_recon_hist"]) + 1)[1:].tolist()
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(threshold=1.5), ValueError, r"model.threshold=1.5 is outside \[0, 1\]"),
+    (dict(threshold=-0.01), ValueError, r"model.threshold=-0.01 is outside \[0, 1\]"),
+    (dict(layers=[0, 2]), IndexError, r"layer 2 out of range: llama has layers 0..1"),
+    (dict(heads=[[0, 4]]), IndexError, r"head 4 out of range: llama has heads 0..3"),
+    (dict(heads=[[-1, 0]]), IndexError, r"layer -1 out of range"),
+    (dict(recon_tol=2.0), ValueError, r"model.recon_tol=2.0 is outside \[0, 1\)"),
+    (dict(dtype="float16"), ValueError, r"model.dtype='float16' is not supported"),
+    (dict(layers=[0], heads=[[0, 0]]), ValueError, r"give model.layers or model.heads, not both"),
+])
+def test_bad_configuration_fails_at_construction(tiny_lm_dir, kw, exc, match):
+    with pytest.raises(exc, match=match):
+        make_module(tiny_lm_dir, **kw)
+
+
+def test_empty_prompt_set_fails(tiny_lm_dir, tmp_path):
+    from lit_svd.datamodules.tasks import TaskDataModule
+
+    mod = make_module(tiny_lm_dir, layers=[0])
+    dm = TaskDataModule(task="ioi", tokenizer=mod.tokenizer, n_train=0, n_val=0, n_test=0, batch_size=2)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         default_root_dir=tmp_path)
+    with pytest.raises(ValueError, match="prompt set is empty"):
+        trainer.test(mod, datamodule=dm)
+    with pytest.raises(ValueError, match="empty batch"):
+        mod.analyse_batch(torch.zeros(0, 5, dtype=torch.long), torch.zeros(0, 5, dtype=torch.long))
+
+
+def run_cli(args, cwd):
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "lit_svd", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = sorted(Path(cwd).rglob("results.json"))
+    assert len(found) == 1, found
+    return json.loads(found[0].read_text()), found[0].parent
+
+
+def assert_same_results(a, b, rel=1e-9):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same_results(a[k], b[k], rel)
+    elif isinstance(a, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_results(x, y, rel)
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=rel, abs=1e-12)
+    else:
+        assert a == b
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_one(tiny_lm_dir, tmp_path):
+    """The CLI split over two CPU processes (DDP, gloo) writes the results.json of one in-process run."""
+    from lit_svd.datamodules.tasks import TaskDataModule
+
+    mod = make_module(tiny_lm_dir, min_pairs=5)
+    dm = TaskDataModule(task="ioi", tokenizer=tiny_lm_dir, n_train=0, n_val=0, n_test=10, batch_size=2, seed=0)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, default_root_dir=tmp_path / "one")
+    trainer.test(mod, datamodule=dm)
+    folder = Path(trainer.log_dir)
+    one = json.loads((folder / "results.json").read_text())
+    two, _ = run_cli(["test", "--config", str(ROOT / "configs/sad/smollm2_ioi.yaml"),
+                      "--model.init_args.model", tiny_lm_dir, "--model.init_args.dtype", "float64",
+                      "--model.init_args.min_pairs", "5", "--data.init_args.tokenizer", tiny_lm_dir,
+                      "--data.init_args.n_test", "10", "--data.init_args.batch_size", "2",
+                      "--trainer.enable_progress_bar", "false", "--trainer.devices", "2", "--trainer.strategy", "ddp",
+                      "--trainer.default_root_dir", str(tmp_path / "two")], tmp_path / "two")
+    assert one["n_prompts"] == 10 and one["summary"]["n_pairs"] > 0
+    assert_same_results(one, two)
+    assert (folder / "sad_heatmap.png").is_file() and (folder / "sad_n_recon.png").is_file()
