@@ -16,7 +16,7 @@ import torch
 from lit_svd.analysis import mounts as M
 from lit_svd.models import view as make_view
 from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm
-from lit_svd.modules.mounts import MountsAnalysisModule, steering, unembed_reading
+from lit_svd.modules.mounts import MountsAnalysisModule, last_logits, steering, unembed_reading
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_TILES = {"q": 32, "k": 16, "v": 16, "o": 32, "gate": 32, "up": 32, "down": 64}
@@ -78,6 +78,32 @@ def test_steering_adds_alpha_u_to_the_residual_after_the_sublayer(arch, site):
                 model(ids)
                 h.remove()
         torch.testing.assert_close(outs[1] - outs[0], (alpha * u).expand_as(outs[0]), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_last_position_steering_with_cached_prefix_matches_a_full_forward(arch):
+    model = tiny_causal_lm(arch, seed=0)
+    view = make_view(model)
+    ids = torch.randint(0, 1000, (3, 12), generator=torch.Generator().manual_seed(0))
+    add = 2.0 * torch.randn(view.d_model, generator=torch.Generator().manual_seed(1))
+    _, mlp_w, _ = _hf_parts(model, arch, 0)
+
+    def last_only(mod, args, out):  # the reference: full forward, alpha * u at the last position only
+        out = out.clone()
+        out[:, -1] += add
+        return out
+
+    with torch.no_grad():
+        h = mlp_w.register_forward_hook(last_only)
+        want = model(ids).logits[:, -1]
+        h.remove()
+        cache = model(ids[:, :-1], use_cache=True).past_key_values
+        torch.testing.assert_close(last_logits(model, ids, cache), model(ids).logits[:, -1], rtol=1e-5, atol=1e-5)
+        with steering(view, 0, "down", add):
+            got = last_logits(model, ids, cache)
+        again = last_logits(model, ids, cache)  # the cache is not consumed
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again, model(ids).logits[:, -1], rtol=1e-5, atol=1e-5)
 
 
 def test_steering_refuses_non_residual_sites():

@@ -13,6 +13,7 @@ fit never sees a scored token.
 """
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 
 import torch
@@ -60,7 +61,7 @@ class MountsAnalysisModule(PretrainedLMModule):
                  modes_sweep: list[int] = (1, 2, 4, 8, 16), k_active: int = 8, seed: int = 0,
                  effective_paths: bool = True, fit_fraction: float = 0.5, v_ridge: float = 1e-3,
                  steer_alpha: float = 2.0, steer_mounts: int = 8, steer_texts: int = 8, steer_tokens: int = 32,
-                 rules: dict | None = None):
+                 steer_positions: str = "last", rules: dict | None = None):
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
         self.save_hyperparameters()
         view = self.view
@@ -77,6 +78,9 @@ class MountsAnalysisModule(PretrainedLMModule):
         for key, value in (("steer_mounts", steer_mounts), ("steer_texts", steer_texts), ("steer_tokens", steer_tokens)):
             if int(value) <= 0:
                 raise ValueError(f"{key}={value!r} is not allowed: it must be a positive integer")
+        if steer_positions not in ("last", "all"):
+            raise ValueError(f"steer_positions={steer_positions!r} is not allowed; choose 'last' (steer the read-out"
+                             " token, prefix cached) or 'all' (every position, a full forward per mount)")
         self.rules = M.MountRules.from_dict(rules)
         self.effective = {s for s in ("v", "up") if effective_paths and s in self.sites}
         if "up" in self.effective and not view.gated_mlp:
@@ -138,11 +142,20 @@ class MountsAnalysisModule(PretrainedLMModule):
 
     # --- the forward pass with taps ----------------------------------------------------------------
     def _n_fit_batches(self) -> int:
+        """How many of each rank's first batches fit the effective paths: ``fit_fraction`` of the
+        smallest per-rank batch count, so every rank switches (and syncs) at the same batch."""
         n = self.trainer.num_test_batches[0]
-        if n == float("inf") or n < 2:
-            raise ValueError(f"the test stream has {n} batches per process; effective paths need at least 2"
+        if n == float("inf"):
+            raise ValueError("effective paths need a test stream of known length (a sized DataLoader)")
+        n = int(n)
+        if self.trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            t = torch.tensor([n], device=self.device)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+            n = int(t.item())
+        if n < 2:
+            raise ValueError(f"the test stream has {n} batch(es) per process; effective paths need at least 2"
                              " (one to fit, one to score): give more tokens or a smaller batch size")
-        return max(1, min(int(n) - 1, int(round(self.hparams.fit_fraction * n))))
+        return max(1, min(n - 1, int(round(self.hparams.fit_fraction * n))))
 
     @contextmanager
     def _taps(self, mask: Tensor | None, fitting: bool):
@@ -242,7 +255,7 @@ class MountsAnalysisModule(PretrainedLMModule):
 
     def test_step(self, batch, batch_idx: int) -> None:
         ids, attn = self._unpack(batch)
-        if self.effective and batch_idx == self._n_fit_batches() and not self._effective_built:
+        if self.effective and batch_idx == self._n_fit and not self._effective_built:
             self._build_effective()
             self._effective_built = True
         fitting = bool(self.effective) and not self._effective_built
@@ -254,6 +267,7 @@ class MountsAnalysisModule(PretrainedLMModule):
 
     def on_test_epoch_start(self) -> None:
         self._effective_built = False
+        self._n_fit = self._n_fit_batches() if self.effective else 0
         for m in (*self.sums.values(), *self.fit.values()):
             m.reset()
 
@@ -261,7 +275,7 @@ class MountsAnalysisModule(PretrainedLMModule):
     def on_test_epoch_end(self) -> None:
         if self.effective and not self._effective_built:
             raise ValueError("the test stream ended before the effective-path fit finished")
-        texts = self._steer_texts()
+        self._steer_setup(self._steer_texts())
         reading_W = self.view.unembed()[0].double()
         rows = []
         for l in self.layers:
@@ -273,11 +287,12 @@ class MountsAnalysisModule(PretrainedLMModule):
                 rows.append(row)
         steer_rows = [r for r in rows if r["residual"]]
         for row in tqdm(steer_rows, desc="steering", disable=not self._is_zero()):
-            row.update(self._steer(row, texts, reading_W))
+            row.update(self._steer(row, reading_W))
         for row in rows:
             row["checks"] = M.judge(row, self.rules, residual=row["residual"], effective=row["path"] == "effective")
             row["pass"] = row["checks"]["pass"]
         self.rows = rows
+        self._steer_ctx = None
         self.log("mounts/pass_fraction", sum(r["pass"] for r in rows) / len(rows), sync_dist=False)
 
     def _steer_texts(self) -> Tensor:
@@ -290,26 +305,47 @@ class MountsAnalysisModule(PretrainedLMModule):
         return ids[: self.hparams.steer_texts]
 
     @torch.no_grad()
-    def _steer(self, row: dict, texts: Tensor, W_U: Tensor) -> dict:
-        """Add ``alpha * u`` to the residual after the sub-layer for the ``steer_mounts`` tiled mounts of
-        highest tile-local lift; compare the mean last-token logit change with ``u``'s unembedding reading."""
+    def _steer_setup(self, texts: Tensor) -> None:
+        """Unsteered state shared by every steered site-layer: with ``steer_positions="last"`` the key /
+        value cache of each text's prefix (the steer touches only the last position, so the prefix is the
+        same for every mount), and the unsteered last-token logits."""
+        cache = None
+        if self.hparams.steer_positions == "last":
+            cache = self.lm(input_ids=texts[:, :-1], use_cache=True).past_key_values
+        self._steer_ctx = (texts, cache, None)
+        self._steer_ctx = (texts, cache, self._last_logits())
+
+    def _last_logits(self) -> Tensor:
+        return last_logits(self.lm, *self._steer_ctx[:2])
+
+    @torch.no_grad()
+    def _steer(self, row: dict, W_U: Tensor) -> dict:
+        """Add ``alpha * u`` to the residual after the sub-layer (at the last position, or at every
+        position) for the ``steer_mounts`` tiled mounts of highest tile-local lift; compare the mean
+        last-token logit change with ``u``'s unembedding reading (Spearman rho, top-20 Jaccard)."""
         hp = self.hparams
         plan = self.plans[self.key(row["layer"], row["site"])]
         top = torch.tensor(row["tile_lift"]).argsort(descending=True)[: hp.steer_mounts]
         U = plan.strategies["tiled"].U[:, top].mT.float()  # [m, d_model]
-        base = self._last_logits(texts)  # [texts, vocab]
-        rhos, jacs = [], []
+        base = self._steer_ctx[2]
         read = unembed_reading(self.view, U.double(), W_U)
+        rhos, jacs = [], []
         for j in range(U.shape[0]):
             with steering(self.view, row["layer"], row["site"], hp.steer_alpha * U[j].to(self.device)):
-                delta = (self._last_logits(texts) - base).mean(0).double().cpu()
+                delta = (self._last_logits() - base).mean(0).double().cpu()
             rhos.append(M.spearman(delta, read[j]))
             jacs.append(M.topk_jaccard(delta, read[j], 20))
         return {"steer_rho": sum(rhos) / len(rhos), "steer_jaccard": sum(jacs) / len(jacs),
                 "steer_rho_per_mount": rhos, "steer_jaccard_per_mount": jacs}
 
-    def _last_logits(self, ids: Tensor) -> Tensor:
-        return self.lm(input_ids=ids, logits_to_keep=1).logits[:, -1].float()
+
+def last_logits(lm, texts: Tensor, cache=None) -> Tensor:
+    """Last-position logits ``[batch, vocab]`` of ``texts``; with ``cache`` (the key / value cache of
+    ``texts[:, :-1]``) only the last token is run, on a copy of the cache so that it can be reused."""
+    if cache is None:
+        return lm(input_ids=texts, logits_to_keep=1).logits[:, -1].float()
+    out = lm(input_ids=texts[:, -1:], past_key_values=copy.deepcopy(cache), use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1].float()
 
 
 def unembed_reading(view, U: Tensor, W_U: Tensor | None = None) -> Tensor:

@@ -1,0 +1,165 @@
+"""Full A/B scoring of one SmolLM2 site-layer: lit_svd's streaming sums against a straightforward reference.
+
+Both sides score the same WikiText tokens with the same mounts (tiled, whole-matrix, column, random;
+full-write lifts, span energies, the coverage sweep over modes {1, 2, 4, 8, 16}, tile-local lifts):
+
+* lit_svd: forward in batches, the site's input/output reduced to token sums as each batch passes
+  (``lit_svd.analysis.mounts.site_sums``: one projection matmul, Gram-Cholesky 8 x 8 fits);
+* reference: store every token's activations, then loop over mounts (one pass over all tokens per
+  mount) and over tokens for the sparse least-squares coverage (``numpy.linalg.lstsq`` per token).
+
+Each side runs in its own child process, so its peak resident memory (above the loaded model) is its own.
+Prints tokens/s, peak memory and the ratios; checks that both sides report the same figures.
+
+    .venv/bin/python bench/mounts_bench.py [--tokens 8192] [--layer 10] [--site down]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lit_svd.analysis import mounts as M  # noqa: E402
+
+WIKITEXT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "wikitext-2", "valid.txt")
+TILES = {"q": 128, "k": 256, "v": 256, "o": 512, "gate": 512, "up": 512, "down": 512}
+
+
+class _Stop(Exception):
+    pass
+
+
+def _setup(args):
+    from lit_svd.datamodules.text import read_local_text, sample_windows, tokenize_texts
+    from lit_svd.models import load_causal_lm, view
+
+    model, tok = load_causal_lm("smollm2-135m")
+    v = view(model)
+    ids = tokenize_texts(tok, read_local_text(WIKITEXT))
+    windows = torch.stack(sample_windows(ids, 128, args.tokens, 0))
+    W, _ = v.site_weight(args.layer, args.site)
+    plan = M.plan_site(W.mT, TILES[args.site], 2, [1, 2, 4, 8, 16], 8, 0)
+    return model, v, windows, plan
+
+
+def _batches(model, v, windows, args):
+    """Yield ``(x, dh)`` of the site for each batch of 8 windows (the forward stops after the site)."""
+    mod = v.site_module(args.layer, args.site)
+    got = {}
+
+    def hook(m, a, o):
+        got["io"] = (a[0].reshape(-1, a[0].shape[-1]), v.site_output(args.layer, args.site, o).reshape(-1, o.shape[-1]))
+        raise _Stop
+
+    h = mod.register_forward_hook(hook)
+    try:
+        for i in range(0, len(windows), 8):
+            try:
+                with torch.no_grad():
+                    model(input_ids=windows[i:i + 8])
+            except _Stop:
+                pass
+            yield got.pop("io")
+    finally:
+        h.remove()
+
+
+def run_lit_svd(args, q):
+    model, v, windows, plan = _setup(args)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    sums = sum(M.site_sums(plan, x, dh) for x, dh in _batches(model, v, windows, args))
+    row = M.summarize(plan, sums)
+    dt = time.perf_counter() - t
+    q.put(dict(seconds=dt, peak_mb=(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024, row=_figures(row)))
+
+
+def run_reference(args, q):
+    model, v, windows, plan = _setup(args)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    xs, dhs = zip(*[(x.numpy().copy(), dh.numpy().copy()) for x, dh in _batches(model, v, windows, args)])
+    X, D = np.concatenate(xs), np.concatenate(dhs)  # every token's activations
+    n2 = (D * D).sum(1) + M.EPS
+    ref = plan.ref.numpy().astype(np.float32)
+    row = {}
+    for s in M.STRATEGIES:
+        U = plan.strategies[s].U.numpy().astype(np.float32)
+        row[f"lift_{s}"] = float(np.mean([np.mean((D @ U[:, j]) ** 2 / n2) - np.mean((D @ ref[:, j]) ** 2 / n2)
+                                          for j in range(U.shape[1])]))
+        Q, _ = np.linalg.qr(U)
+        row[f"span_{s}"] = float(np.mean(((D @ Q) ** 2).sum(1) / n2))
+    lifts = []
+    for _, tiled, rand in plan.coverage:
+        fr = []
+        for cd in (tiled, rand):
+            A = cd.D.numpy().astype(np.float32)
+            resid = 0.0
+            for t_ in range(len(D)):
+                idx = np.argsort(-np.abs(D[t_] @ A))[:8]
+                coef, *_ = np.linalg.lstsq(A[:, idx], D[t_], rcond=None)
+                resid += float(np.sum((D[t_] - A[:, idx] @ coef) ** 2))
+            fr.append(1 - resid / float(np.sum(D.astype(np.float64) ** 2)))
+        lifts.append(fr[0] - fr[1])
+    row["coverage_lift"] = lifts
+    tiled, Wn = plan.strategies["tiled"], plan.W.numpy().astype(np.float32)
+    tl = []
+    for j in range(len(tiled)):
+        s, e = plan.tiles[tiled.tile[j]]
+        tw = X[:, s:e] @ Wn[:, s:e].T
+        tn = (tw * tw).sum(1) + M.EPS
+        tl.append(float(np.mean((tw @ tiled.U[:, j].numpy().astype(np.float32)) ** 2 / tn)
+                        - np.mean((tw @ ref[:, j]) ** 2 / tn)))
+    row["tile_lift"] = tl
+    dt = time.perf_counter() - t
+    q.put(dict(seconds=dt, peak_mb=(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024, row=row))
+
+
+def _figures(row):
+    keys = [f"lift_{s}" for s in M.STRATEGIES] + [f"span_{s}" for s in M.STRATEGIES] + ["coverage_lift", "tile_lift"]
+    return {k: row[k] for k in keys}
+
+
+def _child(fn, args):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=fn, args=(args, q))
+    p.start()
+    out = q.get()
+    p.join()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--layer", type=int, default=10)
+    ap.add_argument("--site", default="down", choices=sorted(TILES))
+    args = ap.parse_args()
+    print(f"SmolLM2 site {args.site} layer {args.layer}, {args.tokens} WikiText-2 tokens, torch threads "
+          f"{torch.get_num_threads()} (shared machine: timings taken under load from other jobs)")
+    ours = _child(run_lit_svd, args)
+    ref = _child(run_reference, args)
+    worst = 0.0
+    for k, a in ours["row"].items():
+        b = ref["row"][k]
+        worst = max(worst, float(np.max(np.abs(np.asarray(a) - np.asarray(b)))))
+    for name, r in (("lit_svd (streaming sums)", ours), ("reference (store + loop)", ref)):
+        print(f"{name:26s} {args.tokens / r['seconds']:10.0f} tokens/s   {r['seconds']:7.2f} s   peak +{r['peak_mb']:7.1f} MB")
+    print(f"speed ratio  lit_svd / reference: {ref['seconds'] / ours['seconds']:.1f}x faster (target >= 3x)")
+    print(f"memory ratio lit_svd / reference: {ours['peak_mb'] / max(ref['peak_mb'], 1e-9):.2f} (target <= 0.5)")
+    print(f"largest difference between the two sides' figures: {worst:.2e}")
+    print(json.dumps({"tokens": args.tokens, "ours": {k: ours[k] for k in ("seconds", "peak_mb")},
+                      "reference": {k: ref[k] for k in ("seconds", "peak_mb")}, "max_abs_diff": worst}))
+
+
+if __name__ == "__main__":
+    main()
