@@ -4,8 +4,9 @@ straightforward per-pair loop, on the same IOI prompts and the same analysed pai
     .venv/bin/python bench/sad_bench.py [--prompts 16] [--layers 3 14 25] [--loop-pairs 300]
 
 Both sides compute, per analysed pair, the contributions in the singular basis and in the rotated
-control, their Rolls–Tovee sparsity and N_recon. The loop gets every per-offset factored Omega(delta)
-precomputed (untimed) and works one pair at a time with vector ops, as a direct transcription of the
+control, their Rolls–Tovee sparsity and N_recon (the model forward that captures the inputs is shared
+and not timed). The loop gets every per-offset factored Omega(delta), already projected on both bases,
+precomputed (untimed), and works one pair at a time with vector ops, as a direct transcription of the
 definition would. Prints pairs/s of each side and the speed-up; checks that both agree.
 """
 from __future__ import annotations
@@ -26,10 +27,13 @@ from lit_svd.linalg import rolls_tovee_sparsity  # noqa: E402
 def loop_pairs(view, layer, bases, X, mask, pairs, tol=DEFAULT_RECON_TOL):
     """Per pair: terms over every visible source from the view's own per-offset factored QK matrices."""
     T = X.shape[1]
-    omegas = {}  # delta -> (A [h, D, dh], B [h, D, dh]) for the analysed heads, precomputed before timing
+    # per offset, precomputed before timing: u_k^T Omega(delta) = (U^T A(delta)) B(delta)^T, with the
+    # view's own factored Omega(delta) = A(delta) B(delta)^T, for both bases of every analysed head
+    omegas = {}
     for delta in range(-(T - 1), 1):
         f = view.qk(layer, delta if view.rotary_dim else None)
-        omegas[delta] = (f.A[bases.heads], f.B[bases.heads])
+        A, B = f.A[bases.heads], f.B[bases.heads]
+        omegas[delta] = (bases.U.mT @ A, bases.U_rot.mT @ A, B)
     vis = causal_visibility(mask, bases.window)
     pos = mask.long().cumsum(-1) - 1
     head_row = {int(h): i for i, h in enumerate(bases.heads)}
@@ -39,13 +43,13 @@ def loop_pairs(view, layer, bases, X, mask, pairs, tol=DEFAULT_RECON_TOL):
         for b, h, d, s in pairs:
             i = head_row[h]
             results = []
-            for U in (bases.U[i], bases.U_rot[i]):
+            for which, U in enumerate((bases.U[i], bases.U_rot[i])):
                 a = X[b, d] @ U  # [k]
                 srcs = vis[b, d].nonzero().flatten().tolist()
                 terms = {}
                 for j in srcs:
-                    A, B = omegas[int(pos[b, j] - pos[b, d])]
-                    terms[j] = a * ((U.T @ A[i]) @ (B[i].T @ X[b, j]))
+                    om = omegas[int(pos[b, j] - pos[b, d])]
+                    terms[j] = a * (om[which][i] @ (om[2][i].T @ X[b, j]))
                 others = [terms[j] for j in srcs if j != s]
                 c = terms[s] - torch.stack(others).mean(0)
                 results.append((rolls_tovee_sparsity(c).item(), int(n_recon(c[None], c.sum()[None], tol))))
