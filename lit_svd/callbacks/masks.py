@@ -22,7 +22,7 @@ from typing import Sequence
 import lightning.pytorch as pl
 import torch
 
-from lit_svd.analysis.masks import logit_receptors, steer
+from lit_svd.analysis.masks import logit_receptors, steer, task_scores
 from lit_svd.output import run_dir, save_figure, write_results
 
 
@@ -35,22 +35,45 @@ class DirectionMaskReport(pl.Callback):
             None picks the kept OV direction whose hard-mask scale has the largest effect on the task
             metric (first-order, one backward pass).
         eval_split: "val" or "test" for the end-of-fit evaluation.
+        trajectory_every: every so many steps, KL with hard and soft masks and the kept fraction on
+            the first validation batch (``results["trajectory"]``: the sparsity-KL path of the run;
+            0 turns it off).
     """
 
     def __init__(self, log_every: int = 10, receptors_top: int = 12,
                  steer_factors: Sequence[float] = (-2.0, -1.0, 0.0, 2.0, 4.0), steer_component: str | None = None,
-                 steer_head: int | None = None, steer_direction: int | None = None, eval_split: str = "val"):
+                 steer_head: int | None = None, steer_direction: int | None = None, eval_split: str = "val",
+                 trajectory_every: int = 10):
         if eval_split not in ("val", "test"):
             raise ValueError(f"eval_split={eval_split!r} is unknown; choose val or test")
         self.log_every, self.receptors_top, self.steer_factors = log_every, receptors_top, list(steer_factors)
         self.steer_target = (steer_component, steer_head, steer_direction)
         self.eval_split = eval_split
+        self.trajectory_every, self.trajectory = trajectory_every, []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step % self.log_every:
-            return
-        per_kind = module.kept()["per_kind"]
-        module.log_dict({f"kept_fraction/{k}": v["kept_fraction"] for k, v in per_kind.items()}, on_step=True)
+        step = trainer.global_step
+        if step % self.log_every == 0:
+            per_kind = module.kept()["per_kind"]
+            module.log_dict({f"kept_fraction/{k}": v["kept_fraction"] for k, v in per_kind.items()}, on_step=True)
+        if self.trajectory_every and step % self.trajectory_every == 0:
+            self.trajectory.append(self.trajectory_point(trainer, module))
+            module.log_dict({"trajectory/kl_hard": self.trajectory[-1]["kl_hard"]}, on_step=True)
+
+    @torch.no_grad()
+    def trajectory_point(self, trainer, module) -> dict:
+        """Kept fraction and KL (soft, hard) on the first batch of the evaluation split (this rank's)."""
+        if not hasattr(self, "_probe"):
+            loader = getattr(trainer.datamodule, f"{self.eval_split}_dataloader")()
+            self._probe = _to(next(iter(loader)), module.device)
+        batch = self._probe
+        full = module.answer_logits(batch["clean_ids"], batch)
+        reference = module.reference(batch)
+        point = {"step": trainer.global_step, "kept_fraction": module.kept()["kept_fraction"]}
+        for setting, scales in (("soft", {n: l.detach() for n, l in module.lambdas().items()}), ("hard", module.hard())):
+            logits = module.answer_logits(batch["clean_ids"], batch, scales, reference)
+            point[f"kl_{setting}"] = float(task_scores(logits, full, batch)["kl"].mean())
+        return point
 
     def on_fit_end(self, trainer, module) -> None:
         loader = getattr(trainer.datamodule, f"{self.eval_split}_dataloader")()
@@ -70,7 +93,7 @@ class DirectionMaskReport(pl.Callback):
         gt = "greater_mask" in first
         results = {
             "experiment": "direction_mask", "task": _task_name(trainer), "model": module.model_name,
-            "components": None, "n_directions": kept["n_directions"], "kept": kept["kept"],
+            "n_directions": kept["n_directions"], "kept": kept["kept"],
             "kept_fraction": kept["kept_fraction"], "threshold": module.threshold, "alpha": module.alpha,
             "ablation": module.ablation, "positions": module.positions, "steps": trainer.global_step,
             "eval_split": self.eval_split, "metric": "prob_diff" if gt else "logit_diff",
@@ -78,9 +101,8 @@ class DirectionMaskReport(pl.Callback):
             "logit_diff_full": ev["full_metric"], "logit_diff_soft": ev["soft_metric"], "logit_diff_hard": ev["hard_metric"],
             "accuracy_full": ev["full_correct"], "accuracy_soft": ev["soft_correct"], "accuracy_hard": ev["hard_correct"],
             "agreement_soft": ev["soft_agree"], "agreement_hard": ev["hard_agree"],
-            "per_kind": kept["per_kind"],
+            "per_kind": kept["per_kind"], "trajectory": self.trajectory, "components": kept["components"],
         }
-        results["components"] = kept["components"]
         results["receptors"] = self.receptors(module)
         results["steering"] = self.steering(module, first)
         write_results(trainer, results)
@@ -147,8 +169,6 @@ class DirectionMaskReport(pl.Callback):
 
 def _most_effective_ov_direction(module, batch: dict, hard: dict) -> tuple[str, int, int] | None:
     """The kept OV direction with the largest |d metric / d scale| at the hard masks (one backward)."""
-    from lit_svd.analysis.masks import task_scores
-
     names = [c.name for c in module.components if c.kind == "ov"]
     if not names:
         return None

@@ -39,21 +39,28 @@ class DirectionMaskModule(PretrainedLMModule):
         threshold: lambda at or above which a direction counts as kept (hard mask).
         steps_per_batch: optimiser steps on each batch (the paper: 15); the full model's logits and
             the corrupted reference are computed once per batch.
+        num_threads: torch CPU threads for this process (None: leave as is). On shared cores one
+            thread per process is several times faster than two that contend (docs/masks.md).
     """
 
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
                  fold_norms: bool = True, components: Sequence[str] = ("qk", "ov", "mlp"),
                  layers: Sequence[int] | None = None, alpha: float = 2e-4, lr: float = 2e-2, eps: float = 1e-7,
                  weight_decay: float = 0.0, grad_clip: float = 1.0, init: float = 0.99, ablation: str = "zero",
-                 positions: str = "answer", threshold: float = 1e-3, steps_per_batch: int = 1):
+                 positions: str = "answer", threshold: float = 1e-3, steps_per_batch: int = 1,
+                 num_threads: int | None = None):
         check_mask_config(alpha, init, threshold, ablation, positions)
         if steps_per_batch < 1:
             raise ValueError(f"steps_per_batch={steps_per_batch} is invalid; give an integer >= 1")
+        if num_threads is not None:
+            if num_threads < 1:
+                raise ValueError(f"num_threads={num_threads} is invalid; give an integer >= 1 or null")
+            torch.set_num_threads(num_threads)
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=fold_norms)
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.alpha, self.threshold, self.ablation, self.positions = alpha, threshold, ablation, positions
-        self.components = build_components(self.view, components, layers)
+        self.components = build_components(self.view, components, layers, progress=True)
         self.intervention = Intervention(self.view, self.components)
         self.theta = nn.ParameterDict({_key(n): nn.Parameter(t) for n, t in initial_logits(self.components, init).items()})
         self.n_directions = sum(c.n_directions for c in self.components)
