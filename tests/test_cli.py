@@ -1,0 +1,85 @@
+"""The command line: --print_config, overrides, unknown keys, output relocation, TensorBoard contents."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lit_svd.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SINGLE_PAIR = str(REPO / "configs" / "toy" / "single_pair.yaml")
+FAST = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def run_cli(args: list[str]) -> None:
+    main(args)
+
+
+def test_print_config_shows_model_data_and_overrides(capsys):
+    with pytest.raises(SystemExit) as code:
+        run_cli(["fit", "--config", SINGLE_PAIR, "--model.init_args.lambda_attn", "0.25", "--print_config"])
+    assert code.value.code == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["model"]["class_path"] == "lit_svd.modules.ToyAlignmentModule" or \
+        cfg["model"]["class_path"].endswith("ToyAlignmentModule")
+    assert cfg["model"]["init_args"]["lambda_attn"] == 0.25
+    assert cfg["model"]["init_args"]["template"] == {"pair": [0, 1, 1.0]}
+    assert cfg["data"]["init_args"]["n_features"] == 20
+
+
+def test_unknown_config_key_fails_with_one_line(capsys):
+    with pytest.raises(SystemExit) as code:
+        run_cli(["fit", "--config", SINGLE_PAIR, "--model.init_args.lambda_atn", "0.5"])
+    assert code.value.code != 0
+    err_lines = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln.lower()]
+    assert len(err_lines) == 1 and "lambda_atn" in err_lines[0], err_lines
+
+
+def test_bad_value_fails_before_training(tmp_path, capsys):
+    with pytest.raises((ValueError, SystemExit)) as err:
+        run_cli(["fit", "--config", SINGLE_PAIR, "--model.init_args.template", '{"pair": [0, 25, 1.0]}',
+                 "--trainer.default_root_dir", str(tmp_path)])
+    text = str(err.value) + capsys.readouterr().err
+    assert "key_feature=25 is outside [0, n_features=20)" in text
+    assert not list(tmp_path.rglob("results.json"))
+
+
+def read_scalars(event_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(event_dir), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    scalars = {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+    return scalars, acc.Tags()["images"]
+
+
+@pytest.mark.slow
+def test_fit_relocates_output_and_tensorboard_shows_alignment_rising(tmp_path):
+    """A short single-pair fit: everything lands under default_root_dir; the event file has the alignment
+    curves, spectra and heatmaps, and the mean |cos| at the end is well above the start."""
+    root = tmp_path / "elsewhere"
+    run_cli(["fit", "--config", SINGLE_PAIR, "--trainer.default_root_dir", str(root), "--trainer.max_steps", "150",
+             "--data.init_args.batch_size", "128", "--model.init_args.lambda_attn", "0.5", *FAST])
+    results = list(root.rglob("results.json"))
+    assert len(results) == 1
+    run = results[0].parent
+    assert {"heatmap.png", "spectra.png", "alignment_dynamics.png"} <= {p.name for p in run.glob("*.png")}
+    res = json.loads(results[0].read_text())
+    assert res["experiment"] == "toy_alignment" and res["global_step"] == 150
+    inst = res["instances"][0]
+    assert inst["lambda"] == 0.5 and inst["seed"] == 0
+    assert {"query_feature", "key_feature", "target", "singular_index", "cos_query", "cos_key"} <= set(inst["pairs"][0])
+
+    scalars, images = read_scalars(run)
+    for tag in ("alignment/mean_abs_cos", "alignment/mean_abs_cos/inst0", "alignment/pair0_cos_query/inst0",
+                "spectrum/sigma0/inst0", "spectrum/sigma_ratio/inst0", "train/loss"):
+        assert tag in scalars, tag
+    assert {"heatmap/cos_W_U/inst0", "heatmap/cos_W_V/inst0", "heatmap", "spectra"} <= set(images)
+    curve = scalars["alignment/mean_abs_cos/inst0"]
+    assert curve[0][0] == 0 and curve[-1][0] == 150
+    assert curve[0][1] < 0.8 and curve[-1][1] > 0.95 and curve[-1][1] > curve[0][1] + 0.2
+    # the final scalar is the value written to results.json
+    assert curve[-1][1] == pytest.approx(inst["mean_abs_cos"], abs=1e-6)
