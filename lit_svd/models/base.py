@@ -196,8 +196,10 @@ class ModelView(ABC):
         eps = getattr(mod, "eps", None)
         if eps is None:
             eps = getattr(mod, "variance_epsilon")
-        bias = getattr(mod, "bias", None)
-        return NormAffine(self._norm_scale(mod.weight), bias, float(eps))
+        weight = getattr(mod, "weight", None)
+        if weight is None:  # a norm without an affine part
+            weight = torch.ones(self.d_model, device=self._device, dtype=self._dtype)
+        return NormAffine(self._norm_scale(weight), getattr(mod, "bias", None), float(eps))
 
     def _norm_scale(self, weight: Tensor) -> Tensor:
         return weight
