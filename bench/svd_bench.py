@@ -8,7 +8,7 @@ largest difference in the kept singular values (relative to each matrix's top si
 relative to each value itself). Rotary QK matrices are taken at offset 0 (every offset is one more
 matrix of the same size and cost).
 
-    .venv/bin/python bench/svd_bench.py [--models smollm2,gpt2] [--threads 1]
+    .venv/bin/python bench/svd_bench.py [--models smollm2,gpt2] [--threads 1] [--figure PATH_WITH_{model}]
 """
 from __future__ import annotations
 
@@ -34,12 +34,37 @@ def matrices(v: ModelView) -> list[tuple[str, FactoredMatrix]]:
     return out
 
 
-def bench(name: str, v: ModelView) -> dict[str, float]:
+def plot_spectra(name: str, mats, fact, path: str) -> None:
+    """Normalised singular values ``S / S[0]`` of every head's QK and OV matrix, coloured by layer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3), sharey=True)
+    n_layers = len(mats) // 2
+    for (label, _), svd in zip(mats, fact):
+        ax = axes[0 if label.startswith("qk") else 1]
+        layer = int(label[2:])
+        S = (svd.S / svd.S[..., :1]).T.cpu()
+        ax.semilogy(S, color=plt.cm.viridis(layer / max(1, n_layers - 1)), lw=0.5, alpha=0.6)
+    for ax, title in zip(axes, ("QK (offset 0)", "OV")):
+        ax.set_title(f"{name}: {title}, every head")
+        ax.set_xlabel("direction k")
+    axes[0].set_ylabel("S_k / S_0  (colour: layer)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def bench(name: str, v: ModelView, figure: str | None = None) -> dict[str, float]:
     mats = matrices(v)
     dense = [fm.dense() for _, fm in mats]
     t0 = time.perf_counter()
     fact = [fm.svd() for _, fm in tqdm(mats, desc=f"{name} factored", leave=False)]
     t_fact = time.perf_counter() - t0
+    if figure:
+        plot_spectra(name, mats, fact, figure.format(model=name))
     t0 = time.perf_counter()
     ref = [torch.linalg.svd(M, full_matrices=False) for M in tqdm(dense, desc=f"{name} dense", leave=False)]
     t_dense = time.perf_counter() - t0
@@ -57,6 +82,8 @@ def bench(name: str, v: ModelView) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="smollm2,gpt2", help="comma list of smollm2, gpt2")
+    parser.add_argument("--figure", default=None,
+                        help="also plot every head's normalised spectrum, e.g. docs/figures/models_{model}_spectra.png")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: multi-threaded LAPACK spins badly on a shared 2-core machine)")
     args = parser.parse_args()
@@ -71,7 +98,7 @@ def main() -> None:
                                        n_positions=1024)
             else:
                 raise ValueError(f"--models: unknown {name!r}; allowed: smollm2, gpt2")
-            rows[name] = bench(name, view(model))
+            rows[name] = bench(name, view(model), args.figure)
             del model
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32")
     print(f"{'model':8} {'heads x (QK+OV)':>16} {'QK matrix':>11} {'factored s':>11} {'dense s':>9} {'speedup':>8}"
