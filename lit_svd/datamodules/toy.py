@@ -77,7 +77,7 @@ class SparseFeatureDataModule(pl.LightningDataModule):
             raise ValueError(f"p={p!r}: every activation probability must lie in (0, 1]")
         if num_workers < 0:
             raise ValueError(f"num_workers={num_workers}: must be >= 0")
-        self.save_hyperparameters()
+        # no save_hyperparameters: the module's hparams (seed, n_features) would clash in the logger merge
         self.n_features, self.n_keys, self.batch_size = n_features, n_keys, batch_size
         self.n_instances, self.seed, self.num_workers = n_instances, seed, num_workers
         self.p = torch.tensor(probs * n_instances if len(probs) == 1 else probs)
