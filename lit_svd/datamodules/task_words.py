@@ -34,16 +34,16 @@ IOI_TEMPLATES = (
     "After {n1} and {n2} arrived at the {place}, {s} handed {object} to",
     "While {n1} and {n2} were waiting at the {place}, {s} passed {object} to",
     "Then, {n1} and {n2} spent the afternoon at the {place}. {s} offered {object} to",
-    "Last week {n1} and {n2} met at the {place}. Later, {s} brought {object} to",
+    "Last week {n1} and {n2} met at the {place}. Later, {s} handed {object} to",
     "Yesterday {n1} and {n2} had lunch at the {place}, and {s} gave {object} to",
-    "On Sunday {n1} and {n2} walked to the {place}. There, {s} showed {object} to",
-    "When {n1} and {n2} got back from the {place}, {s} sent {object} to",
+    "On Sunday {n1} and {n2} walked to the {place}. Later {s} gave {object} to",
+    "When {n1} and {n2} got back from the {place}, {s} handed {object} to",
     "Today {n1} and {n2} were cleaning the {place} together. Afterwards {s} lent {object} to",
-    "Because {n1} and {n2} were late to the {place}, {s} threw {object} to",
-    "At the {place}, {n1} and {n2} talked for hours, and then {s} sold {object} to",
+    "Because {n1} and {n2} were late to the {place}, {s} gave {object} to",
+    "At the {place}, {n1} and {n2} talked for hours, and then {s} gave {object} to",
     "After a long day at the {place}, {n1} and {n2} sat down. {s} gave {object} to",
-    "Once {n1} and {n2} had found the {place}, {s} returned {object} to",
-    "As {n1} and {n2} were leaving the {place}, {s} tossed {object} to",
+    "Once {n1} and {n2} had found the {place}, {s} passed {object} to",
+    "As {n1} and {n2} were leaving the {place}, {s} handed {object} to",
     "Before {n1} and {n2} went to the {place}, {s} mailed {object} to",
     "Since {n1} and {n2} both work at the {place}, {s} delivered {object} to",
 )
@@ -53,9 +53,9 @@ PLACES = (
     "beach", "museum", "airport", "bakery", "church", "theater", "gym", "harbor", "farm", "bank",
 )
 
-OBJECTS = (
-    "a drink", "a book", "a ring", "a letter", "an apple", "a bag", "a key", "a ticket", "a basketball",
-    "a necklace", "a kiss", "a bone", "a snack", "a computer", "a hat", "a present", "a coin", "a map",
+OBJECTS = (  # no "X to the ..." collocations (a key / ticket / letter / map to the ...)
+    "a drink", "a book", "a flower", "a sandwich", "an apple", "a bag", "a pencil", "a cookie", "a basketball",
+    "a necklace", "a candle", "a blanket", "a snack", "a computer", "a hat", "a present", "a coin", "a towel",
     "a cake", "a phone",
 )
 

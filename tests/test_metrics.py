@@ -1,0 +1,137 @@
+"""Task metrics against brute-force loops over examples and hand-made distributions."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_svd.metrics import (AnswerAccuracy, AnswerKL, GreaterThanProbDiff, LogitDifference, answer_logits,
+                             gt_prob_diff, task_metrics)
+
+TOL = 1e-5
+
+
+def _batch(n=12, vocab=30, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, vocab, generator=g) * 3
+    correct = torch.randint(0, vocab, (n,), generator=g)
+    wrong = (correct + 1 + torch.randint(0, vocab - 1, (n,), generator=g)) % vocab
+    return logits, dict(correct_id=correct, wrong_id=wrong)
+
+
+def test_logit_diff_and_accuracy_match_loops():
+    logits, batch = _batch()
+    for i in range(4):  # a few clear winners, so that accuracy is neither 0 nor 1
+        logits[i, batch["correct_id"][i]] = 100.0
+    diffs, hits = [], []
+    for i in range(logits.shape[0]):
+        row = logits[i].tolist()
+        diffs.append(row[batch["correct_id"][i]] - row[batch["wrong_id"][i]])
+        hits.append(float(max(range(len(row)), key=row.__getitem__) == batch["correct_id"][i]))
+    ld, acc = LogitDifference(), AnswerAccuracy()
+    for part in (slice(0, 5), slice(5, 12)):  # two updates: the mean is over all examples
+        sub = {k: v[part] for k, v in batch.items()}
+        ld.update(logits[part], sub)
+        acc.update(logits[part], sub)
+    assert abs(float(ld.compute()) - sum(diffs) / len(diffs)) < TOL
+    assert abs(float(acc.compute()) - sum(hits) / len(hits)) < TOL
+    assert 0 < float(acc.compute()) < 1
+
+
+def test_kl_matches_scipy():
+    from scipy.special import rel_entr, softmax
+
+    logits, _ = _batch(seed=1)
+    reference, _ = _batch(seed=2)
+    p, q = softmax(reference.double().numpy(), axis=-1), softmax(logits.double().numpy(), axis=-1)
+    expected = rel_entr(p, q).sum(-1).mean()
+    kl = AnswerKL()
+    kl.update(logits, reference)
+    assert abs(float(kl.compute()) - expected) < 1e-4
+    same = AnswerKL()
+    same.update(logits, logits)
+    assert abs(float(same.compute())) < 1e-6
+
+
+def _years_two_digit(start: int, probs: dict[int, float]) -> float:
+    """Brute force: mass on end years above ``start`` minus mass at or below, one token per year."""
+    return sum(p for y, p in probs.items() if y > start) - sum(p for y, p in probs.items() if y <= start)
+
+
+def _years_single_digit(start: int, digit_probs: dict[int, float]) -> float:
+    """Brute force for digit tokens: a digit is 'greater' when ALL ten years it begins are above
+    ``start``, 'lesser' when all ten are at or below, else neither (enumerating the years)."""
+    total = 0.0
+    for d, p in digit_probs.items():
+        years = [10 * d + u for u in range(10)]
+        if all(y > start for y in years):
+            total += p
+        elif all(y <= start for y in years):
+            total -= p
+    return total
+
+
+@pytest.mark.parametrize("mode", ["two_digit", "single_digit"])
+def test_gt_prob_diff_matches_brute_force_on_hand_made_distribution(mode):
+    from lit_svd.datamodules.tasks import GreaterThanTask
+
+    n_values = 100 if mode == "two_digit" else 10
+    vocab = n_values + 7  # 7 non-number tokens take mass too
+    token_of = {v: 3 + v for v in range(n_values)}  # value -> token id (offset so ids != values)
+    # a hand-made distribution: mass rising with the value, some on non-number tokens
+    weights = torch.tensor([0.5] * 3 + [1.0 + v for v in range(n_values)] + [2.0] * 4, dtype=torch.float64)
+    probs = weights / weights.sum()
+    logits = probs.log().float()[None].repeat(4, 1)
+    starts = [2, 39, 45, 98]
+
+    class Stub(GreaterThanTask):  # reuse only the answer-set rule, with a hand-made token table
+        def __init__(self):
+            self.mode, self.answer_ids = mode, {17: token_of}
+
+    greater = torch.zeros(4, vocab, dtype=torch.bool)
+    lesser = torch.zeros(4, vocab, dtype=torch.bool)
+    for row, start in enumerate(starts):
+        g, l = Stub().answer_sets(17, start)
+        greater[row, g], lesser[row, l] = True, True
+    got = gt_prob_diff(logits, greater, lesser)
+    value_probs = {v: float(probs[t]) for v, t in token_of.items()}
+    brute = _years_two_digit if mode == "two_digit" else _years_single_digit
+    for row, start in enumerate(starts):
+        assert abs(float(got[row]) - brute(start, value_probs)) < TOL, (mode, start)
+    metric = GreaterThanProbDiff()
+    metric.update(logits, dict(greater_mask=greater, lesser_mask=lesser))
+    assert abs(float(metric.compute()) - sum(brute(s, value_probs) for s in starts) / 4) < TOL
+
+
+def test_gt_mask_narrower_than_logits():
+    """A model vocabulary larger than the tokenizer's: extra logits take mass but count in no set."""
+    logits = torch.zeros(1, 6)  # uniform over 6
+    greater = torch.tensor([[True, True, False, False]])
+    lesser = torch.tensor([[False, False, True, False]])
+    assert abs(float(gt_prob_diff(logits, greater, lesser)[0]) - (2 / 6 - 1 / 6)) < TOL
+
+
+def test_answer_logits_gathers_the_answer_position():
+    logits = torch.randn(3, 5, 7)
+    pos = torch.tensor([4, 0, 2])
+    got = answer_logits(logits, pos)
+    for i in range(3):
+        assert torch.equal(got[i], logits[i, pos[i]])
+
+
+def test_collection_and_bad_input():
+    logits, batch = _batch()
+    coll = task_metrics("ioi", with_kl=True)
+    coll.update(logits=logits, batch=batch, reference=logits)
+    out = coll.compute()
+    assert set(out) == {"logit_diff", "accuracy", "kl"} and abs(float(out["kl"])) < 1e-6
+    assert set(task_metrics("greater_than").keys()) == {"prob_diff"}
+    with pytest.raises(ValueError, match="task='nope' is unknown"):
+        task_metrics("nope")
+    with pytest.raises(ValueError, match="before any update"):
+        LogitDifference().compute()
+    bad = logits.clone()
+    bad[0, 0] = math.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        LogitDifference().update(bad, {**batch, "correct_id": torch.zeros_like(batch["correct_id"])})
