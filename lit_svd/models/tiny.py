@@ -17,7 +17,8 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
 
     if arch == "gpt2":
         cfg = GPT2Config(vocab_size=vocab_size, n_positions=128, n_embd=64, n_layer=2, n_head=4,
-                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                         bos_token_id=0, eos_token_id=0)  # GPT-2's 50256 lies outside the tiny vocabulary
     elif arch == "gpt_neox":
         cfg = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                             intermediate_size=256, max_position_embeddings=128, rotary_pct=0.25,
