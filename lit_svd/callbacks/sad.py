@@ -148,6 +148,8 @@ class SADCallback(Callback):
                 if self.probe is None:
                     self.probe = self._lm_probe(trainer)
                 ids, mask = (t.to(module.device) for t in self.probe)
+                if hasattr(module, "map_ids"):  # a model trained on a compacted vocabulary
+                    ids = module.map_ids(ids)
                 res = lm_head_sparsity(module.view, ids, mask, self.threshold, self.recon_tol, self.seed)
             else:
                 if feats is None:

@@ -31,6 +31,21 @@ def lm_config(arch: str, vocab_size: int, n_layers: int, d_model: int, n_heads: 
     return cfg
 
 
+def top_k_id_map(loader, full_vocab: int, k: int) -> Tensor:
+    """``[full_vocab]`` map: the ``k`` most frequent ids of ``loader``'s real tokens to ``0..k-1`` (by
+    frequency, ties by id), every other id (rarer or unseen) to one bucket, the id after them."""
+    counts = torch.zeros(full_vocab, dtype=torch.long)
+    for batch in loader:
+        ids = batch if isinstance(batch, Tensor) else batch["input_ids"]
+        mask = torch.ones_like(ids) if isinstance(batch, Tensor) else batch.get("attention_mask", torch.ones_like(ids))
+        counts += torch.bincount(ids[mask.bool()], minlength=full_vocab)
+    seen = int((counts > 0).sum())
+    order = torch.sort(counts, descending=True, stable=True).indices[: min(k, seen)]
+    id_map = torch.full((full_vocab,), len(order), dtype=torch.long)
+    id_map[order] = torch.arange(len(order))
+    return id_map
+
+
 class LanguageModelModule(pl.LightningModule):
     """Train a small causal LM from a config.
 
@@ -38,15 +53,20 @@ class LanguageModelModule(pl.LightningModule):
         arch: "gpt2" (learned positions, LayerNorm) or "gpt_neox" (rotary on ``rotary_pct`` of each head).
         n_layers, d_model, n_heads: sizes (``d_model`` divisible by ``n_heads``); d_mlp: default 4 * d_model.
         max_positions: the longest sequence the model accepts.
-        vocab_size: default: ``len(datamodule.tokenizer)``, read when the model is built.
+        vocab_size: give it to use token ids as they are; null (default): built from the datamodule, see
+            ``vocab_top_k``.
+        vocab_top_k: with ``vocab_size`` null, the model's vocabulary is the ``vocab_top_k`` most frequent
+            training tokens plus one bucket for all others (ids are mapped by ``map_ids``; the output layer
+            over SmolLM2's 49,152 ids would cost ~7x the rest of a 2-layer model's step); null: all of
+            ``len(datamodule.tokenizer)``.
         lr, weight_decay, warmup_steps: AdamW with linear warm-up, then constant.
         seed: initialisation seed.
     """
 
     def __init__(self, arch: str = "gpt2", n_layers: int = 2, d_model: int = 128, n_heads: int = 4,
                  d_mlp: int | None = None, max_positions: int = 256, vocab_size: int | None = None,
-                 rotary_pct: float = 0.25, lr: float = 1e-3, weight_decay: float = 0.01, warmup_steps: int = 100,
-                 seed: int = 0):
+                 vocab_top_k: int | None = 4096, rotary_pct: float = 0.25, lr: float = 1e-3,
+                 weight_decay: float = 0.01, warmup_steps: int = 100, seed: int = 0):
         super().__init__()
         if arch not in ARCHS:
             raise ValueError(f"model.arch={arch!r} is not supported; choose one of {', '.join(ARCHS)}")
@@ -58,6 +78,8 @@ class LanguageModelModule(pl.LightningModule):
             raise ValueError(f"model.d_model={d_model} is not divisible by model.n_heads={n_heads}")
         if vocab_size is not None and vocab_size < 2:
             raise ValueError(f"model.vocab_size={vocab_size!r} must be >= 2 (or null: the datamodule tokenizer's)")
+        if vocab_top_k is not None and (not isinstance(vocab_top_k, int) or vocab_top_k < 1):
+            raise ValueError(f"model.vocab_top_k={vocab_top_k!r} must be a positive integer or null")
         if not 0.0 < rotary_pct <= 1.0:
             raise ValueError(f"model.rotary_pct={rotary_pct!r} must lie in (0, 1]")
         if not lr > 0 or weight_decay < 0 or warmup_steps < 0:
@@ -66,6 +88,7 @@ class LanguageModelModule(pl.LightningModule):
         self.save_hyperparameters()
         self.lm = None
         self._view = None
+        self.id_map: Tensor | None = None  # full token id -> model id, when the vocabulary is compacted
         if vocab_size is not None:
             self._build(vocab_size)
 
@@ -82,10 +105,19 @@ class LanguageModelModule(pl.LightningModule):
     def configure_model(self) -> None:
         if self.lm is not None:
             return
-        tok = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None)
+        dm = getattr(self.trainer, "datamodule", None)
+        tok = getattr(dm, "tokenizer", None)
         if tok is None:
             raise ValueError("model.vocab_size=null needs a datamodule with a tokenizer; set model.vocab_size")
-        self._build(len(tok))
+        if self.hparams.vocab_top_k is None:
+            self._build(len(tok))
+            return
+        self.id_map = top_k_id_map(dm.train_dataloader(), len(tok), self.hparams.vocab_top_k)
+        self._build(int(self.id_map.max()) + 1)
+
+    def map_ids(self, ids: Tensor) -> Tensor:
+        """Token ids as the model reads them (identity unless the vocabulary was compacted)."""
+        return ids if self.id_map is None else self.id_map.to(ids.device)[ids]
 
     @property
     def view(self):
@@ -96,12 +128,10 @@ class LanguageModelModule(pl.LightningModule):
             self._view = view(self.lm)
         return self._view
 
-    @staticmethod
-    def unpack(batch) -> tuple[Tensor, Tensor]:
-        if isinstance(batch, Tensor):
-            return batch, torch.ones_like(batch)
-        ids = batch["input_ids"]
-        return ids, batch.get("attention_mask", torch.ones_like(ids))
+    def unpack(self, batch) -> tuple[Tensor, Tensor]:
+        ids = batch if isinstance(batch, Tensor) else batch["input_ids"]
+        mask = torch.ones_like(ids) if isinstance(batch, Tensor) else batch.get("attention_mask", torch.ones_like(ids))
+        return self.map_ids(ids), mask
 
     def loss(self, batch) -> Tensor:
         ids, mask = self.unpack(batch)
