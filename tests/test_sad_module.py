@@ -145,3 +145,16 @@ def test_ddp_two_processes_equal_one(tiny_lm_dir, tmp_path):
     assert one["n_prompts"] == 10 and one["summary"]["n_pairs"] > 0
     assert_same_results(one, two)
     assert (folder / "sad_heatmap.png").is_file() and (folder / "sad_n_recon.png").is_file()
+
+
+@pytest.mark.parametrize("name", ["smollm2_ioi", "gpt2_ioi", "pythia160m_ioi", "train_tiny_lm"])
+def test_configs_parse(name, capsys):
+    """Every SAD config parses against the classes' signatures (nothing is loaded)."""
+    from lit_svd.cli import main
+
+    sub = "fit" if name == "train_tiny_lm" else "test"
+    with pytest.raises(SystemExit) as stop:
+        main([sub, "--config", str(ROOT / "configs" / "sad" / f"{name}.yaml"), "--print_config"])
+    assert stop.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert "lit_svd.modules.sad.SADAnalysisModule" in out or "LanguageModelModule" in out
