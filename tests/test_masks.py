@@ -108,11 +108,12 @@ def _fit(model_dir, tokenizer, tmp_path, **kwargs):
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.modules import DirectionMaskModule
 
-    module = DirectionMaskModule(model=model_dir, lr=0.5, alpha=1e-2, init=0.9, **kwargs)
+    module = DirectionMaskModule(model=model_dir, lr=0.5, alpha=1e-2, init=0.6, threshold=0.3, **kwargs)
     dm = TaskDataModule("ioi", tokenizer, n_train=8, n_val=8, n_test=0, batch_size=8)
     trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=1, default_root_dir=str(tmp_path),
                          limit_val_batches=0, num_sanity_val_steps=0, enable_progress_bar=False,
-                         enable_checkpointing=False, callbacks=[DirectionMaskReport()])
+                         enable_checkpointing=False,
+                         callbacks=[DirectionMaskReport(steer_component="L1.ov", steer_head=0, steer_direction=0)])
     trainer.fit(module, dm)
     return module, Path(trainer.log_dir)
 
@@ -127,7 +128,7 @@ def test_fit_writes_results_masks_and_figures(tiny_dirs, tokenizer, tmp_path, ab
     assert res["experiment"] == "direction_mask" and res["task"] == "ioi"
     assert res["n_directions"] == sum(c.n_directions for c in module.components)
     assert res["kept"] == sum(r["kept"] for r in res["components"])
-    assert res["kept"] < res["n_directions"]  # alpha and lr are large enough to prune in 8 steps
+    assert res["kept"] < res["n_directions"]  # alpha, lr and threshold prune within 8 steps
     assert res["kl_hard"] >= 0 and res["steering"]["factors"]
     saved = torch.load(out / "masks.pt")
     for name, lam in module.lambdas().items():
@@ -198,13 +199,14 @@ def test_bad_inputs_fail_in_one_line(tiny_dirs, tokenizer):
         DirectionMaskModule(model=tiny_dirs["llama"], components=["heads"])
     with pytest.raises(ValueError, match="ablation='mean' is unknown"):
         DirectionMaskModule(model=tiny_dirs["llama"], ablation="mean")
-    # a task the tokenizer cannot express: a word-level tokenizer without " he" / " she"
+    # a task the tokenizer cannot express: a byte-level tokenizer without merges (" he" is three tokens)
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {w: i for i, w in enumerate(["[UNK]", "[PAD]", "So", "is", "a", "very", "person", "isn't"])}
-    raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", pad_token="[PAD]")
-    with pytest.raises(ValueError, match="task gp"):
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    raw = Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, []))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="!")
+    assert len(tok.encode(" he")) == 3
+    with pytest.raises(ValueError, match=r"task gp: .* single tokens? in this tokenizer"):
         TaskDataModule("gp", tok, n_train=4, n_val=0, n_test=0)
