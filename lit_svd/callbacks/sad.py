@@ -86,13 +86,15 @@ class SADCallback(Callback):
 
     Args:
         every_n_steps: measure every this many optimiser steps (and at the start and the end).
+        log_spaced: also measure at steps 1, 2, 4, 8, ... (the early, fast part of training).
         n_probe: probe sequences (LM) or samples (toy).
         threshold, recon_tol, seed: as ``SADAnalysisModule``.
         write_results: write ``results.json`` and ``sad_training.png`` at the end of fit.
     """
 
     def __init__(self, every_n_steps: int = 100, n_probe: int = 16, threshold: float | None = None,
-                 recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0, write_results: bool = True):
+                 recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0, log_spaced: bool = True,
+                 write_results: bool = True):
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps={every_n_steps!r} must be a positive integer")
         if not isinstance(n_probe, int) or n_probe < 1:
@@ -100,7 +102,7 @@ class SADCallback(Callback):
         self.every_n_steps, self.n_probe = every_n_steps, n_probe
         self.threshold = check_threshold(threshold)
         self.recon_tol = check_tolerance(recon_tol)
-        self.seed, self.write = seed, write_results
+        self.seed, self.write, self.log_spaced = seed, write_results, log_spaced
         self.history: list[dict] = []
         self.probe: tuple[Tensor, Tensor] | None = None
 
@@ -176,8 +178,11 @@ class SADCallback(Callback):
         if not self._is_lm(pl_module) and trainer.global_step == 0:
             self._measure(trainer, pl_module, batch)  # the toy's untrained head, on the first batch
 
+    def _due(self, step: int) -> bool:
+        return step % self.every_n_steps == 0 or (self.log_spaced and step & (step - 1) == 0)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step % self.every_n_steps == 0:
+        if self._due(trainer.global_step):
             self._measure(trainer, pl_module, None if self._is_lm(pl_module) else batch)
         self._last_batch = batch
 
@@ -212,7 +217,8 @@ def plot_training(trainer: pl.Trainer, history: list[dict], name: str = "sad_tra
         ax.plot(steps, rot[:, j], color="tab:orange", alpha=0.25, lw=0.8)
     ax.plot(steps, sp.nanmean(1), color="tab:blue", lw=2.5, label="singular basis (mean over heads)")
     ax.plot(steps, rot.nanmean(1), color="tab:orange", lw=2.5, label="Haar-rotated control")
-    ax.set_xlabel("training step")
+    ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlabel("training step (linear below 10, log above)")
     ax.set_ylabel("Rolls–Tovee sparsity (lower = sparser)")
     ax.set_title("SAD sparsity of every head during training")
     ax.legend(loc="best", fontsize=8)
