@@ -218,6 +218,16 @@ def test_module_bad_config_fails_at_construction(tiny_llama_dir, kwargs, match):
     assert "\n" not in str(err.value)
 
 
+def test_token_budget_larger_than_the_corpus_fails_with_one_line(tiny_llama_dir, tmp_path):
+    from lit_svd.datamodules.text import TextDataModule
+
+    text = tmp_path / "tiny.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog.\n" * 20)
+    with pytest.raises(ValueError, match=r"n_tokens=16384 needs 128 windows of seq_len=128") as err:
+        TextDataModule(tokenizer=tiny_llama_dir, path=str(text), seq_len=128, n_tokens=16384)
+    assert "\n" not in str(err.value)
+
+
 DDP_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     import lightning.pytorch as pl
