@@ -24,6 +24,16 @@ def answer_logits(logits: Tensor, answer_pos: Tensor) -> Tensor:
     return logits[torch.arange(logits.shape[0], device=logits.device), answer_pos]
 
 
+def forward_answer_logits(model, input_ids: Tensor, attention_mask: Tensor, answer_pos: Tensor) -> Tensor:
+    """[B, V] logits of an HF causal LM at each example's answer position, computing the unembedding
+    only at the distinct answer positions of the batch (``logits_to_keep``; the vocabulary projection
+    dominates a short prompt's forward). Final-logit soft-capping and the like still apply, since the
+    model's own forward does the projection."""
+    positions = answer_pos.unique()  # sorted
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions).logits
+    return logits[torch.arange(logits.shape[0], device=logits.device), torch.searchsorted(positions, answer_pos)]
+
+
 def logit_diff(logits: Tensor, correct_id: Tensor, wrong_id: Tensor) -> Tensor:
     """[B]: logit of the correct answer minus logit of the wrong one."""
     return logits.gather(1, correct_id[:, None])[:, 0] - logits.gather(1, wrong_id[:, None])[:, 0]
@@ -130,8 +140,7 @@ def evaluate_task(model, loader, task: str, progress: bool = True) -> dict[str, 
         batch = {k: v.to(device) for k, v in batch.items()}
         out = {}
         for kind in ("clean", "corrupt"):
-            logits = model(input_ids=batch[f"{kind}_ids"], attention_mask=batch["attention_mask"]).logits
-            out[kind] = answer_logits(logits, batch["answer_pos"])
+            out[kind] = forward_answer_logits(model, batch[f"{kind}_ids"], batch["attention_mask"], batch["answer_pos"])
         clean.update(logits=out["clean"], batch=batch)
         corrupt.update(logits=out["corrupt"], batch=batch)
         shift.update(out["corrupt"], out["clean"])
@@ -154,7 +163,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--n-test", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is fastest on a busy machine)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, tokenizer = load_causal_lm(args.model)
     dm = TaskDataModule(args.task, tokenizer, n_train=0, n_val=0, n_test=args.n_test,
                         batch_size=args.batch_size, seed=args.seed)

@@ -135,3 +135,19 @@ def test_collection_and_bad_input():
     bad[0, 0] = math.nan
     with pytest.raises(ValueError, match="non-finite"):
         LogitDifference().update(bad, {**batch, "correct_id": torch.zeros_like(batch["correct_id"])})
+
+
+def test_forward_answer_logits_equals_full_forward(tiny_model):
+    """Projecting only the answer positions gives the full forward's logits there, for every
+    architecture (Gemma-2's final soft-capping included), with right padding."""
+    from lit_svd.metrics import forward_answer_logits
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, tiny_model.config.vocab_size, (5, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 6:], mask[3, 4:] = 0, 0
+    pos = mask.sum(1) - 1
+    with torch.no_grad():
+        full = answer_logits(tiny_model(input_ids=ids, attention_mask=mask).logits, pos)
+        fast = forward_answer_logits(tiny_model, ids, mask, pos)
+    assert torch.allclose(full, fast, atol=1e-5)
