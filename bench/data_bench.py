@@ -1,6 +1,6 @@
 """How fast the task and text datasets are built, against the model's forward pass on the same data.
 
-    .venv/bin/python bench/data_bench.py [--model smollm2-135m] [--n 512] [--forward-batches 2]
+    .venv/bin/python bench/data_bench.py [--model smollm2-135m] [--n 512] [--forward-batches 2] [--threads 1]
 
 For each task (IOI, GP, GT) it times building ``--n`` test prompts through ``TaskDataModule`` (the
 tokenizer already loaded), then times SmolLM2's forward pass on batches of the same prompts (clean
@@ -57,7 +57,10 @@ def main():
     parser.add_argument("--n", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--forward-batches", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is fastest on a busy machine)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, tok = load_causal_lm(args.model)
     print(f"model {args.model}, torch threads {torch.get_num_threads()}, {args.n} prompts per task")
     for task in ("ioi", "gp", "gt"):
