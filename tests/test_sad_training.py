@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lit_svd.analysis.sad import rotated_bases
+from lit_svd.analysis.sad import QKHeads, rotated_bases, sad_pairs
 from lit_svd.callbacks.sad import SADCallback, toy_head_sparsity
 from lit_svd.linalg import rolls_tovee_sparsity, svd_factored
 from lit_svd.modules.language_model import LanguageModelModule, top_k_id_map
@@ -63,6 +63,19 @@ def test_toy_callback_tracks_sparsity_and_matches_brute_force(tmp_path):
         assert got["n_pairs"][i] == n > 0
         assert got["sparsity"][i] == pytest.approx(sp, rel=1e-4)
         assert got["sparsity_rotated"][i] == pytest.approx(sp_rot, rel=1e-4)
+    # contributions of the toy head sum to its relative attention, computed here key by key
+    W_Q, W_K = model.head_weights()
+    x = feats[0] @ model.W[0].detach().T  # [B, 1 + m, D]
+    qk = QKHeads(W_Q[0, :4].T[None], W_K[0, :4].T[None])
+    U = qk.basis()
+    st = sad_pairs(x[:, :1], x[:, 1:], torch.ones(32, 1, 6, dtype=torch.bool), qk, U, rotated_bases(U),
+                   keep_contributions=True)
+    omega = W_Q[0, :4].T @ W_K[0, :4]
+    for i in range(0, len(st), 5):
+        b, j = int(st.batch[i]), int(st.src[i])
+        l = torch.stack([x[b, 0] @ omega @ x[b, 1 + s] for s in range(6)])
+        rel = l[j] - (l.sum() - l[j]) / 5
+        assert st.contributions[i].sum().item() == pytest.approx(rel.item(), rel=1e-4, abs=1e-6)
     res = json.loads((Path(trainer.log_dir) / "results.json").read_text())
     assert res["experiment"] == "sad_training" and len(res["history"]) == 3
     assert (Path(trainer.log_dir) / "sad_training.png").is_file()

@@ -27,7 +27,7 @@ Everything is batched over prompts, heads, destinations, directions and sources 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -224,14 +224,6 @@ class PairStats:
 
     def __len__(self) -> int:
         return self.head.numel()
-
-    @staticmethod
-    def cat(parts: list["PairStats"]) -> "PairStats":
-        out = {}
-        for f in fields(PairStats):
-            vals = [getattr(p, f.name) for p in parts]
-            out[f.name] = None if any(v is None for v in vals) else torch.cat(vals)
-        return PairStats(**out)
 
 
 def contributions_at(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, pairs: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from lit_svd.analysis.sad import (DEFAULT_RECON_TOL, QKHeads, attention_inputs, causal_visibility, check_threshold,
+from lit_svd.analysis.sad import (DEFAULT_RECON_TOL, QKHeads, attention_inputs, check_threshold,
                                   check_tolerance, decompose_layer, layer_bases, rotated_bases, sad_pairs)
 from lit_svd.output import save_figure, write_results
 
@@ -113,16 +113,15 @@ class SADCallback(Callback):
 
     def _lm_probe(self, trainer: pl.Trainer) -> tuple[Tensor, Tensor]:
         dm = trainer.datamodule
-        loader = None
-        if dm is not None:
-            try:
-                loader = dm.val_dataloader()
-            except (NotImplementedError, AttributeError):
-                loader = None
-            if loader is None or (hasattr(loader, "__len__") and len(loader) == 0):
-                loader = dm.train_dataloader()
-        else:
-            loader = trainer.fit_loop._data_source.dataloader()
+        if dm is None:
+            raise ValueError("SADCallback on a language model needs a datamodule (its first validation, else"
+                             " training, sequences are the probe); pass datamodule=... to fit")
+        try:
+            loader = dm.val_dataloader()
+        except (NotImplementedError, AttributeError):
+            loader = None
+        if loader is None or (hasattr(loader, "__len__") and len(loader) == 0):
+            loader = dm.train_dataloader()
         ids, masks, n = [], [], 0
         for batch in loader:
             if isinstance(batch, Tensor):
