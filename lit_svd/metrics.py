@@ -113,11 +113,9 @@ class GreaterThanProbDiff(_MeanOverExamples):
 def task_metrics(task: str, with_kl: bool = False) -> MetricCollection:
     """The metrics of ``task`` as one collection; call it with keywords
     ``(logits=..., batch=..., reference=...)`` (each metric takes the ones it needs)."""
-    from lit_svd.datamodules.tasks import TASK_ALIASES, TASKS
+    from lit_svd.datamodules.tasks import canonical_task
 
-    key = TASK_ALIASES.get(task, task)
-    if key not in TASKS:
-        raise ValueError(f"task={task!r} is unknown; choose one of {', '.join(list(TASKS) + list(TASK_ALIASES))}")
+    key = canonical_task(task)
     metrics: dict[str, Metric] = (
         {"prob_diff": GreaterThanProbDiff()} if key == "gt"
         else {"logit_diff": LogitDifference(), "accuracy": AnswerAccuracy()}

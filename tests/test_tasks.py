@@ -175,6 +175,15 @@ def test_bad_inputs_fail_with_one_line(bpe2):
         with pytest.raises(ValueError, match=pattern) as err:
             TaskDataModule(tokenizer=bpe2, **kwargs)
         assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="task='nope' is unknown"):  # before any tokenizer is loaded
+        TaskDataModule("nope", tokenizer="/no/such/tokenizer")
+    with pytest.raises(ValueError, match="prepend_bos=True but the tokenizer has no BOS"):
+        no_bos = gpt2_style_tokenizer()
+        saved, no_bos.bos_token = no_bos.bos_token, None
+        try:
+            TaskDataModule("gp", no_bos, n_train=1, n_val=1, n_test=1, prepend_bos=True)
+        finally:
+            no_bos.bos_token = saved
 
 
 def test_prepend_bos(bpe2):

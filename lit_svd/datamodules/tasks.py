@@ -58,7 +58,6 @@ from torch.utils.data import DataLoader, Dataset
 from lit_svd.datamodules import task_words as words
 from lit_svd.datamodules.common import ShardSampler, rank_and_world, resolve_tokenizer
 
-TASK_NAMES = ("ioi", "gp", "gt")
 TASK_ALIASES = {"gender_pronoun": "gp", "greater_than": "gt"}
 
 
@@ -285,12 +284,16 @@ class GreaterThanTask(PromptTask):
 TASKS: dict[str, type[PromptTask]] = {"ioi": IOITask, "gp": GenderPronounTask, "gt": GreaterThanTask}
 
 
-def make_task(task: str, tokenizer) -> PromptTask:
+def canonical_task(task: str) -> str:
+    """"ioi" / "gp" / "gt" for a task name or alias; one-line error otherwise."""
     key = TASK_ALIASES.get(task, task)
     if key not in TASKS:
-        allowed = ", ".join(list(TASKS) + list(TASK_ALIASES))
-        raise ValueError(f"task={task!r} is unknown; choose one of {allowed}")
-    return TASKS[key](tokenizer)
+        raise ValueError(f"task={task!r} is unknown; choose one of {', '.join(list(TASKS) + list(TASK_ALIASES))}")
+    return key
+
+
+def make_task(task: str, tokenizer) -> PromptTask:
+    return TASKS[canonical_task(task)](tokenizer)
 
 
 def draw_points(space: int, sizes: Sequence[int], seed: int) -> list[list[int]]:
@@ -373,6 +376,7 @@ class TaskDataModule(pl.LightningDataModule):
         for key, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test), ("batch_size", batch_size)):
             if value < 0 or (key == "batch_size" and value < 1):
                 raise ValueError(f"{key}={value} is invalid; give a {'positive' if key == 'batch_size' else 'non-negative'} integer")
+        canonical_task(task)  # fail on a bad name before loading the tokenizer
         self.tokenizer = resolve_tokenizer(tokenizer)
         self.task = make_task(task, self.tokenizer)
         total, space = n_train + n_val + n_test, self.task.space_size
