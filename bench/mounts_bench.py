@@ -9,10 +9,10 @@ full-write lifts, span energies, the coverage sweep over modes {1, 2, 4, 8, 16},
   mount) and over tokens for the sparse least-squares coverage (``numpy.linalg.lstsq`` per token).
 
 Each side runs in its own child process; its peak memory is the kernel's peak RSS (VmHWM, reset after
-the model is loaded and the mounts planned) above the RSS at that moment.
+the model is loaded, the mounts planned and one warm-up forward run) above the RSS at that moment.
 Prints tokens/s, peak memory and the ratios; checks that both sides report the same figures.
 
-    .venv/bin/python bench/mounts_bench.py [--tokens 4096] [--layer 10] [--site down]
+    .venv/bin/python bench/mounts_bench.py [--tokens 16384] [--layer 10] [--site down]
 """
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def _setup(args):
     windows = torch.stack(sample_windows(ids, 128, args.tokens, 0))
     W, _ = v.site_weight(args.layer, args.site)
     plan = M.plan_site(W.mT, TILES[args.site], 2, [1, 2, 4, 8, 16], 8, 0)
+    next(iter(_batches(model, v, windows[:8], args)))  # warm-up: one-time allocations of the first forward
     return model, v, windows, plan
 
 
@@ -161,7 +162,7 @@ def _child(fn, args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--layer", type=int, default=10)
     ap.add_argument("--site", default="down", choices=sorted(TILES))
     args = ap.parse_args()
