@@ -118,9 +118,10 @@ def _fit(model_dir, tokenizer, tmp_path, **kwargs):
     return module, Path(trainer.log_dir)
 
 
-@pytest.mark.parametrize("ablation", ["zero", "patch"])
-def test_fit_writes_results_masks_and_figures(tiny_dirs, tokenizer, tmp_path, ablation):
-    module, out = _fit(tiny_dirs["llama"], tokenizer, tmp_path, ablation=ablation, steps_per_batch=2)
+@pytest.mark.parametrize("ablation,straight_through", [("zero", False), ("patch", True)])
+def test_fit_writes_results_masks_and_figures(tiny_dirs, tokenizer, tmp_path, ablation, straight_through):
+    module, out = _fit(tiny_dirs["llama"], tokenizer, tmp_path, ablation=ablation, steps_per_batch=2,
+                       straight_through=straight_through)
     res = json.loads((out / "results.json").read_text())
     for key in ("experiment", "task", "n_directions", "kept", "kept_fraction", "kl_soft", "kl_hard",
                 "logit_diff_full", "logit_diff_hard", "accuracy_full", "accuracy_hard", "components"):

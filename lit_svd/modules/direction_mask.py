@@ -39,6 +39,10 @@ class DirectionMaskModule(PretrainedLMModule):
         threshold: lambda at or above which a direction counts as kept (hard mask).
         steps_per_batch: optimiser steps on each batch (the paper: 15); the full model's logits and
             the corrupted reference are computed once per batch.
+        straight_through: train the hard model directly: the forward uses the hard masks
+            (lambda >= threshold), the gradient flows through lambda (straight-through estimator), so
+            the trained circuit is the one that is evaluated (soft training leaves many lambdas between
+            the threshold and 1, which the hard mask then restores to 1; docs/masks.md).
         num_threads: torch CPU threads for this process (None: leave as is). On shared cores one
             thread per process is several times faster than two that contend (docs/masks.md).
     """
@@ -48,7 +52,7 @@ class DirectionMaskModule(PretrainedLMModule):
                  layers: Sequence[int] | None = None, alpha: float = 2e-4, lr: float = 2e-2, eps: float = 1e-7,
                  weight_decay: float = 0.0, grad_clip: float = 1.0, init: float = 0.99, ablation: str = "zero",
                  positions: str = "answer", threshold: float = 1e-3, steps_per_batch: int = 1,
-                 num_threads: int | None = None):
+                 straight_through: bool = False, num_threads: int | None = None):
         check_mask_config(alpha, init, threshold, ablation, positions)
         if steps_per_batch < 1:
             raise ValueError(f"steps_per_batch={steps_per_batch} is invalid; give an integer >= 1")
@@ -125,7 +129,10 @@ class DirectionMaskModule(PretrainedLMModule):
         reference = self.reference(batch)
         for _ in range(self.hparams.steps_per_batch):
             lambdas = self.lambdas()
-            masked = self.answer_logits(batch["clean_ids"], batch, lambdas, reference)
+            scales = lambdas
+            if self.hparams.straight_through:
+                scales = {n: (lam >= self.threshold).to(lam.dtype) + lam - lam.detach() for n, lam in lambdas.items()}
+            masked = self.answer_logits(batch["clean_ids"], batch, scales, reference)
             loss, kl, total = mask_loss(masked, full, lambdas, self.alpha)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"direction mask loss is {loss.item()} at step {self.global_step}; lower lr")
