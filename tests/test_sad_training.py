@@ -76,7 +76,7 @@ def test_toy_callback_tracks_sparsity_and_matches_brute_force(tmp_path):
         l = torch.stack([x[b, 0] @ omega @ x[b, 1 + s] for s in range(6)])
         rel = l[j] - (l.sum() - l[j]) / 5
         assert st.contributions[i].sum().item() == pytest.approx(rel.item(), rel=1e-4, abs=1e-6)
-    res = json.loads((Path(trainer.log_dir) / "results.json").read_text())
+    res = json.loads((Path(trainer.log_dir) / "sad_results.json").read_text())
     assert res["experiment"] == "sad_training" and len(res["history"]) == 3
     assert (Path(trainer.log_dir) / "sad_training.png").is_file()
 

@@ -10,8 +10,8 @@ Haar-rotated control basis, on a fixed probe set:
   per ensemble instance (query token 0 attending over the key tokens).
 
 Scalars go to TensorBoard as ``sad/<head>/sparsity`` and ``sad/<head>/sparsity_rotated`` (plus their
-means); at the end of fit rank zero writes ``results.json`` (``"experiment": "sad_training"``) and
-``sad_training.png``.
+means); at the end of fit rank zero writes ``results.json`` (``"experiment": "sad_training"``; the toy:
+``sad_results.json``) and ``sad_training.png``.
 """
 from __future__ import annotations
 
@@ -89,12 +89,14 @@ class SADCallback(Callback):
         log_spaced: also measure at steps 1, 2, 4, 8, ... (the early, fast part of training).
         n_probe: probe sequences (LM) or samples (toy).
         threshold, recon_tol, seed: as ``SADAnalysisModule``.
-        write_results: write ``results.json`` and ``sad_training.png`` at the end of fit.
+        write_results: write the results and ``sad_training.png`` at the end of fit.
+        results_name: the results file; default ``results.json`` for language models and
+            ``sad_results.json`` for the toy model (whose own alignment callback writes ``results.json``).
     """
 
     def __init__(self, every_n_steps: int = 100, n_probe: int = 16, threshold: float | None = None,
                  recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0, log_spaced: bool = True,
-                 write_results: bool = True):
+                 write_results: bool = True, results_name: str | None = None):
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps={every_n_steps!r} must be a positive integer")
         if not isinstance(n_probe, int) or n_probe < 1:
@@ -103,6 +105,7 @@ class SADCallback(Callback):
         self.threshold = check_threshold(threshold)
         self.recon_tol = check_tolerance(recon_tol)
         self.seed, self.write, self.log_spaced = seed, write_results, log_spaced
+        self.results_name = results_name
         self.history: list[dict] = []
         self.probe: tuple[Tensor, Tensor] | None = None
 
@@ -197,7 +200,8 @@ class SADCallback(Callback):
                                "mean_sparsity_rotated_first": first["mean_sparsity_rotated"],
                                "mean_sparsity_rotated_last": last["mean_sparsity_rotated"]},
                    "history": nan_to_none(self.history)}
-        write_results(trainer, results)
+        name = self.results_name or ("results.json" if self._is_lm(pl_module) else "sad_results.json")
+        write_results(trainer, results, name)
         if trainer.is_global_zero:
             plot_training(trainer, self.history)
 
