@@ -228,38 +228,43 @@ def test_token_budget_larger_than_the_corpus_fails_with_one_line(tiny_llama_dir,
     assert "\n" not in str(err.value)
 
 
+DDP_KW = dict(tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], steer_texts=4, steer_mounts=2, layers=[1],
+              rules={"c1_min_layer": 0})
 DDP_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     import lightning.pytorch as pl
     from lit_svd.modules.mounts import MountsAnalysisModule
-    model_dir, devices, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    model_dir, out = sys.argv[1], sys.argv[2]
     g = torch.Generator().manual_seed(0)
-    windows = torch.randint(0, 2000, (16, 16), generator=g)
-    data = [{"input_ids": w} for w in windows]
-    module = MountsAnalysisModule(model=model_dir, tile_widths=%r, modes_sweep=[1, 2, 4], steer_texts=4,
-                                  steer_mounts=2, layers=[1], rules={"c1_min_layer": 0})
-    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
+    data = [{"input_ids": w} for w in torch.randint(0, 2000, (16, 16), generator=g)]
+    module = MountsAnalysisModule(model=model_dir, **%r)
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
     trainer.test(module, dataloaders=torch.utils.data.DataLoader(data, batch_size=4), verbose=False)
     if trainer.is_global_zero:
         json.dump(module.rows, open(out, "w"))
-""" % TINY_TILES)
+""" % DDP_KW)
 
 
 @pytest.mark.slow
 def test_ddp_two_processes_give_the_same_table_as_one(tiny_llama_dir, tmp_path):
+    # two DDP processes in a subprocess (pytest itself is not forked)
     script = tmp_path / "ddp_mounts.py"
     script.write_text(DDP_SCRIPT)
+    out = tmp_path / "rows_ddp.json"
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
-    tables = []
-    for devices in (1, 2):
-        out = tmp_path / f"rows{devices}.json"
-        proc = subprocess.run([sys.executable, str(script), tiny_llama_dir, str(devices), str(out)], env=env,
-                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        tables.append(json.loads(out.read_text()))
-    one, two = tables
+    proc = subprocess.run([sys.executable, str(script), tiny_llama_dir, str(out)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads(out.read_text())
+    # one process, here, on the same 16 windows in batches of 4
+    g = torch.Generator().manual_seed(0)
+    data = [{"input_ids": w} for w in torch.randint(0, 2000, (16, 16), generator=g)]
+    module = MountsAnalysisModule(model=tiny_llama_dir, **DDP_KW)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.test(module, dataloaders=torch.utils.data.DataLoader(data, batch_size=4), verbose=False)
+    one = json.loads(json.dumps(module.rows))
     assert len(one) == len(two) == 7
     for a, b in zip(one, two):
         assert (a["site"], a["layer"], a["n_tokens"]) == (b["site"], b["layer"], b["n_tokens"])
