@@ -10,7 +10,7 @@ value synced over DDP ranks is the mean over all examples of all ranks.
 * ``AnswerKL``: KL(p_reference || p_model) over the full vocabulary, nats per example
 * ``GreaterThanProbDiff``: sum p[greater] - sum p[lesser]  (GT; sets defined in ``tasks``)
 
-``python -m lit_svd.metrics --task ioi --n-test 256`` evaluates SmolLM2 on a task and prints JSON.
+``python -m lit_svd.metrics --task ioi gp gt --n-test 256`` evaluates SmolLM2 on tasks and prints JSON.
 """
 from __future__ import annotations
 
@@ -125,11 +125,20 @@ def task_metrics(task: str, with_kl: bool = False) -> MetricCollection:
     return MetricCollection(metrics)
 
 
+def main_value(task: str, logits: Tensor, batch: dict) -> Tensor:
+    """[B]: the task's headline per-example value (GT probability difference, else logit difference)."""
+    if "greater_mask" in batch:
+        return gt_prob_diff(logits, batch["greater_mask"], batch["lesser_mask"])
+    return logit_diff(logits, batch["correct_id"], batch["wrong_id"])
+
+
 @torch.no_grad()
-def evaluate_task(model, loader, task: str, progress: bool = True) -> dict[str, float]:
+def evaluate_task(model, loader, task: str, progress: bool = True,
+                  per_example: dict[str, list[Tensor]] | None = None) -> dict[str, float]:
     """Run ``model`` (an HF causal LM) over ``loader``'s batches; return the task metrics on the clean
-    prompts, the same on the corrupted prompts (``corrupt_*``), and ``kl_clean_corrupt``, the mean
-    KL(p_clean || p_corrupt) at the answer position (how much the corruption moves the answer)."""
+    prompts, the same on the corrupted prompts (``corrupt_*``, scored against the clean answers), and
+    ``kl_clean_corrupt``, the mean KL(p_clean || p_corrupt) at the answer position. With a dict as
+    ``per_example``, its lists ``"clean"`` / ``"corrupt"`` receive each batch's ``main_value``."""
     from tqdm.auto import tqdm
 
     device = next(model.parameters()).device
@@ -139,6 +148,8 @@ def evaluate_task(model, loader, task: str, progress: bool = True) -> dict[str, 
         out = {}
         for kind in ("clean", "corrupt"):
             out[kind] = forward_answer_logits(model, batch[f"{kind}_ids"], batch["attention_mask"], batch["answer_pos"])
+            if per_example is not None:
+                per_example.setdefault(kind, []).append(main_value(task, out[kind], batch).cpu())
         clean.update(logits=out["clean"], batch=batch)
         corrupt.update(logits=out["corrupt"], batch=batch)
         shift.update(out["corrupt"], out["clean"])
@@ -147,8 +158,29 @@ def evaluate_task(model, loader, task: str, progress: bool = True) -> dict[str, 
             "kl_clean_corrupt": float(shift.compute())}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Evaluate a model on one task's test split through ``TaskDataModule`` and print JSON."""
+def plot_distributions(values: dict[str, dict[str, list[Tensor]]], path: str) -> None:
+    """One histogram panel per task: the headline per-example value on clean vs corrupted prompts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(values), figsize=(4 * len(values), 3), squeeze=False)
+    for ax, (task, per) in zip(axes[0], values.items()):
+        for kind, color in (("clean", "tab:blue"), ("corrupt", "tab:orange")):
+            v = torch.cat(per[kind]).numpy()
+            ax.hist(v, bins=30, alpha=0.6, color=color, label=f"{kind} (mean {v.mean():.2f})")
+        ax.set_title(task.upper())
+        ax.set_xlabel("probability difference" if task == "gt" else "logit difference (correct - wrong)")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("prompts")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Evaluate a model on the test split of one or more tasks through ``TaskDataModule``; print JSON."""
     import argparse
     import json
 
@@ -156,22 +188,28 @@ def main(argv: list[str] | None = None) -> dict:
     from lit_svd.models.loading import load_causal_lm
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--task", default="ioi")
+    parser.add_argument("--task", nargs="+", default=["ioi"])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--n-test", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is fastest on a busy machine)")
+    parser.add_argument("--figure", default=None, help="PNG path: per-example value histograms, clean vs corrupt")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_causal_lm(args.model)
-    dm = TaskDataModule(args.task, tokenizer, n_train=0, n_val=0, n_test=args.n_test,
-                        batch_size=args.batch_size, seed=args.seed)
-    result = {"task": args.task, "model": args.model, "n_test": args.n_test, "seed": args.seed,
-              **evaluate_task(model, dm.test_dataloader(), args.task)}
-    print(json.dumps(result, indent=2))
-    return result
+    results, values = [], {}
+    for task in args.task:
+        dm = TaskDataModule(task, tokenizer, n_train=0, n_val=0, n_test=args.n_test,
+                            batch_size=args.batch_size, seed=args.seed)
+        values[task] = {}
+        results.append({"task": task, "model": args.model, "n_test": args.n_test, "seed": args.seed,
+                        **evaluate_task(model, dm.test_dataloader(), task, per_example=values[task])})
+        print(json.dumps(results[-1], indent=2), flush=True)
+    if args.figure:
+        plot_distributions(values, args.figure)
+    return results
 
 
 if __name__ == "__main__":

@@ -205,7 +205,8 @@ def test_smollm2_ioi_metrics_match_unpadded_hf_forward(smollm2):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # several times faster on a shared, loaded machine; small cost on a free one
     try:
-        got = evaluate_task(model, dm.test_dataloader(), "ioi", progress=False)
+        per: dict = {}
+        got = evaluate_task(model, dm.test_dataloader(), "ioi", progress=False, per_example=per)
         diffs, hits = [], []
         with torch.no_grad():
             for e in dm.splits["test"].examples:
@@ -214,7 +215,8 @@ def test_smollm2_ioi_metrics_match_unpadded_hf_forward(smollm2):
                 hits.append(float(int(logits.argmax()) == e.correct_id))
     finally:
         torch.set_num_threads(threads)
-    assert abs(got["logit_diff"] - sum(diffs) / len(diffs)) < 1e-3  # padding does not leak
+    assert torch.allclose(torch.cat(per["clean"]), torch.tensor(diffs), atol=1e-3)  # padding does not leak
+    assert abs(got["logit_diff"] - sum(diffs) / len(diffs)) < 1e-3
     assert abs(got["accuracy"] - sum(hits) / len(hits)) < 1e-6
     assert got["logit_diff"] > 2 and got["accuracy"] >= 0.75
     assert got["corrupt_accuracy"] < 0.2 and abs(got["corrupt_logit_diff"]) < 1.5
