@@ -56,18 +56,8 @@ def load_causal_lm(name_or_path: str, *, gguf_file: str | None = None, revision:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if name_or_path in OFFLINE_ALIASES:
-        path = resolve_alias(name_or_path)
-        name_or_path, gguf_file = str(path.parent), path.name
-    elif name_or_path.endswith(".gguf"):
-        path = Path(name_or_path)
-        if not path.is_file():
-            raise ModelUnavailableError(f"GGUF file {name_or_path!r} does not exist; give an existing .gguf path")
-        name_or_path, gguf_file = str(path.parent), path.name
-    if gguf_file is not None:
-        gguf_path = Path(name_or_path) / gguf_file
-        if not gguf_path.is_file():
-            raise ModelUnavailableError(f"GGUF file {str(gguf_path)!r} does not exist; give an existing .gguf path")
+    gguf_path = _gguf_path(name_or_path, gguf_file)
+    if gguf_path is not None:
         return _load_gguf(gguf_path, dtype=dtype, cache=cache)
 
     if _looks_local(name_or_path) and not Path(name_or_path).expanduser().is_dir():
@@ -90,6 +80,27 @@ def load_causal_lm(name_or_path: str, *, gguf_file: str | None = None, revision:
     return _finish(model, tokenizer)
 
 
+def _gguf_path(name_or_path: str, gguf_file: str | None) -> Path | None:
+    """The GGUF file an alias, a ``.gguf`` path or a folder + ``gguf_file`` names; None for other models."""
+    if name_or_path in OFFLINE_ALIASES:
+        return resolve_alias(name_or_path)
+    if name_or_path.endswith(".gguf"):
+        path = Path(name_or_path)
+    elif gguf_file is not None:
+        path = Path(name_or_path) / gguf_file
+    else:
+        return None
+    if not path.is_file():
+        raise ModelUnavailableError(f"GGUF file {str(path)!r} does not exist; give an existing .gguf path")
+    return path
+
+
+def _gguf_cache_dir(gguf_path: Path) -> Path:
+    stat = gguf_path.stat()
+    key = hashlib.sha1(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_root() / f"{gguf_path.stem}-{key}"
+
+
 def _looks_local(name: str) -> bool:
     """A path rather than a hub name: absolute, relative with ./ or ../, or home-relative."""
     return name.startswith(("/", "./", "../", "~"))
@@ -99,8 +110,13 @@ def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None, revision:
     """Only the tokenizer of ``load_causal_lm``'s model (fast once the GGUF conversion is cached)."""
     from transformers import AutoTokenizer
 
-    if name_or_path in OFFLINE_ALIASES or name_or_path.endswith(".gguf") or gguf_file is not None:
-        return load_causal_lm(name_or_path, gguf_file=gguf_file)[1]
+    gguf_path = _gguf_path(name_or_path, gguf_file)
+    if gguf_path is not None:
+        cached = _gguf_cache_dir(gguf_path)
+        if not (cached / "model.safetensors").is_file():  # converts and caches the whole model once
+            return load_causal_lm(name_or_path, gguf_file=gguf_file)[1]
+        tokenizer = AutoTokenizer.from_pretrained(cached)
+        return _finish(None, tokenizer)[1]
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
     except (OSError, ValueError) as err:
@@ -114,7 +130,8 @@ def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None, revision:
 
 
 def _finish(model, tokenizer):
-    model.eval()
+    if model is not None:
+        model.eval()
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
@@ -124,9 +141,7 @@ def _load_gguf(gguf_path: Path, *, dtype: torch.dtype, cache: bool):
     """Dequantise a GGUF file through transformers, caching the result as a local HF directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    stat = gguf_path.stat()
-    key = hashlib.sha1(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    cached = cache_root() / f"{gguf_path.stem}-{key}"
+    cached = _gguf_cache_dir(gguf_path)
     if cache and (cached / "model.safetensors").is_file():
         model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(cached)
