@@ -6,7 +6,7 @@
 
 Each measurement is repeated and the median is reported; the sides alternate so that load from other
 processes on a shared machine hits both alike.
-    python bench/toy_throughput.py [--steps 300] [--repeats 3] [--threads 1]
+    python bench/toy_throughput.py [--steps 300] [--repeats 3] [--threads 1] [--batch 256] [--skip-ensemble]
 """
 from __future__ import annotations
 
@@ -69,9 +69,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=DATA["batch_size"], help="samples per instance per step")
     ap.add_argument("--skip-ensemble", action="store_true", help="only Lightning against the plain loop")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    DATA["batch_size"] = args.batch
     import logging
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 

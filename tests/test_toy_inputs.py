@@ -132,3 +132,15 @@ def test_stream_is_reproducible_and_rank_dependent():
     assert not torch.equal(first(0), first(1))
     assert not torch.equal(first(0), first(0, seed=8))
     assert len({stream_seed(s, r, w) for s in range(4) for r in range(4) for w in range(4)}) == 64
+
+
+def test_callback_and_thread_settings_are_checked():
+    from lit_svd.callbacks.alignment import SVDAlignmentCallback
+
+    with pytest.raises(ValueError) as err:
+        SVDAlignmentCallback(every_n_steps=0)
+    assert one_line(err) == "every_n_steps=0: must be a positive integer"
+    with pytest.raises(ValueError, match=r"^heatmap_instances=-1: must be an integer >= 0$"):
+        SVDAlignmentCallback(heatmap_instances=-1)
+    with pytest.raises(ValueError, match=r"^num_threads=0: must be a positive integer or null$"):
+        ToyAlignmentModule(num_threads=0)

@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_svd.analysis.alignment import alignment_report, feature_singular_cosines
+from lit_svd.linalg import SVD
 from lit_svd.output import save_figure, write_results
 
 
@@ -29,10 +30,12 @@ class SVDAlignmentCallback(Callback):
     def __init__(self, every_n_steps: int = 50, heatmap_instances: int = 2, pair_scalars: int = 4,
                  spectrum_scalars: int = 4):
         super().__init__()
-        for name, v in (("every_n_steps", every_n_steps), ("heatmap_instances", heatmap_instances + 1),
-                        ("pair_scalars", pair_scalars + 1), ("spectrum_scalars", spectrum_scalars + 1)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r}: must be a positive integer (>= 0 for counts)")
+        if not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"every_n_steps={every_n_steps!r}: must be a positive integer")
+        for name, v in (("heatmap_instances", heatmap_instances), ("pair_scalars", pair_scalars),
+                        ("spectrum_scalars", spectrum_scalars)):
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}={v!r}: must be an integer >= 0")
         self.every_n_steps, self.heatmap_instances = every_n_steps, heatmap_instances
         self.pair_scalars, self.spectrum_scalars = pair_scalars, spectrum_scalars
         self.history: list[tuple[int, list[float]]] = []
@@ -108,7 +111,7 @@ class SVDAlignmentCallback(Callback):
         print(f"[SVDAlignmentCallback] results: {path}")
 
     def write_figures(self, trainer: pl.Trainer, module, reports: list[dict]) -> None:
-        from lit_svd.callbacks import alignment_figures as figs
+        from lit_svd.callbacks import alignment_figures as figs  # matplotlib only when writing figures
 
         cos_u, cos_v = feature_singular_cosines(module.feature_directions()[:1], _first(module.omega_svd(), 1))
         save_figure(trainer, figs.heatmaps(cos_u[0], cos_v[0], module.pairs), "heatmap")
@@ -118,10 +121,8 @@ class SVDAlignmentCallback(Callback):
             save_figure(trainer, figs.interference_sweep(module.interference, reports), "interference_sweep")
 
 
-def _first(svd, n: int):
+def _first(svd: SVD, n: int) -> SVD:
     """The first ``n`` instances of a batched SVD."""
-    from lit_svd.linalg import SVD
-
     return SVD(svd.U[:n], svd.S[:n], svd.V[:n])
 
 
