@@ -1,7 +1,8 @@
 """Direction-mask training step: low-rank masked forward+backward vs a plain forward+backward of the
 unmasked model, and vs rebuilding every dense augmented masked matrix per step (the reference
-implementation's cost), on the same batch. Each mode runs in its own process so that its peak
-memory (max RSS) is its own. Prints seconds per step, ratios and peak memory.
+implementation's cost), on the same batch. Times are interleaved round-robin in one process (best of
+``--repeats``) so that load from other processes hits every mode alike; peak memory (max RSS) is
+measured in a separate process per mode. Prints seconds per step, ratios and peak memory.
 
     python bench/mask_bench.py                          # SmolLM2 shapes, 6 layers, random weights
     python bench/mask_bench.py --model smollm2-135m     # the real SmolLM2 (30 layers; slow here)
@@ -33,7 +34,8 @@ def _model(name: str, layers: int):
     return load_causal_lm(name)[0]
 
 
-def run_mode(mode: str, name: str, layers: int, batch: int, length: int, repeats: int) -> dict:
+def setup(name: str, layers: int, batch: int, length: int):
+    """Model, batch, components and the three step functions (plain, masked, dense)."""
     from lit_svd.analysis.masks import initial_logits, mask_loss
     from lit_svd.metrics import kl_divergence
     from lit_svd.models import view as make_view
@@ -48,36 +50,51 @@ def run_mode(mode: str, name: str, layers: int, batch: int, length: int, repeats
     with torch.no_grad():
         full = model(input_ids=ids, logits_to_keep=pos).logits[:, 0]
     view = make_view(model)
-    comps = build_components(view) if mode != "plain" else []
+    comps = build_components(view)
     iv = Intervention(view, comps)
     theta = {n: t.requires_grad_(True) for n, t in initial_logits(comps, 0.9).items()}
 
-    def step():
-        if mode == "plain":
-            emb = model.get_input_embeddings()(ids).requires_grad_(True)
-            logits = model(inputs_embeds=emb, logits_to_keep=pos).logits[:, 0]
-            kl_divergence(logits, full).mean().backward()
-            return
+    def plain():
+        emb = model.get_input_embeddings()(ids).requires_grad_(True)
+        logits = model(inputs_embeds=emb, logits_to_keep=pos).logits[:, 0]
+        kl_divergence(logits, full).mean().backward()
+
+    def masked(dense: bool = False):
         lambdas = {n: t.sigmoid() for n, t in theta.items()}
         with iv.apply(lambdas, positions=pos[:, 0]):
             logits = model(input_ids=ids, logits_to_keep=pos).logits[:, 0]
         loss = mask_loss(logits, full, lambdas, 2e-4)[0]
-        if mode == "dense":  # the reference rebuilds every augmented matrix with its mask, every step
+        if dense:  # the reference rebuilds every augmented matrix with its mask, every step
             for c in comps:
-                dense = (c.U * (c.S * lambdas[c.name]).unsqueeze(-2)) @ c.V.mT
-                loss = loss + 0.0 * dense.sum()
+                loss = loss + 0.0 * ((c.U * (c.S * lambdas[c.name]).unsqueeze(-2)) @ c.V.mT).sum()
         loss.backward()
         for t in theta.values():
             t.grad = None
 
-    step()  # warm-up
-    times = []
+    steps = {"plain": plain, "masked": masked, "dense": lambda: masked(dense=True)}
+    return steps, sum(c.n_directions for c in comps)
+
+
+def time_all(name: str, layers: int, batch: int, length: int, repeats: int) -> dict:
+    """Seconds per step of each mode, interleaved round-robin in one process (best of ``repeats``),
+    so that load from other processes hits every mode alike."""
+    steps, n = setup(name, layers, batch, length)
+    times = {m: [] for m in steps}
+    for m, f in steps.items():
+        f()  # warm-up
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return {"mode": mode, "seconds": min(times), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "n_directions": sum(c.n_directions for c in comps)}
+        for m, f in steps.items():
+            t0 = time.perf_counter()
+            f()
+            times[m].append(time.perf_counter() - t0)
+    return {"seconds": {m: min(t) for m, t in times.items()}, "n_directions": n}
+
+
+def peak_memory(mode: str, name: str, layers: int, batch: int, length: int) -> float:
+    """Peak RSS (MB) of a process that sets up and runs one step of ``mode`` only."""
+    steps, _ = setup(name, layers, batch, length)
+    steps[mode]()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:
@@ -90,22 +107,22 @@ def main() -> None:
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode:
-        print(json.dumps(run_mode(args.mode, args.model, args.layers, args.batch, args.length, args.repeats)))
+        print(json.dumps(peak_memory(args.mode, args.model, args.layers, args.batch, args.length)))
         return
-    results = {}
+    memory = {}
     for mode in ("plain", "masked", "dense"):
         out = subprocess.run([sys.executable, __file__, "--mode", mode, "--model", args.model, "--layers", str(args.layers),
-                              "--batch", str(args.batch), "--length", str(args.length), "--repeats", str(args.repeats)],
+                              "--batch", str(args.batch), "--length", str(args.length)],
                              capture_output=True, text=True, check=True)
-        results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
-        r = results[mode]
-        print(f"{mode:>7}: {r['seconds']:.3f} s/step, peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
-    plain, masked, dense = (results[m]["seconds"] for m in ("plain", "masked", "dense"))
+        memory[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    res = time_all(args.model, args.layers, args.batch, args.length, args.repeats)
+    sec = res["seconds"]
+    for mode in ("plain", "masked", "dense"):
+        print(f"{mode:>7}: {sec[mode]:.3f} s/step, peak RSS {memory[mode]:.0f} MB (own process)")
     print(f"model {args.model} ({args.layers if args.model == 'smollm2-shapes' else 'all'} layers), batch {args.batch}"
-          f" x {args.length} tokens, {results['masked']['n_directions']} directions, one thread, best of {args.repeats}")
-    print(f"masked / plain forward+backward: {masked / plain:.2f}x   (target <= 2x)")
-    print(f"dense rebuild / masked:          {dense / masked:.2f}x   (target >= 5x; a lower bound, see docstring)")
-
+          f" x {args.length} tokens, {res['n_directions']} directions, one thread, best of {args.repeats} interleaved")
+    print(f"masked / plain forward+backward: {sec['masked'] / sec['plain']:.2f}x   (target <= 2x)")
+    print(f"dense rebuild / masked:          {sec['dense'] / sec['masked']:.2f}x   (target >= 5x; a lower bound, see docstring)")
 
 if __name__ == "__main__":
     main()
