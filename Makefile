@@ -22,7 +22,7 @@ demo: install
 	$(PY) -m lit_svd fit --config configs/toy/single_pair.yaml --trainer.default_root_dir $(RUNS)/toy_single_pair
 	@echo
 	@echo "results.json, figures (*.png) and TensorBoard events are in the newest folder under:"
-	@ls -d $(RUNS)/toy_single_pair/lightning_logs/version_* | tail -n 1
+	@ls -dt $(RUNS)/toy_single_pair/lightning_logs/version_* | head -n 1
 	@echo "watch with: $(VENV)/bin/tensorboard --logdir $(RUNS)"
 
 test: install

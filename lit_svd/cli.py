@@ -5,8 +5,6 @@ path, the package's own by short name (``ToyAlignmentModule``) or full path.
 """
 from __future__ import annotations
 
-import sys
-
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
@@ -33,24 +31,20 @@ class OneLineErrorParser(LightningArgumentParser):
         super().error(one_line_error(message), ex)
 
 
-class LitSVDCLI(LightningCLI):
-    """LightningCLI with the package's modules importable by short class name."""
-
-
 def main(args: list[str] | None = None) -> LightningCLI:
     # register the package's classes so that short class_path names resolve
     import lit_svd.callbacks  # noqa: F401
     import lit_svd.datamodules  # noqa: F401
     import lit_svd.modules  # noqa: F401
 
-    return LitSVDCLI(
+    return LightningCLI(
         LightningModule,
         LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
         parser_class=OneLineErrorParser,
         save_config_kwargs={"overwrite": True},
-        args=args if args is not None else sys.argv[1:],
+        args=args,  # None: the command line
     )
 
 
