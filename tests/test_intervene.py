@@ -106,7 +106,9 @@ def test_random_scales_match_dense_svd_of_the_map(tiny_model, kind):
     with iv.apply({comp.name: lam}):  # capture hooks run after the intervention's
         handles = [_capture(view.site_module(layer, site), store, "out"),
                    _capture(view.site_module(layer, "down"), store, "hidden", "input"),
-                   _capture_resid(view, layer, store)]
+                   _capture_resid(view, layer, store),
+                   view.norm_module("mlp", layer).register_forward_pre_hook(
+                       lambda mod, args: store.__setitem__("resid_mlp", args[0].detach().clone()))]
         try:
             tiny_model(ids)
         finally:
@@ -117,9 +119,7 @@ def test_random_scales_match_dense_svd_of_the_map(tiny_model, kind):
         want = _aug(store["hidden"]) @ _dense_scaled(view.mlp_out(layer), lam[0])
     else:
         point = "attn" if kind in ("q", "k") else "mlp"
-        resid = store["resid"]
-        if point == "mlp" and not view.parallel_residual:  # MLP reads resid + attention: capture it
-            pytest.skip("covered through mlp_out / logits on sequential-residual models")
+        resid = store["resid"] if point == "attn" else store["resid_mlp"]  # what the norm reads
         x = _aug(view.normalized(point, layer, resid))
         if kind in ("q", "k"):
             M = view.q_map(layer) if kind == "q" else view.k_map(layer)[:: view.n_heads // view.n_kv_heads]
