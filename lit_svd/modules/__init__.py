@@ -1,6 +1,10 @@
 """LightningModules: what is trained or evaluated."""
-from lit_svd.modules.toy import ToyAlignmentModule  # noqa: E402,F401
-from lit_svd.modules.direction_mask import DirectionMaskModule  # noqa: E402,F401
-from lit_svd.modules.mounts import MountsAnalysisModule  # noqa: E402,F401
-from lit_svd.modules.sad import SADAnalysisModule  # noqa: E402,F401
-from lit_svd.modules.language_model import LanguageModelModule  # noqa: E402,F401
+from lit_svd.modules.direction_mask import DirectionMaskModule
+from lit_svd.modules.language_model import LanguageModelModule
+from lit_svd.modules.mounts import MountsAnalysisModule
+from lit_svd.modules.pretrained import PretrainedLMModule
+from lit_svd.modules.sad import SADAnalysisModule
+from lit_svd.modules.toy import ToyAlignmentModule
+
+__all__ = ["DirectionMaskModule", "LanguageModelModule", "MountsAnalysisModule", "PretrainedLMModule",
+           "SADAnalysisModule", "ToyAlignmentModule"]
