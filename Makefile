@@ -21,7 +21,7 @@ install: $(STAMP)
 demo: install
 	$(PY) -m lit_svd fit --config configs/toy/single_pair.yaml --trainer.default_root_dir $(RUNS)/toy_single_pair
 	@echo
-	@echo "results.json, figures (*.png) and TensorBoard events are in the newest folder under:"
+	@echo "results.json, figures (*.png) and TensorBoard events of this run are in:"
 	@ls -dt $(RUNS)/toy_single_pair/lightning_logs/version_* | head -n 1
 	@echo "watch with: $(VENV)/bin/tensorboard --logdir $(RUNS)"
 
