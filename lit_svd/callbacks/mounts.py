@@ -67,50 +67,45 @@ def depth_figures(rows: list[dict]) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     sites = list(dict.fromkeys(r["site"] for r in rows))
     by = {s: sorted((r for r in rows if r["site"] == s), key=lambda r: r["layer"]) for s in sites}
-    figs = {}
-    fig, axes = plt.subplots(1, len(sites), figsize=(2.6 * len(sites), 2.6), sharex=True, squeeze=False)
-    for ax, s in zip(axes[0], sites):
-        L = [r["layer"] for r in by[s]]
+
+    def lifts(ax, s, L):
         for strat in STRATEGIES:
             ax.plot(L, [r[f"lift_{strat}"] for r in by[s]], label=strat, lw=1.2)
-        ax.set_title(f"{s} ({by[s][0]['path']})", fontsize=9)
-        ax.set_xlabel("layer", fontsize=8)
-        ax.tick_params(labelsize=7)
-    axes[0][0].set_ylabel("full-write lift", fontsize=8)
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    figs["mounts_lift_depth"] = fig
+        return f"{s} ({by[s][0]['path']})"
 
-    fig, axes = plt.subplots(1, len(sites), figsize=(2.6 * len(sites), 2.6), sharex=True, squeeze=False)
-    for ax, s in zip(axes[0], sites):
-        L = [r["layer"] for r in by[s]]
-        modes = by[s][0]["coverage_modes"]
-        for i, m in enumerate(modes):
+    def coverage(ax, s, L):
+        for i, m in enumerate(by[s][0]["coverage_modes"]):
             ax.plot(L, [r["coverage_lift"][i] for r in by[s]], label=f"{m} modes", lw=1.0)
-        ax.set_title(s, fontsize=9)
-        ax.set_xlabel("layer", fontsize=8)
-        ax.tick_params(labelsize=7)
-    axes[0][0].set_ylabel("coverage lift over random", fontsize=8)
-    axes[0][-1].legend(fontsize=6)
-    fig.tight_layout()
-    figs["mounts_coverage_depth"] = fig
+        return s
 
+    def steering(ax, s, L):
+        ax.plot(L, [r["steer_rho"] for r in by[s]], label="Spearman rho", lw=1.2)
+        ax.plot(L, [r["steer_jaccard"] for r in by[s]], label="top-20 Jaccard", lw=1.2)
+        ax.axhline(0.05, color="grey", lw=0.6, ls="--")
+        return f"steering {s}"
+
+    figs = {"mounts_lift_depth": _depth_panels(sites, by, lifts, "full-write lift", legend_size=7),
+            "mounts_coverage_depth": _depth_panels(sites, by, coverage, "coverage lift over random", legend_size=6)}
     steer = [s for s in sites if "steer_rho" in by[s][0]]
     if steer:
-        fig, axes = plt.subplots(1, len(steer), figsize=(3.2 * len(steer), 2.6), squeeze=False)
-        for ax, s in zip(axes[0], steer):
-            L = [r["layer"] for r in by[s]]
-            ax.plot(L, [r["steer_rho"] for r in by[s]], label="Spearman rho", lw=1.2)
-            ax.plot(L, [r["steer_jaccard"] for r in by[s]], label="top-20 Jaccard", lw=1.2)
-            ax.axhline(0.05, color="grey", lw=0.6, ls="--")
-            ax.set_title(f"steering {s}", fontsize=9)
-            ax.set_xlabel("layer", fontsize=8)
-            ax.tick_params(labelsize=7)
-        axes[0][-1].legend(fontsize=7)
-        fig.tight_layout()
-        figs["mounts_steering_depth"] = fig
+        figs["mounts_steering_depth"] = _depth_panels(steer, by, steering, None, legend_size=7, width=3.2)
     return figs
+
+
+def _depth_panels(sites: list[str], by: dict, draw, ylabel: str | None, legend_size: int, width: float = 2.6):
+    """One panel per site against layer; ``draw(ax, site, layers)`` plots a panel and returns its title."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(sites), figsize=(width * len(sites), 2.6), sharex=True, squeeze=False)
+    for ax, s in zip(axes[0], sites):
+        ax.set_title(draw(ax, s, [r["layer"] for r in by[s]]), fontsize=9)
+        ax.set_xlabel("layer", fontsize=8)
+        ax.tick_params(labelsize=7)
+    if ylabel:
+        axes[0][0].set_ylabel(ylabel, fontsize=8)
+    axes[0][-1].legend(fontsize=legend_size)
+    fig.tight_layout()
+    return fig
