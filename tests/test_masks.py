@@ -101,6 +101,64 @@ def test_logit_receptors_read_the_unembedding():
     assert [int(t) for t in rows[0]["promotes_negative"]] == (-logits).topk(5).indices.tolist()
 
 
+def test_swap_steer_matches_a_hand_patched_direction():
+    from lit_svd.analysis.masks import swap_steer
+    from lit_svd.models.intervene import Intervention
+
+    model = tiny_causal_lm("llama")
+    view = make_view(model)
+    comp = build_components(view, ["ov"], layers=[1])[0]
+    iv = Intervention(view, [comp])
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 1000, (6, 8), generator=g)
+    pos = torch.tensor([7, 6, 7, 5, 7, 6])
+    rows = torch.arange(6)
+    batch = {"answer_pos": pos, "correct_id": torch.tensor([5, 5, 5, 9, 9, 9]), "wrong_id": torch.tensor([9, 9, 9, 5, 5, 5])}
+
+    def answer(logits):
+        return logits[rows, pos]
+
+    with torch.no_grad(), iv.record(positions=pos) as coefs:
+        base = answer(model(ids).logits)
+
+    def run(scales, reference):
+        with torch.no_grad():
+            if scales is None:
+                return answer(model(ids).logits)
+            with iv.apply(scales, positions=pos, reference=reference):
+                return answer(model(ids).logits)
+
+    keep = torch.ones(comp.shape)
+    res = swap_steer(run, iv, batch, dict(coefs), {comp.name: keep}, counts=(1,))
+    # brute force: the most separating (head, direction), one at a time
+    c = coefs[comp.name]
+    best = max(((abs(float(c[:3, h, k].mean() - c[3:, h, k].mean()))
+                 / (float(((c[:3, h, k].var(unbiased=False) + c[3:, h, k].var(unbiased=False)) / 2).sqrt()) + 1e-6), h, k)
+                for h in range(comp.shape[0]) for k in range(comp.shape[1])))
+    top = res["directions"][0]
+    assert (top["head"], top["direction"]) == best[1:] and top["separation"] == pytest.approx(best[0], rel=1e-4)
+    # hand patch: move that coefficient to the other class's mean with a forward hook on o_proj
+    h, k = best[1:]
+    other = torch.where(rows < 3, c[3:, h, k].mean(), c[:3, h, k].mean())
+    delta = (other - c[:, h, k])[:, None] * comp.V[h, :, k]
+
+    def hook(mod, args, out):
+        out = out.clone()
+        out[rows, pos] += delta
+        return out
+
+    handle = view.site_module(1, "o").register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            want = answer(model(ids).logits)
+    finally:
+        handle.remove()
+    metric = (want[rows, batch["correct_id"]] - want[rows, batch["wrong_id"]]).mean()
+    assert res["swaps"][0]["metric"] == pytest.approx(float(metric), abs=1e-4)
+    assert (want - base).abs().max() > 1e-4  # the swap changed something
+    assert swap_steer(run, iv, {**batch, "correct_id": torch.arange(6)}, dict(coefs), {comp.name: keep}) is None
+
+
 def _fit(model_dir, tokenizer, tmp_path, **kwargs):
     import lightning.pytorch as pl
 
@@ -135,6 +193,25 @@ def test_fit_writes_results_masks_and_figures(tiny_dirs, tokenizer, tmp_path, ab
     for name, lam in module.lambdas().items():
         assert torch.equal(saved["lambdas"][name], lam.detach())
     assert (out / "masks_kept_ov.png").is_file() and (out / "masks_kept_mlp_out.png").is_file()
+
+
+def test_soft_steps_train_soft_then_straight_through(tiny_dirs, tokenizer, tmp_path):
+    """A warm-up longer than the run is soft training; a warm-up of 0 is straight-through from the start."""
+    lam = {}
+    for label, kwargs in {"soft": dict(straight_through=False), "warm": dict(straight_through=True, soft_steps=100),
+                          "st": dict(straight_through=True, soft_steps=0)}.items():
+        torch.manual_seed(0)
+        module, _ = _fit(tiny_dirs["llama"], tokenizer, tmp_path / label, ablation="zero", **kwargs)
+        lam[label] = torch.cat([v.detach().flatten() for v in module.lambdas().values()])
+    assert torch.equal(lam["soft"], lam["warm"])
+    assert not torch.allclose(lam["soft"], lam["st"], atol=1e-4)
+
+
+def test_lr_min_decays_the_learning_rate_over_max_steps(tiny_dirs, tokenizer, tmp_path):
+    module, _ = _fit(tiny_dirs["llama"], tokenizer, tmp_path, lr_min=0.1)
+    lrs = [g["lr"] for g in module.trainer.optimizers[0].param_groups]
+    assert lrs == pytest.approx([0.1])  # cosine from lr 0.5 reaches lr_min after max_steps (4) steps
+    assert module.trainer.lr_scheduler_configs[0].scheduler.last_epoch == 4
 
 
 def _run_cli(args, cwd, timeout=300):
@@ -199,6 +276,10 @@ def test_bad_inputs_fail_in_one_line(tiny_dirs, tokenizer):
         DirectionMaskModule(model=tiny_dirs["llama"], components=["heads"])
     with pytest.raises(ValueError, match="ablation='mean' is unknown"):
         DirectionMaskModule(model=tiny_dirs["llama"], ablation="mean")
+    with pytest.raises(ValueError, match="lr_min=0.9 is invalid"):
+        DirectionMaskModule(model=tiny_dirs["llama"], lr=0.5, lr_min=0.9)
+    with pytest.raises(ValueError, match="soft_steps=-1 is invalid"):
+        DirectionMaskModule(model=tiny_dirs["llama"], straight_through=True, soft_steps=-1)
     # a task the tokenizer cannot express: a byte-level tokenizer without merges (" he" is three tokens)
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -210,3 +291,25 @@ def test_bad_inputs_fail_in_one_line(tiny_dirs, tokenizer):
     assert len(tok.encode(" he")) == 3
     with pytest.raises(ValueError, match=r"task gp: .* single tokens? in this tokenizer"):
         TaskDataModule("gp", tok, n_train=4, n_val=0, n_test=0)
+
+
+def test_mask_curve_reads_runs_in_alpha_order(tmp_path):
+    from lit_svd.analysis.mask_curve import load_runs, main
+
+    for name, alpha, kept, kl in (("b", 2e-4, 0.05, 0.4), ("a", 5e-5, 0.12, 0.1)):
+        run = tmp_path / name / "version_0"
+        run.mkdir(parents=True)
+        traj = [{"step": 8, "kept_fraction": 0.3, "kl_soft": 0.2, "kl_hard": 0.5}]
+        (run / "results.json").write_text(json.dumps({"experiment": "direction_mask", "task": "ioi", "model": "m",
+                                                      "alpha": alpha, "kept_fraction": kept, "kl_hard": kl,
+                                                      "kl_soft": kl, "trajectory": traj}))
+    runs = load_runs([tmp_path / "b", tmp_path / "a"])
+    assert [r["alpha"] for r in runs] == [5e-5, 2e-4] and [r["kl_hard"] for r in runs] == [0.1, 0.4]
+    main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "curve.png")])
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "results.json").write_text(json.dumps({"experiment": "sad"}))
+    with pytest.raises(ValueError, match="not 'direction_mask'"):
+        load_runs([tmp_path / "c"])
+    with pytest.raises(FileNotFoundError, match="no results.json"):
+        load_runs([tmp_path / "missing"])

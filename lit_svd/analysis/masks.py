@@ -141,3 +141,49 @@ def steer(run: Callable[[dict | None], Tensor], intervention: Intervention, batc
                      "metric_change": float((scores["metric"] - base_scores["metric"]).mean()),
                      "flipped": float(flipped), "kl": float(scores["kl"].mean())})
     return rows
+
+
+@torch.no_grad()
+def swap_steer(run: Callable[[dict | None, dict | None], Tensor], intervention: Intervention, batch: dict,
+               coefficients: dict[str, Tensor], keep: dict[str, Tensor], counts: Sequence[int] = (1, 2, 4, 8)) -> dict | None:
+    """Swap the coefficients of the most class-separating kept directions toward the other class's mean.
+
+    For a two-class task (the batch's ``correct_id`` takes two values, e.g. he / she on GP), each kept
+    direction of ``coefficients`` (``[B, G, K]`` at the answer position, recorded on the clean prompts)
+    is ranked by its separation ``|mean_a - mean_b| / pooled std``; for each ``n`` in ``counts`` the top
+    ``n`` are set to the other class's mean (``run(scales, reference)`` patches toward ``reference``
+    where a scale is 0). Reports per ``n`` the task metric, its change and the fraction of examples
+    whose preferred answer flips. None if the batch is not two-class."""
+    labels = batch["correct_id"] if "correct_id" in batch else None
+    classes = [] if labels is None else labels.unique().tolist()
+    if len(classes) != 2:
+        return None
+    in_a = labels == classes[0]
+    ranked = []
+    for name, coef in coefficients.items():
+        a, b = coef[in_a], coef[~in_a]
+        spread = ((a.var(0, unbiased=False) * len(a) + b.var(0, unbiased=False) * len(b)) / len(coef)).sqrt()
+        sep = ((a.mean(0) - b.mean(0)).abs() / (spread + 1e-6)) * keep[name]
+        for g, k in zip(*torch.nonzero(sep, as_tuple=True)):
+            ranked.append((float(sep[g, k]), name, int(g), int(k)))
+    ranked.sort(reverse=True)
+    base = run(None, None)
+    base_scores = task_scores(base, base, batch)
+    rows = []
+    for n in [n for n in counts if n <= len(ranked)]:
+        scales, reference = {}, {}
+        for _, name, g, k in ranked[:n]:
+            coef = coefficients[name]
+            if name not in scales:
+                scales[name] = torch.ones(coef.shape[1:], device=coef.device)
+                reference[name] = coef.clone()
+            other = torch.where(in_a, coef[~in_a, g, k].mean(), coef[in_a, g, k].mean())
+            scales[name][g, k] = 0.0
+            reference[name][:, g, k] = other
+        scores = task_scores(run(scales, reference), base, batch)
+        rows.append({"n_directions": n, "metric": float(scores["metric"].mean()),
+                     "metric_change": float((scores["metric"] - base_scores["metric"]).mean()),
+                     "flipped": float(((scores["metric"] > 0) != (base_scores["metric"] > 0)).float().mean()),
+                     "kl": float(scores["kl"].mean())})
+    return {"classes": classes, "directions": [{"component": name, "head": g, "direction": k, "separation": s}
+                                               for s, name, g, k in ranked[: max(counts)]], "swaps": rows}

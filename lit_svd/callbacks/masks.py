@@ -8,7 +8,8 @@ soft and hard masks, and writes (rank zero):
   probability difference greater - lesser), ``accuracy_full``, ``accuracy_hard`` (GT: fraction with a
   positive probability difference), plus ``logit_diff_soft``, ``accuracy_soft``, ``agreement_soft``,
   ``agreement_hard``, ``per_kind`` and ``components`` (kept counts per component and group),
-  ``receptors`` and ``steering``;
+  ``receptors``, ``steering`` (one direction scaled) and ``steering_swap`` (two-class tasks: the
+  most class-separating kept OV directions swapped toward the other class's mean);
 * ``masks.pt``: ``torch.load`` it for ``{"lambdas": {component: [groups, directions]}, "threshold", ...}``;
 * ``masks_kept_<kind>.png``: kept directions per layer and head (group), also in TensorBoard.
 
@@ -22,7 +23,7 @@ from typing import Sequence
 import lightning.pytorch as pl
 import torch
 
-from lit_svd.analysis.masks import logit_receptors, steer, task_scores
+from lit_svd.analysis.masks import logit_receptors, steer, swap_steer, task_scores
 from lit_svd.output import run_dir, save_figure, write_results
 
 
@@ -38,17 +39,20 @@ class DirectionMaskReport(pl.Callback):
         trajectory_every: every so many steps, KL with hard and soft masks and the kept fraction on
             the first validation batch (``results["trajectory"]``: the sparsity-KL path of the run;
             0 turns it off).
+        swap_counts: on two-class tasks (GP), how many of the most class-separating kept OV
+            directions are swapped toward the other class's mean (``results["steering_swap"]``).
     """
 
     def __init__(self, log_every: int = 10, receptors_top: int = 12,
                  steer_factors: Sequence[float] = (-2.0, -1.0, 0.0, 2.0, 4.0), steer_component: str | None = None,
                  steer_head: int | None = None, steer_direction: int | None = None, eval_split: str = "val",
-                 trajectory_every: int = 10):
+                 trajectory_every: int = 10, swap_counts: Sequence[int] = (1, 2, 4, 8, 16)):
         if eval_split not in ("val", "test"):
             raise ValueError(f"eval_split={eval_split!r} is unknown; choose val or test")
         self.log_every, self.receptors_top, self.steer_factors = log_every, receptors_top, list(steer_factors)
         self.steer_target = (steer_component, steer_head, steer_direction)
         self.eval_split = eval_split
+        self.swap_counts = list(swap_counts)
         self.trajectory_every, self.trajectory = trajectory_every, []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
@@ -96,6 +100,7 @@ class DirectionMaskReport(pl.Callback):
             "n_directions": kept["n_directions"], "kept": kept["kept"],
             "kept_fraction": kept["kept_fraction"], "threshold": module.threshold, "alpha": module.alpha,
             "ablation": module.ablation, "positions": module.positions, "steps": trainer.global_step,
+            "straight_through": module.hparams.straight_through, "soft_steps": module.hparams.soft_steps,
             "eval_split": self.eval_split, "metric": "prob_diff" if gt else "logit_diff",
             "kl_soft": ev["soft_kl"], "kl_hard": ev["hard_kl"],
             "logit_diff_full": ev["full_metric"], "logit_diff_soft": ev["soft_metric"], "logit_diff_hard": ev["hard_metric"],
@@ -105,6 +110,7 @@ class DirectionMaskReport(pl.Callback):
         }
         results["receptors"] = self.receptors(module)
         results["steering"] = self.steering(module, first)
+        results["steering_swap"] = self.swap(module, first)
         write_results(trainer, results)
         if trainer.is_global_zero:
             torch.save(module.masks_state(), run_dir(trainer) / "masks.pt")
@@ -138,6 +144,26 @@ class DirectionMaskReport(pl.Callback):
         rows = steer(run, module.intervention, batch, name, head, direction, self.steer_factors)
         return {"component": name, "head": head, "direction": direction, "n_examples": len(batch["answer_pos"]),
                 "factors": rows}
+
+    def swap(self, module, batch: dict) -> dict | None:
+        """Two-class tasks (GP): kept OV directions swapped toward the other class's mean coefficient."""
+        names = [c.name for c in module.components if c.kind == "ov"]
+        if not names:
+            return None
+        pos = batch["answer_pos"]
+        with torch.no_grad(), module.intervention.record(names, positions=pos) as coefficients:
+            module.answer_logits(batch["clean_ids"], batch)
+        hard = module.hard()
+
+        def run(scales, reference):
+            with torch.no_grad():
+                if scales is None:
+                    return module.answer_logits(batch["clean_ids"], batch)
+                with module.intervention.apply(scales, positions=pos, reference=reference):
+                    return module.answer_logits(batch["clean_ids"], batch)
+
+        return swap_steer(run, module.intervention, batch, dict(coefficients), {n: hard[n] for n in names},
+                          self.swap_counts)
 
     def figures(self, trainer, module, kept: dict) -> None:
         import matplotlib

@@ -32,6 +32,9 @@ class DirectionMaskModule(PretrainedLMModule):
         layers: layers to mask (default all).
         alpha: L1 weight on sum(lambda) (>= 0).
         lr, eps, weight_decay, grad_clip: AdamW and clipping.
+        lr_min: None keeps ``lr`` constant; a number decays it to ``lr_min`` over the trainer's
+            ``max_steps`` (cosine), so that the hard masks settle instead of flipping directions in and
+            out around the threshold at the end of the run.
         init: initial lambda (sigmoid of the initial logit), in (0, 1).
         ablation: ``zero`` or ``patch`` (toward the matched corrupted prompt) for OV and MLP masks;
             QK / q / k masks always zero-ablate at all positions.
@@ -43,6 +46,9 @@ class DirectionMaskModule(PretrainedLMModule):
             (lambda >= threshold), the gradient flows through lambda (straight-through estimator), so
             the trained circuit is the one that is evaluated (soft training leaves many lambdas between
             the threshold and 1, which the hard mask then restores to 1; docs/masks.md).
+        soft_steps: with ``straight_through``, train the soft masks for this many optimiser steps first
+            (a warm-up: at the full model the straight-through KL gradient is zero, so without it every
+            lambda falls at the same rate until one step cuts them all at once).
         num_threads: torch CPU threads for this process (None: leave as is). On shared cores one
             thread per process is several times faster than two that contend (docs/masks.md).
     """
@@ -50,12 +56,17 @@ class DirectionMaskModule(PretrainedLMModule):
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
                  fold_norms: bool = True, components: Sequence[str] = ("qk", "ov", "mlp"),
                  layers: Sequence[int] | None = None, alpha: float = 2e-4, lr: float = 2e-2, eps: float = 1e-7,
-                 weight_decay: float = 0.0, grad_clip: float = 1.0, init: float = 0.99, ablation: str = "zero",
+                 weight_decay: float = 0.0, grad_clip: float = 1.0, lr_min: float | None = None,
+                 init: float = 0.99, ablation: str = "zero",
                  positions: str = "answer", threshold: float = 1e-3, steps_per_batch: int = 1,
-                 straight_through: bool = False, num_threads: int | None = None):
+                 straight_through: bool = False, soft_steps: int = 0, num_threads: int | None = None):
         check_mask_config(alpha, init, threshold, ablation, positions)
         if steps_per_batch < 1:
             raise ValueError(f"steps_per_batch={steps_per_batch} is invalid; give an integer >= 1")
+        if lr_min is not None and not 0 <= lr_min <= lr:
+            raise ValueError(f"lr_min={lr_min} is invalid; give a number in [0, lr={lr}] or null")
+        if soft_steps < 0:
+            raise ValueError(f"soft_steps={soft_steps} is invalid; give an integer >= 0")
         if num_threads is not None:
             if num_threads < 1:
                 raise ValueError(f"num_threads={num_threads} is invalid; give an integer >= 1 or null")
@@ -130,7 +141,7 @@ class DirectionMaskModule(PretrainedLMModule):
         for _ in range(self.hparams.steps_per_batch):
             lambdas = self.lambdas()
             scales = lambdas
-            if self.hparams.straight_through:
+            if self.hparams.straight_through and self.global_step >= self.hparams.soft_steps:
                 scales = {n: (lam >= self.threshold).to(lam.dtype) + lam - lam.detach() for n, lam in lambdas.items()}
             masked = self.answer_logits(batch["clean_ids"], batch, scales, reference)
             loss, kl, total = mask_loss(masked, full, lambdas, self.alpha)
@@ -141,14 +152,22 @@ class DirectionMaskModule(PretrainedLMModule):
             if self.hparams.grad_clip:
                 self.clip_gradients(opt, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm")
             opt.step()
+            if self.hparams.lr_min is not None:
+                self.lr_schedulers().step()
         kept = sum(int((lam.detach() >= self.threshold).sum()) for lam in lambdas.values())
         self.log_dict({"train/loss": loss.detach(), "train/kl": kl.detach(), "train/l1": total.detach(),
                        "train/kept_fraction": kept / self.n_directions}, prog_bar=True, on_step=True)
         return loss.detach()
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.theta.parameters(), lr=self.hparams.lr, eps=self.hparams.eps,
-                                 weight_decay=self.hparams.weight_decay)
+        opt = torch.optim.AdamW(self.theta.parameters(), lr=self.hparams.lr, eps=self.hparams.eps,
+                                weight_decay=self.hparams.weight_decay)
+        if self.hparams.lr_min is None:
+            return opt
+        if not self.trainer.max_steps or self.trainer.max_steps < 1:
+            raise ValueError("lr_min needs trainer.max_steps (the length of the cosine decay)")
+        decay = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=self.trainer.max_steps, eta_min=self.hparams.lr_min)
+        return [opt], [decay]
 
     # --- evaluation (soft and hard masks) --------------------------------------------------------
     @torch.no_grad()
