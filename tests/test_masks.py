@@ -250,7 +250,8 @@ def test_ddp_two_processes_match_one(tiny_dirs, tmp_path):
         root = tmp_path / f"d{devices}"
         _run_cli(["fit", "--config", str(CONFIGS / "smollm2_ioi.yaml"),
                   "--model.init_args.model", tiny_dirs["llama"], "--model.init_args.lr", "0.3",
-                  "--model.init_args.alpha", "0.01", "--data.init_args.tokenizer", tiny_dirs["llama"],
+                  "--model.init_args.alpha", "0.01", "--model.init_args.init", "0.5",
+                  "--data.init_args.tokenizer", tiny_dirs["llama"],
                   "--data.init_args.n_train", "8", "--data.init_args.n_val", "8",
                   "--data.init_args.batch_size", str(batch), "--trainer.max_steps", "3",
                   "--trainer.devices", str(devices), "--trainer.strategy", "ddp" if devices > 1 else "auto",

@@ -60,7 +60,7 @@ def plot(runs: Sequence[dict], out: str | Path, target: tuple[float, float] | No
     ax.set_xscale("log")
     ax.set_xlabel("kept directions (%), hard masks")
     ax.set_ylabel("KL(full || hard-masked)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, max(0.5, 1.5 * max(r["kl_hard"] for r in runs)))  # early trajectory spikes run off the top
     ax.set_title(f"sparsity-KL, {runs[0].get('task', '')} on {runs[0].get('model', '')}")
     ax.legend(fontsize=7)
     fig.tight_layout()
