@@ -11,8 +11,8 @@ The dense mode is the reference implementation's per-step work: every augmented 
 ``M(lambda) = U diag(S * lambda) V^T`` is rebuilt from its SVD and *applied* in place of the model's
 own map (q, k, gate, up, down: ``[1, x] @ M``; OV per head: ``sum_h A_h [1, x] M_h`` from the eager
 attention pattern), with the backward through both. Both masked modes act as training does: q and k
-masks at every position, OV and MLP masks at the answer position. Its SVDs are taken of the unfolded view, so at
-lambda = 1 it reproduces the model's logits; the bench checks that before timing. (The model's own
+masks at every position, OV and MLP masks at the answer position. Its SVDs are taken of the unfolded
+view, so at lambda = 1 it reproduces the model's logits; the bench checks that before timing. (The model's own
 v and o projections still run underneath the replaced attention output: a small over-count, about
 a tenth of a layer's linear work.) Llama-style models (SmolLM2 and its shapes) only.
 """
@@ -50,44 +50,41 @@ def _rebuild(c, lam: Tensor) -> Tensor:
     return (c.U * (c.S * lam).unsqueeze(-2)) @ c.V.mT
 
 
+SITES = {"q": "q", "k": "k", "mlp_in": "up", "mlp_gate": "gate", "mlp_out": "down"}
+
+
+def _dense(x: Tensor, c, lam: Tensor) -> Tensor:
+    return torch.einsum("...d,gde->...ge", _augmented(x), _rebuild(c, lam)).flatten(-2)
+
+
 @contextmanager
 def dense_reference(view, comps: dict, lambdas: dict[str, Tensor], positions: Tensor | None = None):
     """Within the block the model runs on dense masked matrices rebuilt from ``comps`` (unfolded
     view). q and k maps are replaced at every position; OV (recomputed from the eager attention
     pattern) and the MLP maps at ``positions`` (one per example; None: everywhere), as in training."""
-    rows = None if positions is None else torch.arange(len(positions))
-
-    def put(out: Tensor, new) -> Tensor:  # new(x_rows) for the selected rows (or all)
-        return new(None) if rows is None else out.index_put((rows, positions), new((rows, positions)))
+    from lit_svd.models.intervene import put_rows_at, rows_at
 
     with ExitStack() as stack:
         for name, c in comps.items():
             lam = lambdas[name]
             if c.kind == "ov":
                 def hook(module, args, kwargs, out, c=c, lam=lam):
-                    x, A = _augmented(kwargs["hidden_states"]), out[1]  # A: [B, H, T, T]
-                    mixed = torch.einsum("bhij,bjd->bihd", A, x) if rows is None else \
-                        torch.einsum("bhj,bjd->bhd", A[rows, :, positions], x)
-                    return (put(out[0], lambda at: torch.einsum("...hd,hde->...e", mixed, _rebuild(c, lam))),) + tuple(out[1:])
+                    A = rows_at(out[1].transpose(1, 2), positions)  # [B, (T_query,) H, T_key]
+                    mixed = torch.einsum("b...hj,bjd->b...hd", A, _augmented(kwargs["hidden_states"]))
+                    written = torch.einsum("...hd,hde->...e", mixed, _rebuild(c, lam))
+                    return (put_rows_at(out[0], positions, written),) + tuple(out[1:])
 
                 handle = view.block(c.layer).self_attn.register_forward_hook(hook, with_kwargs=True)
-            elif c.kind in ("q", "k") or rows is None:
+            elif c.kind in ("q", "k") or positions is None:  # replaced outright: the model's map never runs
                 module = view.site_module(c.layer, SITES[c.kind])
                 module.forward = lambda x, c=c, lam=lam: _dense(x, c, lam)
                 stack.callback(module.__dict__.pop, "forward")
                 continue
             else:
                 handle = view.site_module(c.layer, SITES[c.kind]).register_forward_hook(
-                    lambda module, args, out, c=c, lam=lam: put(out, lambda at: _dense(args[0][at], c, lam)))
+                    lambda module, args, out, c=c, lam=lam: put_rows_at(out, positions, _dense(rows_at(args[0], positions), c, lam)))
             stack.callback(handle.remove)
         yield
-
-
-SITES = {"q": "q", "k": "k", "mlp_in": "up", "mlp_gate": "gate", "mlp_out": "down"}
-
-
-def _dense(x: Tensor, c, lam: Tensor) -> Tensor:
-    return torch.einsum("...d,gde->...ge", _augmented(x), _rebuild(c, lam)).flatten(-2)
 
 
 def setup(name: str, layers: int, batch: int, length: int):

@@ -129,7 +129,7 @@ def test_swap_steer_matches_a_hand_patched_direction():
                 return answer(model(ids).logits)
 
     keep = torch.ones(comp.shape)
-    res = swap_steer(run, iv, batch, dict(coefs), {comp.name: keep}, counts=(1,))
+    res = swap_steer(run, batch, dict(coefs), {comp.name: keep}, counts=(1,))
     # brute force: the most separating (head, direction), one at a time
     c = coefs[comp.name]
     best = max(((abs(float(c[:3, h, k].mean() - c[3:, h, k].mean()))
@@ -156,7 +156,7 @@ def test_swap_steer_matches_a_hand_patched_direction():
     metric = (want[rows, batch["correct_id"]] - want[rows, batch["wrong_id"]]).mean()
     assert res["swaps"][0]["metric"] == pytest.approx(float(metric), abs=1e-4)
     assert (want - base).abs().max() > 1e-4  # the swap changed something
-    assert swap_steer(run, iv, {**batch, "correct_id": torch.arange(6)}, dict(coefs), {comp.name: keep}) is None
+    assert swap_steer(run, {**batch, "correct_id": torch.arange(6)}, dict(coefs), {comp.name: keep}) is None
 
 
 def _fit(model_dir, tokenizer, tmp_path, **kwargs):

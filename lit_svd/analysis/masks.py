@@ -134,18 +134,23 @@ def steer(run: Callable[[dict | None], Tensor], intervention: Intervention, batc
         lam = scales.get(name, torch.ones(comp.shape, device=comp.S.device)).clone()
         lam[group, direction] = factor
         scales[name] = lam
-        logits = run(scales)
-        scores = task_scores(logits, base, batch)
-        flipped = ((scores["metric"] > 0) != (base_scores["metric"] > 0)).float().mean()
-        rows.append({"factor": float(factor), "metric": float(scores["metric"].mean()),
-                     "metric_change": float((scores["metric"] - base_scores["metric"]).mean()),
-                     "flipped": float(flipped), "kl": float(scores["kl"].mean())})
+        rows.append({"factor": float(factor), **_effect(run(scales), base, base_scores, batch)})
     return rows
 
 
+def _effect(logits: Tensor, base: Tensor, base_scores: dict[str, Tensor], batch: dict) -> dict[str, float]:
+    """A steered run against the unmodified one: mean task metric, its change, the fraction of examples
+    whose preferred answer flips, and the KL from the unmodified model."""
+    scores = task_scores(logits, base, batch)
+    return {"metric": float(scores["metric"].mean()),
+            "metric_change": float((scores["metric"] - base_scores["metric"]).mean()),
+            "flipped": float(((scores["metric"] > 0) != (base_scores["metric"] > 0)).float().mean()),
+            "kl": float(scores["kl"].mean())}
+
+
 @torch.no_grad()
-def swap_steer(run: Callable[[dict | None, dict | None], Tensor], intervention: Intervention, batch: dict,
-               coefficients: dict[str, Tensor], keep: dict[str, Tensor], counts: Sequence[int] = (1, 2, 4, 8)) -> dict | None:
+def swap_steer(run: Callable[[dict | None, dict | None], Tensor], batch: dict, coefficients: dict[str, Tensor],
+               keep: dict[str, Tensor], counts: Sequence[int] = (1, 2, 4, 8)) -> dict | None:
     """Swap the coefficients of the most class-separating kept directions toward the other class's mean.
 
     For a two-class task (the batch's ``correct_id`` takes two values, e.g. he / she on GP), each kept
@@ -154,11 +159,9 @@ def swap_steer(run: Callable[[dict | None, dict | None], Tensor], intervention: 
     ``n`` are set to the other class's mean (``run(scales, reference)`` patches toward ``reference``
     where a scale is 0). Reports per ``n`` the task metric, its change and the fraction of examples
     whose preferred answer flips. None if the batch is not two-class."""
-    labels = batch["correct_id"] if "correct_id" in batch else None
-    classes = [] if labels is None else labels.unique().tolist()
-    if len(classes) != 2:
+    if "correct_id" not in batch or len(classes := batch["correct_id"].unique().tolist()) != 2:
         return None
-    in_a = labels == classes[0]
+    in_a = batch["correct_id"] == classes[0]
     ranked = []
     for name, coef in coefficients.items():
         a, b = coef[in_a], coef[~in_a]
@@ -180,10 +183,6 @@ def swap_steer(run: Callable[[dict | None, dict | None], Tensor], intervention: 
             other = torch.where(in_a, coef[~in_a, g, k].mean(), coef[in_a, g, k].mean())
             scales[name][g, k] = 0.0
             reference[name][:, g, k] = other
-        scores = task_scores(run(scales, reference), base, batch)
-        rows.append({"n_directions": n, "metric": float(scores["metric"].mean()),
-                     "metric_change": float((scores["metric"] - base_scores["metric"]).mean()),
-                     "flipped": float(((scores["metric"] > 0) != (base_scores["metric"] > 0)).float().mean()),
-                     "kl": float(scores["kl"].mean())})
+        rows.append({"n_directions": n, **_effect(run(scales, reference), base, base_scores, batch)})
     return {"classes": classes, "directions": [{"component": name, "head": g, "direction": k, "separation": s}
                                                for s, name, g, k in ranked[: max(counts)]], "swaps": rows}

@@ -134,14 +134,7 @@ class DirectionMaskReport(pl.Callback):
                 return None
             name, head, direction = picked
 
-        def run(scales):
-            with torch.no_grad():
-                if scales is None:
-                    return module.answer_logits(batch["clean_ids"], batch)
-                with module.intervention.apply(scales, positions=batch["answer_pos"]):
-                    return module.answer_logits(batch["clean_ids"], batch)
-
-        rows = steer(run, module.intervention, batch, name, head, direction, self.steer_factors)
+        rows = steer(_steered_run(module, batch), module.intervention, batch, name, head, direction, self.steer_factors)
         return {"component": name, "head": head, "direction": direction, "n_examples": len(batch["answer_pos"]),
                 "factors": rows}
 
@@ -150,19 +143,10 @@ class DirectionMaskReport(pl.Callback):
         names = [c.name for c in module.components if c.kind == "ov"]
         if not names:
             return None
-        pos = batch["answer_pos"]
-        with torch.no_grad(), module.intervention.record(names, positions=pos) as coefficients:
+        with torch.no_grad(), module.intervention.record(names, positions=batch["answer_pos"]) as coefficients:
             module.answer_logits(batch["clean_ids"], batch)
         hard = module.hard()
-
-        def run(scales, reference):
-            with torch.no_grad():
-                if scales is None:
-                    return module.answer_logits(batch["clean_ids"], batch)
-                with module.intervention.apply(scales, positions=pos, reference=reference):
-                    return module.answer_logits(batch["clean_ids"], batch)
-
-        return swap_steer(run, module.intervention, batch, dict(coefficients), {n: hard[n] for n in names},
+        return swap_steer(_steered_run(module, batch), batch, dict(coefficients), {n: hard[n] for n in names},
                           self.swap_counts)
 
     def figures(self, trainer, module, kept: dict) -> None:
@@ -191,6 +175,19 @@ class DirectionMaskReport(pl.Callback):
             ax.set_title(f"kept {kind} directions (of {per_group})")
             fig.colorbar(im, ax=ax)
             save_figure(trainer, fig, f"masks_kept_{kind}")
+
+
+def _steered_run(module, batch: dict):
+    """``run(scales, reference=None)``: answer-position logits of the clean prompts with ``scales``
+    applied at the answer positions, patched toward ``reference`` (None scales: the unmodified model)."""
+    @torch.no_grad()
+    def run(scales: dict | None, reference: dict | None = None):
+        if scales is None:
+            return module.answer_logits(batch["clean_ids"], batch)
+        with module.intervention.apply(scales, positions=batch["answer_pos"], reference=reference):
+            return module.answer_logits(batch["clean_ids"], batch)
+
+    return run
 
 
 def _most_effective_ov_direction(module, batch: dict, hard: dict) -> tuple[str, int, int] | None:

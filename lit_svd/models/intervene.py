@@ -182,11 +182,13 @@ def _single_thread():
         torch.set_num_threads(threads)
 
 
-def _rows(out: Tensor, positions: Tensor | None) -> Tensor:
+def rows_at(out: Tensor, positions: Tensor | None) -> Tensor:
+    """``out[b, positions[b]]`` for every example ``b`` (``positions`` None: ``out`` itself)."""
     return out if positions is None else out[torch.arange(out.shape[0], device=out.device), positions]
 
 
-def _put_rows(out: Tensor, positions: Tensor | None, rows: Tensor) -> Tensor:
+def put_rows_at(out: Tensor, positions: Tensor | None, rows: Tensor) -> Tensor:
+    """``out`` with ``rows_at(out, positions)`` replaced by ``rows`` (not in place, differentiable)."""
     if positions is None:
         return rows
     return out.index_put((torch.arange(out.shape[0], device=out.device), positions), rows)
@@ -250,17 +252,17 @@ class Intervention:
                 if c.kind == "qk":
                     out = view.with_site_output(layer, site, out, self._qk_site(c, site, normalized[layer], lam, out))
                     continue
-                rows = _rows(out, positions)
+                rows = rows_at(out, positions)
                 ref = None if reference is None else reference[c.name]
                 if c.kind == "ov":
-                    coef = c.coefficients(_rows(args[0], positions))
+                    coef = c.coefficients(rows_at(args[0], positions))
                     delta = c.write((coef if ref is None else coef - ref) * (lam - 1))
-                    out = _put_rows(out, positions, rows + delta)
+                    out = put_rows_at(out, positions, rows + delta)
                 else:
                     own = view.site_output(layer, site, rows)
                     coef = c.coefficients(own)
                     new = own + c.write((coef if ref is None else coef - ref) * (lam - 1))
-                    out = _put_rows(out, positions, view.with_site_output(layer, site, rows, new))
+                    out = put_rows_at(out, positions, view.with_site_output(layer, site, rows, new))
             return out
 
         return hook
@@ -307,7 +309,7 @@ class Intervention:
                 def hook(module, args, out, layer=layer, site=site, comps=comps):
                     for c in comps:
                         src = args[0] if c.kind == "ov" else view.site_output(layer, site, out)
-                        store[c.name] = c.coefficients(_rows(src, positions)).detach()
+                        store[c.name] = c.coefficients(rows_at(src, positions)).detach()
 
                 stack.enter_context(_registered(view.site_module(layer, site), hook))
             yield store

@@ -164,10 +164,10 @@ class DirectionMaskModule(PretrainedLMModule):
                                 weight_decay=self.hparams.weight_decay)
         if self.hparams.lr_min is None:
             return opt
-        if not self.trainer.max_steps or self.trainer.max_steps < 1:
+        if self.trainer.max_steps < 1:
             raise ValueError("lr_min needs trainer.max_steps (the length of the cosine decay)")
-        decay = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=self.trainer.max_steps, eta_min=self.hparams.lr_min)
-        return [opt], [decay]
+        return [opt], [torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=self.trainer.max_steps,
+                                                                  eta_min=self.hparams.lr_min)]
 
     # --- evaluation (soft and hard masks) --------------------------------------------------------
     @torch.no_grad()
