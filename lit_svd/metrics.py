@@ -193,11 +193,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--n-test", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is fastest on a busy machine)")
     parser.add_argument("--figure", default=None, help="PNG path: per-example value histograms, clean vs corrupt")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     model, tokenizer = load_causal_lm(args.model)
     results, values = [], {}
     for task in args.task:

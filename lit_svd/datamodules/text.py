@@ -28,7 +28,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lit_svd.datamodules.common import ShardSampler, rank_and_world, resolve_tokenizer
+from lit_svd.datamodules.common import ResumableTrainOrder, ShardSampler, rank_and_world, resolve_tokenizer
 
 LOCAL_WIKITEXT = "../shared/data/wikitext-2/valid.txt"
 
@@ -117,7 +117,7 @@ def collate_windows(items, pad_id: int, seq_len: int) -> dict[str, torch.Tensor]
     return dict(input_ids=ids, attention_mask=mask, index=torch.tensor([i for i, _ in items]))
 
 
-class TextDataModule(pl.LightningDataModule):
+class TextDataModule(ResumableTrainOrder, pl.LightningDataModule):
     """Fixed-length token windows of real text (see the module docstring for the batch format).
 
     Args:
@@ -153,7 +153,7 @@ class TextDataModule(pl.LightningDataModule):
         rank, world = rank_and_world(self.trainer)
         kwargs: dict = dict(batch_size=self.batch_size, collate_fn=self.collate, num_workers=self.num_workers)
         if shuffle:
-            kwargs.update(shuffle=True, generator=torch.Generator().manual_seed(self.seed))
+            kwargs.update(sampler=self.train_sampler(self.data, self.seed))
         elif world > 1:
             kwargs.update(sampler=ShardSampler(self.data, num_replicas=world, rank=rank))
         return DataLoader(self.data, **kwargs)

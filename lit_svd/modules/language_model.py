@@ -6,6 +6,8 @@ is a plain Hugging Face causal LM, so ``self.view`` (``lit_svd.models.view``) re
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
@@ -63,7 +65,7 @@ class LanguageModelModule(pl.LightningModule):
         seed: initialisation seed.
     """
 
-    def __init__(self, arch: str = "gpt2", n_layers: int = 2, d_model: int = 128, n_heads: int = 4,
+    def __init__(self, arch: Literal["gpt2", "gpt_neox"] = "gpt2", n_layers: int = 2, d_model: int = 128, n_heads: int = 4,
                  d_mlp: int | None = None, max_positions: int = 256, vocab_size: int | None = None,
                  vocab_top_k: int | None = 4096, rotary_pct: float = 0.25, lr: float = 1e-3,
                  weight_decay: float = 0.01, warmup_steps: int = 100, seed: int = 0):

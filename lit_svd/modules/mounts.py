@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -61,7 +62,7 @@ class MountsAnalysisModule(PretrainedLMModule):
                  modes_sweep: list[int] = (1, 2, 4, 8, 16), k_active: int = 8, seed: int = 0,
                  effective_paths: bool = True, fit_fraction: float = 0.5, v_ridge: float = 1e-3,
                  steer_alpha: float = 2.0, steer_mounts: int = 8, steer_texts: int = 8, steer_tokens: int = 32,
-                 steer_positions: str = "last", rules: dict | None = None):
+                 steer_positions: Literal["last", "all"] = "last", rules: dict | None = None):
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
         self.save_hyperparameters()
         view = self.view

@@ -33,5 +33,12 @@ class PretrainedLMModule(pl.LightningModule):
             self._view = view(self.lm, fold_norms=self.fold_norms)
         return self._view
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """The frozen model is rebuilt from ``model`` at construction: checkpoints hold only what trains."""
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("lm.")}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["state_dict"].update({f"lm.{k}": v for k, v in self.lm.state_dict().items()})
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.lm(input_ids=input_ids, attention_mask=attention_mask).logits

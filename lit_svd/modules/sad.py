@@ -7,6 +7,8 @@ heatmap (``sad_heatmap.png``) and the N_recon histograms (``sad_n_recon.png``).
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 from torchmetrics import Metric
@@ -97,7 +99,7 @@ class SADAnalysisModule(PretrainedLMModule):
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
                  fold_norms: bool = True, layers: list[int] | None = None, heads: list[list[int]] | None = None,
                  threshold: float | None = None, recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0,
-                 min_pairs: int = 20, input_key: str = "clean_ids", dtype: str = "float32"):
+                 min_pairs: int = 20, input_key: str = "clean_ids", dtype: Literal["float32", "float64"] = "float32"):
         check_threshold(threshold, "model.threshold")
         check_tolerance(recon_tol, "model.recon_tol")
         if dtype not in DTYPES:
