@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 from lightning.pytorch import LightningDataModule, LightningModule
+from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 DEBUG_ENV = "LIT_SVD_DEBUG"
@@ -97,6 +98,7 @@ class LitSVDCLI(LightningCLI):
         kwargs.setdefault("prog", PROG)
         kwargs.setdefault("description", "Singular-vector interpretability experiments (LightningCLI).")
         kwargs.setdefault("epilog", experiments_help())
+        kwargs.setdefault("formatter_class", RawEpilogFormatter)
         return super().init_parser(**kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -168,18 +170,29 @@ def last_checkpoint(root: str | os.PathLike | None) -> Path:
 
 
 def experiments_help() -> str:
-    """One line per shipped config (configs/<method>/<name>.yaml): its first comment line."""
+    """One line per shipped config (configs/<method>/<name>.yaml): subcommand, path, its first comment sentence."""
     if not CONFIGS.is_dir():
         return ""
-    lines = ["experiments (run one with: python -m lit_svd fit|test --config configs/<method>/<name>.yaml):"]
+    lines = [f"experiments (run one as: {PROG} <subcommand> --config <path>; any key can be overridden):"]
     for method in sorted(p for p in CONFIGS.iterdir() if p.is_dir()):
-        lines.append(f"  {method.name}/")
         for cfg in sorted(method.glob("*.yaml")):
-            first = next((ln.lstrip("# ").strip() for ln in cfg.read_text().splitlines() if ln.startswith("#")), "")
-            lines.append(f"    {cfg.name:<24} {first[:90]}")
-    lines.append("subcommands: fit (train, then report), validate, test (analyse a frozen model), predict;"
-                 f" `{PROG} fit --help` lists every option, `--model.help CLASS` a module's arguments.")
+            text = cfg.read_text()
+            about = next((ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("#")), "")
+            about = re.split(r"\. | \(needs", about)[0].rstrip(".,")
+            about = about if len(about) <= 72 else about[:69].rsplit(" ", 1)[0] + " ..."
+            command = "fit " if "max_steps" in text else "test"
+            lines.append(f"  {command} {cfg.relative_to(CONFIGS.parent)!s:<38} {about}")
+    lines += ["", "subcommands: fit (train, then report), validate, test (analyse a frozen model), predict.",
+              f"`{PROG} fit --help` lists every option; `{PROG} fit --model.help CLASS` one module's arguments;",
+              "--debug (or LIT_SVD_DEBUG=1) shows tracebacks; --threads N sets torch's CPU threads."]
     return "\n".join(lines)
+
+
+class RawEpilogFormatter(DefaultHelpFormatter):
+    """Keeps the epilog's lines (the experiment table) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
 
 
 # --- entry point ---------------------------------------------------------------------------------------

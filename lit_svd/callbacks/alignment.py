@@ -20,7 +20,9 @@ from lit_svd.output import save_figure, write_results
 
 
 class SVDAlignmentCallback(Callback):
-    """Args:
+    """Logs the toy head's alignment with the template's feature pairs; writes results.json and figures.
+
+    Args:
         every_n_steps: log interval in optimizer steps.
         heatmap_instances: how many instances (from 0) get heatmap images.
         pair_scalars: how many pairs (from the largest target) get their own scalar tags.

@@ -28,13 +28,17 @@ from lit_svd.output import run_dir, save_figure, write_results
 
 
 class DirectionMaskReport(pl.Callback):
-    """Args:
+    """Evaluates a direction-mask run and writes results.json, masks.pt and figures (module docstring).
+
+    Args:
         log_every: steps between per-type kept-fraction logs.
         receptors_top: how many kept OV directions (largest singular value first) get logit receptors.
         steer_factors: factors a chosen OV direction's coefficient is scaled by at the answer position.
-        steer_component, steer_head, steer_direction: the direction to steer (e.g. "L9.ov", 6, 0);
-            None picks the kept OV direction whose hard-mask scale has the largest effect on the task
-            metric (first-order, one backward pass).
+        steer_component: the component of the direction to steer (e.g. "L9.ov"); None (with the next two)
+            picks the kept OV direction whose hard-mask scale has the largest effect on the task metric
+            (first-order, one backward pass).
+        steer_head: its head (group) index, e.g. 6.
+        steer_direction: its direction index within the head, e.g. 0.
         eval_split: "val" or "test" for the end-of-fit evaluation.
         trajectory_every: every so many steps, KL with hard and soft masks and the kept fraction on
             the first validation batch (``results["trajectory"]``: the sparsity-KL path of the run;

@@ -362,7 +362,9 @@ class TaskDataModule(ResumableTrainOrder, pl.LightningDataModule):
         task: "ioi", "gp" (alias "gender_pronoun") or "gt" (alias "greater_than").
         tokenizer: a name or path for ``load_tokenizer`` ("smollm2-135m", "gpt2", a folder), or a
             tokenizer object when used from Python.
-        n_train, n_val, n_test: split sizes (distinct examples, disjoint across splits).
+        n_train: training prompts (distinct examples; the splits are disjoint).
+        n_val: validation prompts.
+        n_test: test prompts (drawn first, so they do not change with the other sizes).
         batch_size: prompts per batch.
         seed: seeds the splits and every example's fresh names.
         prepend_bos: put the tokenizer's BOS token first (as TransformerLens does for GPT-2).

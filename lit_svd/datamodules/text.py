@@ -123,7 +123,9 @@ class TextDataModule(ResumableTrainOrder, pl.LightningDataModule):
     Args:
         tokenizer: name or path for ``load_tokenizer`` ("smollm2-135m", ...), or a tokenizer object.
         path: a local text file or folder of ``.txt`` files; None streams ``dataset`` from the hub.
-        dataset, dataset_config, split: the hub dataset used when ``path`` is None.
+        dataset: the hub dataset used when ``path`` is None.
+        dataset_config: its configuration name.
+        split: its split.
         seq_len: tokens per window.
         n_tokens: total real tokens in the subsample (16,384 in the tiled-mount paper).
         seed: seeds the choice of windows.

@@ -25,13 +25,21 @@ SCORES = ("metric", "correct", "agree", "kl")
 
 
 class DirectionMaskModule(PretrainedLMModule):
-    """Args:
-        model, gguf_file, revision, fold_norms: the frozen model (see ``PretrainedLMModule``).
+    """Learn a mask over the singular directions of a frozen model's components (KL + alpha * L1).
+
+    Args:
+        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file of the frozen model.
+        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
+        revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
+        fold_norms: fold the norms' weights into the views' matrices.
         components: component types (``qk``, ``ov``, ``mlp`` or explicit ``q``, ``k``, ``mlp_in``,
             ``mlp_gate``, ``mlp_out``; see ``lit_svd.models.intervene``).
         layers: layers to mask (default all).
         alpha: L1 weight on sum(lambda) (>= 0).
-        lr, eps, weight_decay, grad_clip: AdamW and clipping.
+        lr: AdamW learning rate.
+        eps: AdamW epsilon.
+        weight_decay: AdamW weight decay.
+        grad_clip: gradient-norm clipping (0: none).
         lr_min: None keeps ``lr`` constant; a number decays it to ``lr_min`` over the trainer's
             ``max_steps`` (cosine), so that the hard masks settle instead of flipping directions in and
             out around the threshold at the end of the run.

@@ -11,6 +11,12 @@ class PretrainedLMModule(pl.LightningModule):
     """Loads ``model`` (alias, hub name, local path or GGUF) frozen in eval mode, with its view.
 
     Subclasses implement ``test_step`` / ``training_step`` and read weights through ``self.view``.
+
+    Args:
+        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file.
+        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
+        revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
+        fold_norms: fold the norms' weights into the views' matrices.
     """
 
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,

@@ -55,17 +55,23 @@ class ToyAlignmentModule(pl.LightningModule):
     """Batched ensemble of toy models; see the module docstring for the model.
 
     Args:
-        n_features: N.  d_model: D.  d_head: H, one value or one per instance (the largest is allocated,
-            rows beyond an instance's H are masked to zero).
+        n_features: N, the number of sparse features.
+        d_model: D, the embedding width.
+        d_head: H, one value or one per instance (the largest is allocated, rows beyond an instance's H are
+            masked to zero).
         template: attention template spec (``toy_templates.build_template``).
         lambda_attn: weight of L_attn, one value or one per instance.
         temperature: tau of the target softmax.
         n_instances: ensemble size (else inferred from the per-instance lists, else 1).
         seed: instance i is initialised from ``seed + i`` unless ``seeds`` lists them.
+        seeds: one initialisation seed per instance (overrides ``seed``).
         importance_decay: reconstruction weight of feature n is ``importance_decay ** n`` (1 = uniform).
-        frozen_features: fix W at initialisation with ``interference`` (one value or one per instance).
+        frozen_features: fix W at initialisation with ``interference``.
+        interference: with ``frozen_features``, the target ||E_X||_2 of the fixed features (one value or one
+            per instance).
         init_scale: std of W_Q, W_K at initialisation is ``init_scale / sqrt(D)``.
-        lr, weight_decay: AdamW; weight decay applies to W_Q, W_K only.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay, on W_Q and W_K only.
     """
 
     def __init__(self, n_features: int = 20, d_model: int = 10, d_head: int | list[int] = 10,
