@@ -29,25 +29,26 @@ PROG = "python -m lit_svd"
 
 
 # --- one-line messages ---------------------------------------------------------------------------------
-_CAUSES = ("not accepted", "not expected", "Unrecognized", "does not accept", "No action for key", "Expected a",
-           "Not a valid", "not a valid", "must be", "is unknown")
-
-
 def one_line_error(message: str) -> str:
     """jsonargparse's nested, multi-line parse error reduced to one line: the full key and the innermost cause."""
     flat = " ".join(ln.strip().lstrip("- ").strip() for ln in message.splitlines() if ln.strip())
     keys = re.findall(r'Parser key "([^"]+)"', flat)
-    # the innermost cause: the text after the last 'Parser key "...":', cut at jsonargparse's union report
-    tail = re.split(r'Parser key "[^"]+":', flat)[-1].strip()
-    tail = re.split(r" Expected a <class 'NoneType'>| Given value type:| Subtypes:", tail)[0].strip()
+    where = re.search(r"class_path '([^']+)'", flat)
+    # the innermost cause: after the last class_path / 'Parser key' prefix, cut at the union report's tail
+    tail = re.split(r'Parser key "[^"]+":|class_path \'[^\']+\':', flat)[-1].strip()
+    tail = re.split(r" ?Expected a <class 'NoneType'>| ?Given value type:| ?Subtypes:", tail)[0].strip()
     if not keys or not tail:
         return flat
-    key = ".".join(k for k in keys if k) if len(keys) > 1 else keys[0]
-    if len(keys) > 1 and "class_path '" in flat:  # model: ... class_path 'X': lr -> model.init_args.lr
+    key = keys[0]
+    if where and len(keys) > 1:  # model: ... class_path 'X': lr -> model.init_args.lr
         key = f"{keys[0]}.init_args.{keys[-1]}"
+    elif len(keys) > 1:
+        key = ".".join(keys)
+    unknown = re.match(r"Option '([^']+)' is not accepted", tail)
+    if unknown and where:
+        key, tail = f"{key}.init_args.{unknown.group(1)}", "no such option"
     tail = re.sub(r"Expected a <class '(\w+)'>\. Got value: (.*)", r"expected a \1, got \2", tail)
     tail = re.sub(r"Expected a (typing\.)?Literal\[(.*?)\]\. Got value: (.*)", r"must be one of \2, got \3", tail)
-    where = re.search(r"class_path '([^']+)'", flat)
     return f"{key}: {tail}" + (f" (in {where.group(1).rsplit('.', 1)[-1]})" if where else "")
 
 
@@ -144,6 +145,7 @@ class LitSVDCLI(LightningCLI):
 def warn_oversubscription(trainer: dict) -> None:
     """One warning line when more CPU processes are asked for than there are cores (then the run goes on)."""
     devices, accelerator = trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto"))
+    devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
     if accelerator not in ("cpu", "auto") or not isinstance(devices, int):
         return
     if accelerator == "auto":

@@ -48,7 +48,11 @@ def read_local_text(path: str) -> list[str]:
 
 def read_hub_text(dataset: str, config: str | None, split: str) -> Iterable[str]:
     """The ``text`` column of a hub dataset, streamed; a failure names the local-file option."""
+    from lit_svd.models.loading import hub_offline
+
     try:
+        if hub_offline():  # fail now instead of after the datasets library's network retries
+            raise ConnectionError("the hub is unreachable or HF_HUB_OFFLINE is set")
         from datasets import load_dataset
 
         rows = load_dataset(dataset, config, split=split, streaming=True)
