@@ -37,23 +37,18 @@ def bar_metrics(metrics: dict[str, Any]) -> dict[str, str]:
 class StepProgressBar(TQDMProgressBar):
     """``step N/max_steps`` over the whole run (optimizer steps, so a resumed run starts where it stopped)."""
 
-    BAR_FORMAT = "{desc} {n_fmt}/{total_fmt} |{bar:20}| [{elapsed}<{remaining}{postfix}]"
+    STEP_FORMAT = "step {n_fmt}/{total_fmt} |{bar:20}| [{elapsed}<{remaining}{postfix}]"
 
     def _step_based(self, trainer: pl.Trainer) -> bool:
         return trainer.max_steps is not None and trainer.max_steps > 0
 
     def init_train_tqdm(self):
         bar = super().init_train_tqdm()
-        bar.bar_format = self.BAR_FORMAT
+        if self._step_based(self.trainer):
+            bar.bar_format = self.STEP_FORMAT
+            bar.reset(total=self.trainer.max_steps)
+            bar.initial = bar.n = self.trainer.global_step  # a resumed run starts at its checkpoint's step
         return bar
-
-    def on_train_start(self, trainer: pl.Trainer, *_: Any) -> None:
-        super().on_train_start(trainer)
-        if self._step_based(trainer):
-            bar = self.train_progress_bar
-            bar.reset(total=trainer.max_steps)
-            bar.initial = bar.n = trainer.global_step
-            bar.set_description("step")
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
         if self._step_based(trainer):

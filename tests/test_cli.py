@@ -83,3 +83,23 @@ def test_fit_relocates_output_and_tensorboard_shows_alignment_rising(tmp_path):
     assert curve[0][1] < 0.8 and curve[-1][1] > 0.95 and curve[-1][1] > curve[0][1] + 0.2
     # the final scalar is the value written to results.json
     assert curve[-1][1] == pytest.approx(inst["mean_abs_cos"], abs=1e-6)
+
+
+def test_progress_shows_steps_and_alignment_without_adverts(tmp_path, capsys):
+    """A step-based run counts optimizer steps (``step N/max_steps``, never ``Epoch 0/-2``), shows the toy's
+    mean |cos| and no logger advert, deprecation note or ``v_num``."""
+    run_cli(["fit", "--config", SINGLE_PAIR, "--trainer.default_root_dir", str(tmp_path), "--trainer.max_steps", "30",
+             "--trainer.enable_model_summary=false"])
+    captured = capsys.readouterr()
+    shown = (captured.out + captured.err).replace("\r", "\n")
+    assert "step 30/30" in shown and "|cos|=" in shown, shown[-2000:]
+    for noise in ("Epoch", "v_num", "litlogger", "Tip:", "deprecated", "GPU available"):
+        assert noise not in shown, noise
+
+
+def test_step_bar_labels_known_metrics():
+    from lit_svd.progress import bar_metrics
+
+    assert bar_metrics({"train/kl": 0.2214, "train/kept_fraction": 0.0748, "train/l1": 3.0}) == \
+        {"KL": "0.221", "kept": "7.48%"}
+    assert bar_metrics({"train/custom": 1.5, "v_num": 3}) == {"custom": "1.5"}
