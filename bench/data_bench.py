@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from conditions import report_conditions  # bench/conditions.py
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -59,6 +60,7 @@ def main():
     parser.add_argument("--forward-batches", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is fastest on a busy machine)")
     args = parser.parse_args()
+    report_conditions()
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_causal_lm(args.model)

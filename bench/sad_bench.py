@@ -18,6 +18,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from conditions import report_conditions  # noqa: E402  (bench/conditions.py)
 
 from lit_svd.analysis.sad import (DEFAULT_RECON_TOL, attention_inputs, causal_visibility, decompose_layer,  # noqa: E402
                                   layer_bases, n_recon)
@@ -66,6 +67,7 @@ def main():
     p.add_argument("--loop-pairs", type=int, default=300, help="pairs timed in the loop (it is slow)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both sides (1: robust on a shared box)")
     args = p.parse_args()
+    report_conditions()
     torch.set_num_threads(args.threads)
 
     from lit_svd.datamodules.tasks import TaskDataModule

@@ -19,6 +19,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from conditions import report_conditions  # noqa: E402  (bench/conditions.py)
 from tqdm import tqdm  # noqa: E402
 
 from lit_svd.linalg import FactoredMatrix  # noqa: E402
@@ -87,6 +88,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: multi-threaded LAPACK spins badly on a shared 2-core machine)")
     args = parser.parse_args()
+    report_conditions()
     torch.set_num_threads(args.threads)
     rows = {}
     with torch.no_grad():
