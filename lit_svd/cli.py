@@ -19,8 +19,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from lightning.pytorch import LightningDataModule, LightningModule
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 DEBUG_ENV = "LIT_SVD_DEBUG"
@@ -126,10 +126,12 @@ class LitSVDCLI(LightningCLI):
             cfg["ckpt_path"] = str(last_checkpoint(cfg.get("trainer", {}).get("default_root_dir")))
 
     def instantiate_trainer(self, **kwargs):
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
         try:
             return super().instantiate_trainer(**kwargs)
-        except Exception as err:  # Lightning's MisconfigurationException names the option without its group
-            raise ConfigError(f"trainer: {user_message(err)[0].removeprefix('error: ')}") from None
+        except (MisconfigurationException, ValueError) as err:  # Lightning names the option without its group
+            raise ConfigError(f"trainer: {user_message(err)[0].removeprefix('error: ')}") from err
 
     def _instantiate_trainer(self, config: dict, callbacks: list):
         from lightning.pytorch.callbacks import ProgressBar
@@ -146,8 +148,8 @@ def warn_oversubscription(trainer: dict) -> None:
     """One warning line when more CPU processes are asked for than there are cores (then the run goes on)."""
     devices, accelerator = trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto"))
     devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
-    if accelerator not in ("cpu", "auto") or not isinstance(devices, int):
-        return
+    if accelerator not in ("cpu", "auto") or not isinstance(devices, int) or os.environ.get("LOCAL_RANK", "0") != "0":
+        return  # (DDP workers re-run the command line: only the launching process warns)
     if accelerator == "auto":
         import torch
 
@@ -207,8 +209,7 @@ def quiet() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=r".*(deprecated|Grad strides do not match|does not have many workers"
-                                              r"|`isinstance\(treespec, LeafSpec\)`|predict_dataloader|val_dataloader"
-                                              r"|Checkpoint directory .* exists).*")
+                                              r"|`isinstance\(treespec, LeafSpec\)`|Checkpoint directory .* exists).*")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed",
                  "lightning.fabric.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -216,10 +217,10 @@ def quiet() -> None:
 
 
 def main(args: list[str] | None = None) -> LightningCLI | None:
-    argv = sys.argv[1:] if args is None else list(args)  # the command line itself (None): edited in place
-    if "--debug" in argv:
-        argv.remove("--debug")
-        os.environ[DEBUG_ENV] = "1"  # DDP workers re-run this command line; they inherit the environment
+    argv = sys.argv if args is None else list(args)  # the command line itself (None): edited in place, since
+    if "--debug" in argv:                             # DDP workers re-run it (and inherit the environment)
+        argv[:] = [a for a in argv if a != "--debug"]
+        os.environ[DEBUG_ENV] = "1"
     if not _debug():
         quiet()
     # register the package's classes so that short class_path names resolve
@@ -229,7 +230,7 @@ def main(args: list[str] | None = None) -> LightningCLI | None:
 
     try:
         return LitSVDCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                         parser_class=OneLineErrorParser, save_config_kwargs={"overwrite": True}, args=args if args is None else argv)
+                         parser_class=OneLineErrorParser, save_config_kwargs={"overwrite": True}, args=None if args is None else argv)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:
