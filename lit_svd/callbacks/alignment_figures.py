@@ -10,7 +10,7 @@ import torch  # noqa: E402
 
 
 def heatmaps(cos_u: torch.Tensor, cos_v: torch.Tensor, pairs: list[tuple[int, int, float]], max_cols: int = 25):
-    """|cos(w_i, u_k)| and |cos(w_j, v_k)| of one instance; template pairs' features marked on the axis."""
+    """|cos(w_i, u_k)| and |cos(w_j, v_k)| of one instance; template pairs' features marked (red, left edge)."""
     k = min(max_cols, cos_u.shape[-1])
     fig, axes = plt.subplots(1, 2, figsize=(8, 4.2), sharey=True)
     for ax, cos, title, feats in ((axes[0], cos_u, "|cos(w_i, u_k)| (query side)", {p[0] for p in pairs}),
@@ -38,13 +38,15 @@ def close(fig) -> None:
 
 
 def _cos_image(ax, cos: torch.Tensor, marked: set[int]):
-    """A [features, singular index] |cos| image with integer ticks; marked features get a white line."""
+    """A [features, singular index] |cos| image with integer ticks; the template's features are marked by a red
+    triangle outside the left edge (nothing is drawn over the cells)."""
     im = ax.imshow(cos.numpy(), aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
     ax.set_xlabel("singular index k")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     for f in marked:
-        ax.axhline(f, color="w", lw=0.4, alpha=0.5)
+        ax.plot(-0.5, f, marker=">", color="red", ms=5, clip_on=False, transform=ax.transData)
+    ax.set_xlim(-0.5, cos.shape[-1] - 0.5)
     return im
 
 
