@@ -122,6 +122,7 @@ class LitSVDCLI(LightningCLI):
 
             torch.set_num_threads(threads)
         warn_oversubscription(cfg.get("trainer", {}))
+        check_names(cfg)
         if self.subcommand in ("fit", "validate", "test", "predict") and cfg.get("ckpt_path") == "last":
             cfg["ckpt_path"] = str(last_checkpoint(cfg.get("trainer", {}).get("default_root_dir")))
 
@@ -142,6 +143,17 @@ class LitSVDCLI(LightningCLI):
         if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in given):
             callbacks = [*callbacks, StepProgressBar()]
         return super()._instantiate_trainer(config, callbacks)
+
+
+def check_names(cfg) -> None:
+    """Model and tokenizer names that cannot be had fail before anything is built (offline: no network)."""
+    from lit_svd.models.loading import check_available
+
+    for group, key in (("model", "model"), ("data", "tokenizer")):
+        args = (cfg.get(group) or {}).get("init_args") or {}
+        name = args.get(key) if hasattr(args, "get") else None
+        if isinstance(name, str):
+            check_available(name, key, args.get("revision"))
 
 
 def warn_oversubscription(trainer: dict) -> None:

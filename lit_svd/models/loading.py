@@ -88,6 +88,23 @@ def hub_offline() -> bool:
     return False
 
 
+def check_available(name: str, what: str = "model", revision: str | None = None) -> None:
+    """Fail at once, before anything loads, for a name that cannot be had: a missing local path, or (offline)
+    a hub name that is not in the local Hugging Face cache. Other names pass (they may still fail to load)."""
+    if name in OFFLINE_ALIASES or Path(name).expanduser().exists():
+        return
+    if name.endswith(".gguf") or _looks_local(name):
+        raise ModelUnavailableError(f"{what}={name!r}: no such file or directory\n"
+                                    "offline aliases: " + ", ".join(f"{a} ({f})" for a, (_, f) in OFFLINE_ALIASES.items()))
+    if not hub_offline():
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(name, "config.json" if what == "model" else "tokenizer_config.json",
+                                             revision=revision), str):
+        raise _unavailable(what, name, revision, True, FileNotFoundError("not in the local cache"))
+
+
 def _unavailable(what: str, name: str, revision: str | None, offline: bool, err: Exception) -> ModelUnavailableError:
     """Two lines: why ``name`` could not be had, then the offline aliases (one line of their own)."""
     rev = f" (revision {revision!r})" if revision else ""
