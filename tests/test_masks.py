@@ -13,6 +13,7 @@ import torch
 
 from lit_svd.analysis.masks import hard_masks, kept_report, logit_receptors, mask_loss
 from lit_svd.models import view as make_view
+from lit_svd.models.hooks import Hook, hooks
 from lit_svd.models.intervene import build_components
 from lit_svd.models.tiny import tiny_causal_lm
 
@@ -142,17 +143,13 @@ def test_swap_steer_matches_a_hand_patched_direction():
     other = torch.where(rows < 3, c[3:, h, k].mean(), c[:3, h, k].mean())
     delta = (other - c[:, h, k])[:, None] * comp.V[h, :, k]
 
-    def hook(mod, args, out):
+    def hook(mod, args, kwargs, out):
         out = out.clone()
         out[rows, pos] += delta
         return out
 
-    handle = view.site_module(1, "o").register_forward_hook(hook)
-    try:
-        with torch.no_grad():
-            want = answer(model(ids).logits)
-    finally:
-        handle.remove()
+    with hooks(Hook(view.site_module(1, "o"), hook, "post")), torch.no_grad():
+        want = answer(model(ids).logits)
     metric = (want[rows, batch["correct_id"]] - want[rows, batch["wrong_id"]]).mean()
     assert res["swaps"][0]["metric"] == pytest.approx(float(metric), abs=1e-4)
     assert (want - base).abs().max() > 1e-4  # the swap changed something

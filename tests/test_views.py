@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from lit_svd.models import ModelUnavailableError, load_causal_lm, view
+from lit_svd.models.hooks import capture as capture_io
 from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm
 
 TOL = 1e-4
@@ -37,7 +38,6 @@ def capture(v):
     """Record, during one forward, per layer: norm inputs, o-projection input/output, down-projection
     output, and the softmax input/output of the attention (the model's own scores and weights)."""
     rec = {"softmax_in": [], "softmax_out": [], "final_in": None}
-    handles = []
     real_softmax = torch.nn.functional.softmax
 
     def softmax(x, *args, **kwargs):
@@ -47,32 +47,19 @@ def capture(v):
             rec["softmax_out"].append(out.detach().clone())
         return out
 
-    def pre(key):
-        def hook(_mod, args):
-            rec[key] = args[0].detach().clone()
-        return hook
-
-    def post(key):
-        def hook(_mod, _args, out):
-            rec[key] = out.detach().clone()
-        return hook
-
+    inputs, outputs = {"final_in": v.norm_module("final", None)}, {}
     for layer in range(v.n_layers):
-        handles += [
-            v.norm_module("attn", layer).register_forward_pre_hook(pre(("attn_in", layer))),
-            v.norm_module("mlp", layer).register_forward_pre_hook(pre(("mlp_in", layer))),
-            v.site_module(layer, "o").register_forward_pre_hook(pre(("z", layer))),
-            v.site_module(layer, "o").register_forward_hook(post(("attn_out", layer))),
-            v.site_module(layer, "down").register_forward_hook(post(("mlp_out", layer))),
-        ]
-    handles.append(v.norm_module("final", None).register_forward_pre_hook(pre("final_in")))
+        inputs.update({("attn_in", layer): v.norm_module("attn", layer), ("mlp_in", layer): v.norm_module("mlp", layer),
+                       ("z", layer): v.site_module(layer, "o")})
+        outputs.update({("attn_out", layer): v.site_module(layer, "o"), ("mlp_out", layer): v.site_module(layer, "down")})
     torch.nn.functional.softmax = softmax
     try:
-        yield rec
+        with capture_io(inputs, "pre") as ins, capture_io(outputs, "post") as outs:
+            yield rec
+            rec.update(ins)
+            rec.update(outs)
     finally:
         torch.nn.functional.softmax = real_softmax
-        for h in handles:
-            h.remove()
 
 
 def run_captured(v, ids: torch.Tensor):
