@@ -237,6 +237,23 @@ def test_gqa_expanded_per_query_head():
     assert not torch.equal(w.W_K[0], w.W_K[rep])
 
 
+@pytest.mark.parametrize("arch, window", [("gemma2", 3), ("llama", None), ("gpt2", None)])
+def test_visible_keys_are_the_keys_the_model_attends(arch, window):
+    """``visible_keys(layer, t)`` against the HF forward: the keys where the model's own attention weight
+    is nonzero (Gemma-2: sliding window on its first layer, full on the second)."""
+    model = tiny_causal_lm(arch, seed=2, **({"sliding_window": window} if window else {}))
+    v = view(model)
+    ids = torch.randint(0, v.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        attentions = model(ids, output_attentions=True).attentions
+    windows = [v.attention_window(layer) for layer in range(v.n_layers)]
+    assert windows == ([window, None] if window else [None, None])
+    for layer, A in enumerate(attentions):
+        seen = A[0].abs().amax(0) > 0  # [T_query, T_key], any head
+        for t in range(ids.shape[1]):
+            assert list(v.visible_keys(layer, t)) == seen[t].nonzero().flatten().tolist(), (layer, t)
+
+
 def test_bad_input_one_clear_line():
     v = view(tiny_causal_lm("llama", seed=0))
     with pytest.raises(ValueError, match=r"model_type 'bert' has no view; supported: gpt2"):

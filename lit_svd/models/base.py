@@ -154,6 +154,21 @@ class ModelView(ABC):
             raise ValueError(f"site {site!r} unknown for {self.model_type}; allowed: {', '.join(allowed)}")
         return site
 
+    # --- which keys a query sees ----------------------------------------------------------------
+    def attention_window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (query ``i`` sees keys ``j`` with ``0 <= i - j < window``),
+        None for full causal attention; from the HF config's ``layer_types`` and ``sliding_window``
+        (Gemma-2's alternate layers)."""
+        types = getattr(self.config, "layer_types", None)
+        if types is not None and types[self.check_layer(layer)] == "sliding_attention":
+            return int(self.config.sliding_window)
+        return None
+
+    def visible_keys(self, layer: int, position: int) -> range:
+        """The key positions that query ``position`` of ``layer`` attends to (without padding)."""
+        window = self.attention_window(layer)
+        return range(0 if window is None else max(0, position - window + 1), position + 1)
+
     def _check_point(self, point: str, layer: int | None) -> None:
         if point not in NORM_POINTS:
             raise ValueError(f"norm point {point!r} unknown; allowed: {', '.join(NORM_POINTS)}")
