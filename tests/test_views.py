@@ -237,6 +237,19 @@ def test_gqa_expanded_per_query_head():
     assert not torch.equal(w.W_K[0], w.W_K[rep])
 
 
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_qk_factors_rotated_give_the_qk_scores(arch):
+    """``qk_factors`` is ``qk`` before rotation: rotating ``[1, x] A`` at i and ``[1, x] B`` at j gives
+    ``[1, x_i] qk(layer, j - i) [1, x_j]^T``."""
+    v = view(tiny_causal_lm(arch, seed=3))
+    fm = v.qk_factors(1)
+    x = torch.cat([torch.ones(5, 1), torch.randn(5, v.d_model, generator=torch.Generator().manual_seed(0))], -1)
+    q, k = v.rotate(x @ fm.A, torch.arange(5)), v.rotate(x @ fm.B, torch.arange(5))  # [h, T, d_head]
+    for i, j in ((4, 1), (3, 3), (2, 0)):
+        M = v.qk(1, j - i).dense() if v.rotary_dim else v.qk(1).dense()
+        assert_close((q[:, i] * k[:, j]).sum(-1), x[i] @ M @ x[j], f"{arch} score ({i}, {j})")
+
+
 @pytest.mark.parametrize("arch, window", [("gemma2", 3), ("llama", None), ("gpt2", None)])
 def test_visible_keys_are_the_keys_the_model_attends(arch, window):
     """``visible_keys(layer, t)`` against the HF forward: the keys where the model's own attention weight

@@ -319,11 +319,10 @@ class ModelView(ABC):
         ``j = i + delta`` (``delta <= 0`` for causal models; ignored for non-rotary models, required
         for rotary ones). Computed at ``i = max(0, -delta)``; RoPE depends only on ``j - i``.
         A sequence of offsets gives ``[len(delta), n_heads, d_model+1, d_model+1]`` in one pass."""
-        w = self.attn(layer)
-        A = augment(w.W_Q, w.b_Q) * w.scale
-        B = augment(w.W_K, w.b_K)
+        fm = self.qk_factors(layer)
         if not self.rotary_dim:
-            return FactoredMatrix(A, B)
+            return fm
+        A, B = fm.A, fm.B
         if delta is None:
             raise ValueError(f"delta=None: {self.model_type} uses rotary positions, qk needs the key offset"
                              " delta = key position - query position (an int, <= 0 for causal attention)")
@@ -335,6 +334,14 @@ class ModelView(ABC):
         if isinstance(delta, int) or (isinstance(delta, Tensor) and delta.dim() == 0):
             A, B = A[0], B[0]
         return FactoredMatrix(A, B)
+
+    @torch.no_grad()
+    def qk_factors(self, layer: int) -> FactoredMatrix:
+        """``A = [b_Q; W_Q] * scale`` and ``B = [b_K; W_K]`` per head, ``[n_heads, d_model+1, d_head]``,
+        before any rotary rotation: ``qk(layer)`` itself without rotary, ``qk(layer, 0)`` with it; a rotary
+        score is ``rotate([1, x_q] A, i) . rotate([1, x_k] B, j)``."""
+        w = self.attn(layer)
+        return FactoredMatrix(augment(w.W_Q, w.b_Q) * w.scale, augment(w.W_K, w.b_K))
 
     @torch.no_grad()
     def ov(self, layer: int) -> FactoredMatrix:

@@ -41,7 +41,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from lit_svd.linalg import svd_dense, svd_factored
+from lit_svd.linalg import SVD, svd_dense, svd_factored
 from lit_svd.models.base import ModelView
 from lit_svd.models.hooks import Hook, first_input, hooks
 
@@ -121,9 +121,10 @@ def expand_kinds(view: ModelView, kinds: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _svd(M: Tensor):
-    s = svd_dense(M.double())
-    return s.U.float(), s.S.float(), s.V.float()
+def _component(kind: str, layer: int, svd: SVD, **extra) -> Component:
+    """A component from its float64 SVD, kept in float32."""
+    svd = svd.to(torch.float32)
+    return Component(kind, layer, svd.U, svd.S, svd.V, **extra)
 
 
 @torch.no_grad()
@@ -134,14 +135,12 @@ def build_component(view: ModelView, kind: str, layer: int) -> Component:
         if view.rotary_dim:
             raise ValueError(f"components: joint 'qk' cannot be masked on rotary {view.model_type}; use q and k")
         fm = view.qk(layer)
-        s = svd_factored(fm.A.double(), fm.B.double())
-        return Component(kind, layer, s.U.float(), s.S.float(), s.V.float(), scale=view.attn(layer).scale)
+        return _component(kind, layer, svd_factored(fm.A.double(), fm.B.double()), scale=view.attn(layer).scale)
     if kind == "ov":
         fm = view.ov(layer)
-        s = svd_factored(fm.A.double(), fm.B.double())
-        U, S, V = s.U.float(), s.S.float(), s.V.float()
-        read = view.attn(layer).W_O.float() @ V  # [H, d_head, K]
-        return Component(kind, layer, U, S, V, read=read)
+        svd = svd_factored(fm.A.double(), fm.B.double()).to(torch.float32)
+        read = view.attn(layer).W_O.float() @ svd.V  # [H, d_head, K]
+        return _component(kind, layer, svd, read=read)
     if kind == "q":
         M = view.q_map(layer)
     elif kind == "k":
@@ -155,7 +154,7 @@ def build_component(view: ModelView, kind: str, layer: int) -> Component:
     else:
         expand_kinds(view, [kind])  # raises the one-line error
         raise AssertionError(kind)
-    return Component(kind, layer, *_svd(M))
+    return _component(kind, layer, svd_dense(M.double()))
 
 
 def build_components(view: ModelView, kinds: Sequence[str] = ("qk", "ov", "mlp"),
