@@ -238,11 +238,11 @@ def test_gqa_expanded_per_query_head():
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_qk_factors_rotated_give_the_qk_scores(arch):
-    """``qk_factors`` is ``qk`` before rotation: rotating ``[1, x] A`` at i and ``[1, x] B`` at j gives
+def test_qk_unrotated_rotated_give_the_qk_scores(arch):
+    """``qk_unrotated`` is ``qk`` before rotation: rotating ``[1, x] A`` at i and ``[1, x] B`` at j gives
     ``[1, x_i] qk(layer, j - i) [1, x_j]^T``."""
     v = view(tiny_causal_lm(arch, seed=3))
-    fm = v.qk_factors(1)
+    fm = v.qk_unrotated(1)
     x = torch.cat([torch.ones(5, 1), torch.randn(5, v.d_model, generator=torch.Generator().manual_seed(0))], -1)
     q, k = v.rotate(x @ fm.A, torch.arange(5)), v.rotate(x @ fm.B, torch.arange(5))  # [h, T, d_head]
     for i, j in ((4, 1), (3, 3), (2, 0)):
@@ -259,7 +259,7 @@ def test_visible_keys_are_the_keys_the_model_attends(arch, window):
     ids = torch.randint(0, v.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         attentions = model(ids, output_attentions=True).attentions
-    windows = [v.attention_window(layer) for layer in range(v.n_layers)]
+    windows = [v.window(layer) for layer in range(v.n_layers)]
     assert windows == ([window, None] if window else [None, None])
     for layer, A in enumerate(attentions):
         seen = A[0].abs().amax(0) > 0  # [T_query, T_key], any head

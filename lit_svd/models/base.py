@@ -154,21 +154,6 @@ class ModelView(ABC):
             raise ValueError(f"site {site!r} unknown for {self.model_type}; allowed: {', '.join(allowed)}")
         return site
 
-    # --- which keys a query sees ----------------------------------------------------------------
-    def attention_window(self, layer: int) -> int | None:
-        """The sliding window of ``layer`` (query ``i`` sees keys ``j`` with ``0 <= i - j < window``),
-        None for full causal attention; from the HF config's ``layer_types`` and ``sliding_window``
-        (Gemma-2's alternate layers)."""
-        types = getattr(self.config, "layer_types", None)
-        if types is not None and types[self.check_layer(layer)] == "sliding_attention":
-            return int(self.config.sliding_window)
-        return None
-
-    def visible_keys(self, layer: int, position: int) -> range:
-        """The key positions that query ``position`` of ``layer`` attends to (without padding)."""
-        window = self.attention_window(layer)
-        return range(0 if window is None else max(0, position - window + 1), position + 1)
-
     def _check_point(self, point: str, layer: int | None) -> None:
         if point not in NORM_POINTS:
             raise ValueError(f"norm point {point!r} unknown; allowed: {', '.join(NORM_POINTS)}")
@@ -307,6 +292,20 @@ class ModelView(ABC):
         rows = self.rotate(eye[:, None, :].expand(-1, len(positions), -1), positions)  # [d_head, P, d_head]
         return rows.transpose(0, 1)
 
+    # --- which keys a query sees ----------------------------------------------------------------
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (a query at ``i`` sees keys ``j`` with ``i - window < j <= i``),
+        None for full causal attention (Gemma-2 / Gemma-3 alternate or interleave sliding layers)."""
+        types = getattr(self.config, "layer_types", None)
+        if types is not None and types[self.check_layer(layer)] == "sliding_attention":
+            return int(self.config.sliding_window)
+        return None
+
+    def visible_keys(self, layer: int, position: int) -> range:
+        """The key positions that query ``position`` of ``layer`` attends to (without padding)."""
+        window = self.window(layer)
+        return range(0 if window is None else max(0, position - window + 1), position + 1)
+
     @property
     def _dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
@@ -319,7 +318,7 @@ class ModelView(ABC):
         ``j = i + delta`` (``delta <= 0`` for causal models; ignored for non-rotary models, required
         for rotary ones). Computed at ``i = max(0, -delta)``; RoPE depends only on ``j - i``.
         A sequence of offsets gives ``[len(delta), n_heads, d_model+1, d_model+1]`` in one pass."""
-        fm = self.qk_factors(layer)
+        fm = self.qk_unrotated(layer)
         if not self.rotary_dim:
             return fm
         A, B = fm.A, fm.B
@@ -336,7 +335,7 @@ class ModelView(ABC):
         return FactoredMatrix(A, B)
 
     @torch.no_grad()
-    def qk_factors(self, layer: int) -> FactoredMatrix:
+    def qk_unrotated(self, layer: int) -> FactoredMatrix:
         """``A = [b_Q; W_Q] * scale`` and ``B = [b_K; W_K]`` per head, ``[n_heads, d_model+1, d_head]``,
         before any rotary rotation: ``qk(layer)`` itself without rotary, ``qk(layer, 0)`` with it; a rotary
         score is ``rotate([1, x_q] A, i) . rotate([1, x_k] B, j)``."""
