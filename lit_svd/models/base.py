@@ -106,8 +106,9 @@ def rotate_half(x: Tensor) -> Tensor:
 class ModelView(ABC):
     """Per-layer, per-head weights of one HF causal LM, and the hook points to run it modified.
 
-    Subclasses set the size attributes in ``__init__`` and implement the ``_``-prefixed accessors
-    (where the HF weights and norms live) and the hook points; everything public is derived here.
+    Subclasses say where the blocks and norms live (``layers_path``, ``norm_paths``), extend ``read_sizes``
+    where the config names differ, and implement the ``_``-prefixed weight accessors and ``_sites``; everything public is
+    derived here.
     """
 
     model_type: str = ""
@@ -119,6 +120,12 @@ class ModelView(ABC):
         self.model = model
         self.config = model.config
         self.fold_norms = fold_norms
+        self.read_sizes()
+
+    # --- where the modules live (dotted paths, as ``nn.Module.get_submodule`` takes them) -----------
+    layers_path: str = ""  # the decoder blocks, from the model ("model.layers")
+    norm_paths: tuple[str, str, str] = ("", "", "")  # attention and MLP norms (in a block), final norm (from the model)
+    d_mlp_key: str = "intermediate_size"  # the config's MLP width (unset: 4 * d_model, as GPT-2's n_inner)
 
     # --- sizes -------------------------------------------------------------------------------
     n_layers: int
@@ -131,6 +138,19 @@ class ModelView(ABC):
     gated_mlp: bool
     rotary_dim: int  # 0 for learned absolute positions (GPT-2)
     norm_kind: Literal["layernorm", "rmsnorm"]
+
+    def read_sizes(self) -> None:
+        """Set the size attributes from the HF config's common names (``num_hidden_layers``,
+        ``num_attention_heads``, ``num_key_value_heads`` or n_heads, ``hidden_size``, ``head_dim`` or
+        d_model / n_heads, ``d_mlp_key``, ``vocab_size``); subclasses add what is theirs (``rotary_dim``)."""
+        cfg = self.config
+        self.n_layers = cfg.num_hidden_layers
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.d_model = cfg.hidden_size
+        self.d_head = getattr(cfg, "head_dim", None) or self.d_model // self.n_heads
+        self.d_mlp = getattr(cfg, self.d_mlp_key, None) or 4 * self.d_model
+        self.vocab_size = cfg.vocab_size
 
     def sizes(self) -> dict[str, int | bool | str]:
         """All size attributes as one dict (for logs and results.json)."""
@@ -175,9 +195,17 @@ class ModelView(ABC):
     def _raw_unembed(self) -> tuple[Tensor, Tensor]:
         """``(W_U [d_model, vocab], b_U [vocab])`` acting on the final norm's output."""
 
-    @abstractmethod
+    @property
+    def _layers(self) -> nn.ModuleList:
+        return self.model.get_submodule(self.layers_path)
+
     def norm_module(self, point: NormPoint, layer: int | None) -> nn.Module:
         """The norm module read by the attention (``"attn"``), the MLP (``"mlp"``) or the unembedding."""
+        self._check_point(point, layer)
+        attn, mlp, final = self.norm_paths
+        if point == "final":
+            return self.model.get_submodule(final)
+        return self._layers[layer].get_submodule(attn if point == "attn" else mlp)
 
     @abstractmethod
     def _rotary_module(self) -> nn.Module | None:
@@ -389,9 +417,9 @@ class ModelView(ABC):
         (None: the whole output; a slice of the last dim; ``(k, 3)``: part k of a per-head
         interleaved fused qkv, GPT-NeoX)."""
 
-    @abstractmethod
     def block(self, layer: int) -> nn.Module:
         """The decoder block: its input is the residual stream before layer ``layer``."""
+        return self._layers[self.check_layer(layer)]
 
     def site_module(self, layer: int, site: str) -> nn.Module:
         """The module that computes linear site ``site`` (q, k, v, o, gate, up, down) of ``layer``
