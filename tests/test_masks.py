@@ -292,7 +292,7 @@ def test_bad_inputs_fail_in_one_line(tiny_dirs, tokenizer):
 
 
 def test_mask_curve_reads_runs_in_alpha_order(tmp_path):
-    from lit_svd.analysis.mask_curve import load_runs, main
+    from lit_svd.cli_tools import load_runs, main
 
     for name, alpha, kept, kl in (("b", 2e-4, 0.05, 0.4), ("a", 5e-5, 0.12, 0.1)):
         run = tmp_path / name / "version_0"
@@ -303,7 +303,7 @@ def test_mask_curve_reads_runs_in_alpha_order(tmp_path):
                                                       "kl_soft": kl, "trajectory": traj}))
     runs = load_runs([tmp_path / "b", tmp_path / "a"])
     assert [r["alpha"] for r in runs] == [5e-5, 2e-4] and [r["kl_hard"] for r in runs] == [0.1, 0.4]
-    main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "curve.png")])
+    main(["mask-curve", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "curve.png")])
     assert (tmp_path / "curve.png").stat().st_size > 1000
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "results.json").write_text(json.dumps({"experiment": "sad"}))
@@ -311,3 +311,20 @@ def test_mask_curve_reads_runs_in_alpha_order(tmp_path):
         load_runs([tmp_path / "c"])
     with pytest.raises(FileNotFoundError, match="no results.json"):
         load_runs([tmp_path / "missing"])
+
+
+def test_evaluate_tool_prints_the_metrics_of_evaluate_task(tiny_dirs, tmp_path, capsys):
+    """``python -m lit_svd.cli_tools evaluate`` reports what ``evaluate_task`` computes on the same prompts."""
+    from lit_svd.cli_tools import main
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.metrics import evaluate_task
+    from lit_svd.models.loading import load_causal_lm
+
+    got = main(["evaluate", "--task", "ioi", "--model", tiny_dirs["llama"], "--n-test", "6", "--batch-size", "3",
+                "--figure", str(tmp_path / "tasks.png")])
+    model, tok = load_causal_lm(tiny_dirs["llama"])
+    dm = TaskDataModule("ioi", tok, n_train=0, n_val=0, n_test=6, batch_size=6, seed=0)
+    want = evaluate_task(model, dm.test_dataloader(), "ioi", progress=False)
+    assert json.loads(capsys.readouterr().out)["logit_diff"] == pytest.approx(want["logit_diff"], abs=1e-5)
+    assert got[0]["kl_clean_corrupt"] == pytest.approx(want["kl_clean_corrupt"], abs=1e-5)
+    assert (tmp_path / "tasks.png").stat().st_size > 1000
