@@ -3,9 +3,6 @@ configs instantiated with tiny random models, DDP against one process, and bad i
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,29 +13,10 @@ from lit_svd.models import view as make_view
 from lit_svd.models.hooks import Hook, hooks
 from lit_svd.models.intervene import build_components
 from lit_svd.models.tiny import tiny_causal_lm
+from helpers import run_lit_svd
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "masks"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    """SmolLM2's offline tokenizer (its vocabulary matches the tiny models')."""
-    from lit_svd.models.loading import load_tokenizer
-
-    return load_tokenizer("smollm2-135m")
-
-
-@pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory, tokenizer):
-    """Saved tiny random models (with the tokenizer) that ``load_causal_lm`` reads like any local model."""
-    out = {}
-    for arch in ("gpt2", "gpt_neox", "llama"):
-        folder = tmp_path_factory.mktemp(f"tiny_{arch}")
-        tiny_causal_lm(arch).save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        out[arch] = str(folder)
-    return out
 
 
 def test_kept_counts_match_brute_force():
@@ -211,14 +189,6 @@ def test_lr_min_decays_the_learning_rate_over_max_steps(tiny_dirs, tokenizer, tm
     assert module.trainer.lr_scheduler_configs[0].scheduler.last_epoch == 4
 
 
-def _run_cli(args, cwd, timeout=300):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "lit_svd", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
 @pytest.mark.parametrize("config", sorted(p.name for p in CONFIGS.glob("*.yaml")))
 def test_configs_instantiate_with_tiny_models(config, tiny_dirs, tokenizer):
     """Every config parses and builds its module and data with a tiny random model of its architecture."""
@@ -245,7 +215,7 @@ def test_ddp_two_processes_match_one(tiny_dirs, tmp_path):
     masks = {}
     for devices, batch in ((1, 8), (2, 4)):
         root = tmp_path / f"d{devices}"
-        _run_cli(["fit", "--config", str(CONFIGS / "smollm2_ioi.yaml"),
+        run_lit_svd(["fit", "--config", str(CONFIGS / "smollm2_ioi.yaml"),
                   "--model.init_args.model", tiny_dirs["llama"], "--model.init_args.lr", "0.3",
                   "--model.init_args.alpha", "0.01", "--model.init_args.init", "0.5",
                   "--data.init_args.tokenizer", tiny_dirs["llama"],

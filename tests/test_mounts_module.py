@@ -117,13 +117,8 @@ def test_unembedding_reading_matches_the_models_own_final_norm(arch):
 
 # --- the module on a tiny Llama saved to disk ---------------------------------------------------
 @pytest.fixture(scope="module")
-def tiny_llama_dir(tmp_path_factory):
-    from lit_svd.models.loading import load_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny_llama")
-    tiny_causal_lm("llama", seed=0).save_pretrained(path)
-    load_tokenizer("smollm2-135m").save_pretrained(path)
-    return str(path)
+def tiny_llama_dir(tiny_dirs):
+    return tiny_dirs["llama"]
 
 
 def _batches(n=4, b=4, L=24, seed=0):
