@@ -108,15 +108,10 @@ def test_unknown_task_fails_before_the_model_loads(parse_error_cost):
     check_fast(wall, cpu, parse_error_cost)
 
 
-@pytest.mark.parametrize("kind", ["missing", "empty"])
-def test_text_path_missing_or_empty_fails_before_the_model_loads(tmp_path, kind, parse_error_cost):
-    path = tmp_path / "text.txt"
-    if kind == "empty":
-        path.write_text("\n  \n")
+def test_missing_text_path_fails_before_the_model_loads(tmp_path, parse_error_cost):
     proc, wall, cpu = run_cli("test", "--config", str(CFG / "mounts/smollm2_wikitext.yaml"),
-                              "--data.init_args.path", str(path))
-    lines = check(proc, "path=")
-    assert ("does not exist" if kind == "missing" else "holds no text") in lines[0]
+                              "--data.init_args.path", str(tmp_path / "absent.txt"))
+    assert "does not exist" in check(proc, "path=")[0]
     check_fast(wall, cpu, parse_error_cost)
 
 
@@ -205,6 +200,13 @@ def test_word_lists_that_do_not_fit_the_tokenizer(capsys, no_model, tmp_path):
     lines = in_process(capsys, "validate", "--config", str(CFG / "masks/smollm2_gp.yaml"),
                        "--data.init_args.tokenizer", str(tmp_path))
     assert len(lines) <= 2 and "task gp" in lines[0] and "single tokens in this tokenizer" in lines[0], lines
+
+
+def test_empty_text_file(capsys, no_model, tmp_path):
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    lines = in_process(capsys, "test", "--config", str(CFG / "mounts/smollm2_wikitext.yaml"),
+                       "--data.init_args.path", str(tmp_path / "empty.txt"))
+    assert len(lines) <= 2 and "path=" in lines[0] and "holds no text" in lines[0], lines
 
 
 def test_resume_without_a_checkpoint_says_where_it_looked(capsys, no_model, tmp_path):
