@@ -60,9 +60,9 @@ def main():
     parser.add_argument("--forward-batches", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is fastest on a busy machine)")
     args = parser.parse_args()
-    report_conditions()
     if args.threads:
         torch.set_num_threads(args.threads)
+    report_conditions()
     model, tok = load_causal_lm(args.model)
     print(f"model {args.model}, torch threads {torch.get_num_threads()}, {args.n} prompts per task")
     for task in ("ioi", "gp", "gt"):

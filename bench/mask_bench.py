@@ -174,7 +174,7 @@ def main() -> None:
     if args.mode:
         print(json.dumps(peak_memory(args.mode, args.model, args.layers, args.batch, args.length)))
         return
-    report_conditions()
+    report_conditions("each measured side runs in its own process with 1 torch thread")
     memory = {}
     for mode in ("plain", "masked", "dense"):
         out = subprocess.run([sys.executable, __file__, "--mode", mode, "--model", args.model, "--layers", str(args.layers),

@@ -67,8 +67,8 @@ def main():
     p.add_argument("--loop-pairs", type=int, default=300, help="pairs timed in the loop (it is slow)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both sides (1: robust on a shared box)")
     args = p.parse_args()
-    report_conditions()
     torch.set_num_threads(args.threads)
+    report_conditions()
 
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.models import load_causal_lm, view as make_view

@@ -88,8 +88,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: multi-threaded LAPACK spins badly on a shared 2-core machine)")
     args = parser.parse_args()
-    report_conditions()
     torch.set_num_threads(args.threads)
+    report_conditions()
     rows = {}
     with torch.no_grad():
         for name in args.models.split(","):

@@ -73,8 +73,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=DATA["batch_size"], help="samples per instance per step")
     ap.add_argument("--skip-ensemble", action="store_true", help="only Lightning against the plain loop")
     args = ap.parse_args()
-    report_conditions()
     torch.set_num_threads(args.threads)
+    report_conditions()
     DATA["batch_size"] = args.batch
     import logging
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
