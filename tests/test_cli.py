@@ -103,3 +103,35 @@ def test_step_bar_labels_known_metrics():
     assert bar_metrics({"train/kl": 0.2214, "train/kept_fraction": 0.0748, "train/l1": 3.0}) == \
         {"KL": "0.221", "kept": "7.48%"}
     assert bar_metrics({"train/custom": 1.5, "v_num": 3}) == {"custom": "1.5"}
+
+
+def test_every_argument_of_every_class_has_its_own_help_line():
+    """``--model.help CLASS`` prints each argument's line of the class docstring: one ``name: text`` per argument
+    (a line naming several arguments at once is not matched to any of them), and a summary line first."""
+    import inspect
+
+    import docstring_parser
+
+    import lit_svd.callbacks as callbacks
+    import lit_svd.datamodules as datamodules
+    import lit_svd.modules as modules
+
+    for package in (modules, datamodules, callbacks):
+        for name in dir(package):
+            cls = getattr(package, name)
+            if not inspect.isclass(cls):
+                continue
+            doc = docstring_parser.parse(cls.__doc__ or "")
+            params = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+            missing = [p for p in params if p not in {d.arg_name for d in doc.params}]
+            assert not missing, f"{name}: no docstring line for {missing}"
+            assert doc.short_description and not doc.short_description.startswith("Args"), name
+
+
+def test_model_help_renders_the_docstring(capsys):
+    with pytest.raises(SystemExit) as code:
+        run_cli(["fit", "--model.help", "DirectionMaskModule"])
+    assert code.value.code == 0
+    out = capsys.readouterr().out
+    assert "Learn a mask over the singular directions" in out
+    assert "--model.ablation {zero,patch}" in out and "AdamW learning rate" in out
