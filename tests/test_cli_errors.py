@@ -26,14 +26,15 @@ GUARD = ("import sys; import lit_svd.modules.pretrained as P\n"
          "from lit_svd.cli import main; main()")
 
 
-def run_cli(*args: str, extra_env: dict | None = None) -> tuple[subprocess.CompletedProcess, float, float]:
-    """(process, wall seconds, CPU seconds of the child)."""
+def run_cli(*args: str, guard: bool = True) -> tuple[subprocess.CompletedProcess, float, float]:
+    """(process, wall seconds, CPU seconds of the child); ``guard``: a model load ends the run with code 99."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **(extra_env or {}))
+               TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     env.pop("LIT_SVD_DEBUG", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", GUARD, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    command = ["-c", GUARD] if guard else ["-m", "lit_svd"]
+    proc = subprocess.run([sys.executable, *command, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -85,19 +86,12 @@ def test_negative_max_steps():
 
 
 def test_unknown_model_end_to_end_fails_fast_with_two_lines(parse_error_cost):
-    """The same row without the guard: the real loader fails offline, with no network retries."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.pop("LIT_SVD_DEBUG", None)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "lit_svd", "test", "--config", str(CFG / "sad/smollm2_ioi.yaml"),
-                           "--model.init_args.model", "no-such-model"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """The real loader (no guard) fails offline at once, with no network retries, before anything is built."""
+    proc, wall, cpu = run_cli("test", "--config", str(CFG / "sad/smollm2_ioi.yaml"),
+                              "--model.init_args.model", "no-such-model", guard=False)
     lines = check(proc, "model='no-such-model'")
     assert len(lines) == 2 and lines[1].startswith("offline aliases: smollm2-135m (SmolLM2-135M-Instruct.Q4_1.gguf)")
-    check_fast(wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), parse_error_cost)
+    check_fast(wall, cpu, parse_error_cost)
 
 
 def test_unknown_task_fails_before_the_model_loads(parse_error_cost):
@@ -220,3 +214,18 @@ def test_debug_shows_the_traceback(monkeypatch):
     monkeypatch.setenv("LIT_SVD_DEBUG", "0")  # main sets it to 1 for --debug; restored afterwards
     with pytest.raises(ValueError, match="lambda_attn=-1.0: must be >= 0"):
         main(["fit", "--config", str(CFG / "toy/single_pair.yaml"), "--model.init_args.lambda_attn", "-1", "--debug"])
+
+
+def test_unreachable_hub_fails_at_once_without_hf_hub_offline(capsys, no_model, monkeypatch):
+    """Without HF_HUB_OFFLINE, an unreachable hub is detected by one connection attempt (no retries)."""
+    import socket
+
+    def unreachable(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    lines = in_process(capsys, "test", "--config", str(CFG / "sad/smollm2_ioi.yaml"),
+                       "--model.init_args.model", "no-org/no-such-model")
+    assert len(lines) == 2 and "model='no-org/no-such-model'" in lines[0] and "the hub is unreachable" in lines[0]
+    assert lines[1].startswith("offline aliases: ")
