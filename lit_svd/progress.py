@@ -9,10 +9,12 @@ Lightning's per-batch bars, which show the batches done and an ETA.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 # metric key -> (label, format); keys not listed are not shown unless the run logs none of these
 LABELS: dict[str, tuple[str, str]] = {
@@ -43,12 +45,11 @@ class StepProgressBar(TQDMProgressBar):
         return trainer.max_steps is not None and trainer.max_steps > 0
 
     def init_train_tqdm(self):
-        bar = super().init_train_tqdm()
-        if self._step_based(self.trainer):
-            bar.bar_format = self.STEP_FORMAT
-            bar.reset(total=self.trainer.max_steps)
-            bar.initial = bar.n = self.trainer.global_step  # a resumed run starts at its checkpoint's step
-        return bar
+        if not self._step_based(self.trainer):
+            return super().init_train_tqdm()
+        return Tqdm(position=2 * self.process_position, disable=self.is_disabled, leave=True, dynamic_ncols=True,
+                    file=sys.stdout, smoothing=0, bar_format=self.STEP_FORMAT, total=self.trainer.max_steps,
+                    initial=self.trainer.global_step)  # a resumed run starts at its checkpoint's step
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
         if self._step_based(trainer):
