@@ -22,6 +22,7 @@ from torch import Tensor
 
 from lit_svd.analysis.sad import (DEFAULT_RECON_TOL, QKHeads, attention_inputs, check_threshold,
                                   check_tolerance, decompose_layer, layer_bases, rotated_bases, sad_pairs)
+from lit_svd.callbacks.training import held_out_probe
 from lit_svd.output import save_figure, write_results
 
 
@@ -94,11 +95,15 @@ class SADCallback(Callback):
         write_results: write the results and ``sad_training.png`` at the end of fit.
         results_name: the results file; default ``results.json`` for language models and
             ``sad_results.json`` for the toy model (whose own alignment callback writes ``results.json``).
+        probe_path: language models: a held-out text file whose first ``n_probe`` windows of
+            ``probe_seq_len`` tokens are the probe (null: the first validation, else training, sequences).
+        probe_seq_len: tokens per probe window with ``probe_path``.
     """
 
     def __init__(self, every_n_steps: int = 100, n_probe: int = 16, threshold: float | None = None,
                  recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0, log_spaced: bool = True,
-                 write_results: bool = True, results_name: str | None = None):
+                 write_results: bool = True, results_name: str | None = None, probe_path: str | None = None,
+                 probe_seq_len: int = 64):
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps={every_n_steps!r} must be a positive integer")
         if not isinstance(n_probe, int) or n_probe < 1:
@@ -108,6 +113,7 @@ class SADCallback(Callback):
         self.recon_tol = check_tolerance(recon_tol)
         self.seed, self.write, self.log_spaced = seed, write_results, log_spaced
         self.results_name = results_name
+        self.probe_path, self.probe_seq_len = probe_path, probe_seq_len
         self.history: list[dict] = []
         self.probe: tuple[Tensor, Tensor] | None = None
 
@@ -151,11 +157,12 @@ class SADCallback(Callback):
         module.eval()
         try:
             if self._is_lm(module):
-                if self.probe is None:
-                    self.probe = self._lm_probe(trainer)
+                if self.probe is None and self.probe_path:  # already in the model's ids
+                    self.probe = held_out_probe(trainer, module, self.probe_path, self.n_probe, self.probe_seq_len)
+                elif self.probe is None:
+                    ids, mask = self._lm_probe(trainer)
+                    self.probe = (module.map_ids(ids) if hasattr(module, "map_ids") else ids, mask)
                 ids, mask = (t.to(module.device) for t in self.probe)
-                if hasattr(module, "map_ids"):  # a model trained on a compacted vocabulary
-                    ids = module.map_ids(ids)
                 res = lm_head_sparsity(module.view, ids, mask, self.threshold, self.recon_tol, self.seed)
             else:
                 if feats is None:
