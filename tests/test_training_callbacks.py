@@ -198,3 +198,31 @@ def test_ddp_two_processes_give_one_process_values(tmp_path, wikitext_valid):
     # last step (weights trained on two shards): the DDP values equal one process scoring the same weights
     assert two["mounts"][-1]["values"] == pytest.approx(two["recomputed"]["mounts"], rel=1e-6, abs=1e-9)
     assert two["spectrum"][-1]["values"] == pytest.approx(two["recomputed"]["spectrum"], rel=1e-6, abs=1e-9)
+
+
+def test_finetune_trains_only_the_chosen_maps_on_the_answer(tiny_dirs):
+    """Only layer 1's attention maps move; the loss is the cross-entropy of the answer token alone."""
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.metrics import answer_logits
+    from lit_svd.modules.language_model import FineTuneLMModule
+
+    module = FineTuneLMModule(model=tiny_dirs["llama"], trainable="attention", layers=[1], lr=1e-2, warmup_steps=0)
+    before = {n: p.detach().clone() for n, p in module.lm.named_parameters()}
+    view = module.view
+    expected = {id(p) for s in ("q", "k", "v", "o") for p in view.site_module(1, s).parameters()}
+    assert {id(p) for p in module.lm.parameters() if p.requires_grad} == expected
+    dm = TaskDataModule("ioi", tiny_dirs["llama"], n_train=16, n_val=8, n_test=8, batch_size=8)
+    batch = next(iter(dm.val_dataloader()))
+    with torch.no_grad():
+        logits = answer_logits(module.lm(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits,
+                               batch["answer_pos"])
+        loss, diff = module.loss_and_diff(batch)
+    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(logits, batch["correct_id"]).item(), rel=1e-5)
+    assert diff.item() == pytest.approx((logits.gather(1, batch["correct_id"][:, None])
+                                         - logits.gather(1, batch["wrong_id"][:, None])).mean().item(), rel=1e-5)
+    pl.Trainer(accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False, limit_val_batches=0,
+               enable_progress_bar=False, enable_model_summary=False).fit(module, datamodule=dm)
+    moved = {n for n, p in module.lm.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert moved == {n for n, p in module.lm.named_parameters() if id(p) in expected}
+    with pytest.raises(ValueError, match="model.trainable='heads'"):
+        FineTuneLMModule(model=tiny_dirs["llama"], trainable="heads")

@@ -165,14 +165,14 @@ class FineTuneLMModule(PretrainedLMModule):
     Text batches (``input_ids``, ``attention_mask``: ``TextDataModule``) train on the next-token loss of
     every real token; task batches (``clean_ids``, ``answer_pos``, ``correct_id``: ``TaskDataModule``) on
     the next-token loss of the answer alone, and log the logit difference correct - wrong
-    (``val/logit_diff``). Only the linear sites of ``train`` in ``layers`` learn; everything else
+    (``val/logit_diff``). Only the linear sites of ``trainable`` in ``layers`` learn; everything else
     (embeddings, norms, other layers, the unembedding) stays frozen, so that it fits a CPU.
 
     Args:
         model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file.
         gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
         revision: hub revision.
-        train: which linear maps learn: "attention" (q, k, v, o), "mlp" (gate, up, down) or "all".
+        trainable: which linear maps learn: "attention" (q, k, v, o), "mlp" (gate, up, down) or "all".
         layers: the layers whose maps learn (null: every layer).
         lr: AdamW learning rate (after a linear warm-up, constant).
         weight_decay: AdamW weight decay.
@@ -180,10 +180,10 @@ class FineTuneLMModule(PretrainedLMModule):
     """
 
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
-                 train: Literal["all", "attention", "mlp"] = "attention", layers: list[int] | None = None,
+                 trainable: Literal["all", "attention", "mlp"] = "attention", layers: list[int] | None = None,
                  lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 10):
-        if train not in PARTS:
-            raise ValueError(f"model.train={train!r} is not supported; choose one of {', '.join(PARTS)}")
+        if trainable not in PARTS:
+            raise ValueError(f"model.trainable={trainable!r} is not supported; choose one of {', '.join(PARTS)}")
         if not lr > 0 or weight_decay < 0 or warmup_steps < 0:
             raise ValueError(f"model.lr={lr!r} must be > 0, weight_decay={weight_decay!r} and"
                              f" warmup_steps={warmup_steps!r} >= 0")
@@ -191,12 +191,12 @@ class FineTuneLMModule(PretrainedLMModule):
         self.save_hyperparameters()
         v = self.view
         self.train_layers = list(range(v.n_layers)) if layers is None else [v.check_layer(int(l)) for l in layers]
-        sites = [s for s in PART_SITES[train] if s != "gate" or v.gated_mlp]
+        sites = [s for s in PART_SITES[trainable] if s != "gate" or v.gated_mlp]
         for l in self.train_layers:
             for s in sites:
                 for p in v.site_module(l, s).parameters():
                     p.requires_grad_(True)
-        self.trainable = {n for n, p in self.lm.named_parameters() if p.requires_grad}
+        self.trainable_names = {n for n, p in self.lm.named_parameters() if p.requires_grad}
 
     def loss_and_diff(self, batch) -> tuple[Tensor, Tensor | None]:
         """Mean next-token loss, and the mean logit difference on task batches (None on text)."""
@@ -237,7 +237,7 @@ class FineTuneLMModule(PretrainedLMModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Checkpoints hold the trained maps only; the frozen rest is rebuilt from ``model``."""
-        keep = {f"lm.{n}" for n in self.trainable}
+        keep = {f"lm.{n}" for n in self.trainable_names}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
                                     if not k.startswith("lm.") or k in keep}
 
