@@ -30,7 +30,7 @@ class SpectrumCallback(StepCallback):
         write_results: write the history into results.json and spectrum_training.png at the end of fit.
     """
 
-    def __init__(self, every_n_steps: int = 100, layers: list[int] | None = None, top_k: int = 4,
+    def __init__(self, every_n_steps: int = 250, layers: list[int] | None = None, top_k: int = 4,
                  figures: bool = True, keep_values: bool = True, write_results: bool = True):
         super().__init__(every_n_steps)
         if not isinstance(top_k, int) or top_k < 1:
