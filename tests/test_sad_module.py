@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lit_svd.analysis.sad import attention_inputs, decompose_layer, layer_bases
+from lit_svd.callbacks.sad import SADReport
 from lit_svd.modules.sad import SADAnalysisModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +133,8 @@ def test_ddp_two_processes_equal_one(tiny_lm_dir, tmp_path):
 
     mod = make_module(tiny_lm_dir, min_pairs=5)
     dm = TaskDataModule(task="ioi", tokenizer=tiny_lm_dir, n_train=0, n_val=0, n_test=10, batch_size=2, seed=0)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, default_root_dir=tmp_path / "one")
+    trainer = pl.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, default_root_dir=tmp_path / "one",
+                         callbacks=[SADReport()])
     trainer.test(mod, datamodule=dm)
     folder = Path(trainer.log_dir)
     one = json.loads((folder / "results.json").read_text())
