@@ -244,6 +244,7 @@ def pair_contributions(a: Tensor, P: Tensor, keys: Tensor, visible: Tensor, pair
         keys = rotate(keys, _positions(Ts, keys.device))
         Pd = rotate(P.unsqueeze(2).expand(-1, -1, Td, -1), _positions(Td, P.device))  # [h, k, T_d, c]
     n = visible.sum(-1).to(keys.dtype)  # [B, T_d]
+    keys = keys.masked_fill(~visible.any(1)[:, None, :, None], 0.0)  # padding may hold NaN: 0 * NaN is NaN
     mean_keys = torch.einsum("bqs,...bhsc->...bhqc", visible.to(keys.dtype), keys) / n.clamp_min(1)[:, None, :, None]
     diff = _rows(keys, b, h, s) - _rows(mean_keys, b, h, d)  # [..., P, c]
     # one [c, k] matrix per (head, destination): group the pairs, multiply, put back
