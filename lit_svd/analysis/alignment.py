@@ -113,11 +113,11 @@ def least_squares_omega(X: Tensor, Y: Tensor, T: Tensor) -> Tensor:
 
 def prediction_cosines(svd: SVD, X: Tensor, Y: Tensor, T: Tensor, matched: list[dict]) -> list[dict]:
     """Per matched pair: the least-squares optimum's own index for the pair (``prediction_index``, the same
-    matching rule on the optimum's SVD) and |cos| of the learnt ``u_k, v_k`` at the pair's recorded
+    matching rule on the optimum's SVD, restricted to its rank(T) non-zero directions) and |cos| of the learnt ``u_k, v_k`` at the pair's recorded
     ``singular_index`` k with the optimum's singular vectors at ``prediction_index``. Comparing index k of
     both would pair unrelated directions once the learnt order differs from the optimum's."""
     U, S, Vh = torch.linalg.svd(least_squares_omega(X, Y, T))
-    opt = SVD(U, S, Vh.mT)
+    opt = SVD(U, S, Vh.mT).truncate(int(torch.linalg.matrix_rank(T.double())))  # the optimum's rank is T's
     cos_u, cos_v = feature_singular_cosines(X, opt)
     pairs = [(m["query_feature"], m["key_feature"], m["target"]) for m in matched]
     out = []

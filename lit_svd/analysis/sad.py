@@ -273,36 +273,37 @@ def haar_frames(D: int, k: int, n: int, generator: torch.Generator, dtype=torch.
 
 @dataclass
 class NullHeads:
-    """Matched-spectrum null: per draw ``j`` and head ``i`` the random head ``A_q' = U'_j C_q[i]``,
-    ``A_k' = V'_j C_k[i]`` with ``C_q = U^T A_q``, ``C_k = V^T A_k`` (``C_q C_k^T = diag(sigma)``).
+    """Matched-spectrum null: per head ``i`` and draw ``j`` the random head ``A_q' = U'_ij C_q[i]``,
+    ``A_k' = V'_ij C_k[i]`` with ``C_q = U^T A_q``, ``C_k = V^T A_k`` (``C_q C_k^T = diag(sigma)``).
 
-    Its ``Omega'(delta) = U'_j C_q R(delta) C_k^T V'_j^T`` has the head's exact singular values at *every*
+    Its ``Omega'(delta) = U'_ij C_q R(delta) C_k^T V'_ij^T`` has the head's exact singular values at *every*
     offset (``U'``, ``V'`` are isometries; the head's own rotary map ``R``), its singular vectors at
-    ``delta = 0`` are ``U'_j``, ``V'_j``: random, so they carry no feature. ``U', V': [n, D, k]`` are drawn
-    per (seed, layer) and shared by the heads of a layer within a draw.
+    ``delta = 0`` are ``U'_ij``, ``V'_ij``: Haar-random frames, so they carry no feature. The frames are
+    drawn per head from ``(seed, head id)`` alone (as the rotated control), independently across heads.
     """
 
-    U: Tensor  # [n, D, k]
-    V: Tensor  # [n, D, k]
+    U: Tensor  # [h, n, D, k]
+    V: Tensor  # [h, n, D, k]
     C_q: Tensor  # [h, k, c]
     C_k: Tensor  # [h, k, c]
 
     @property
     def n_draws(self) -> int:
-        return self.U.shape[0]
+        return self.U.shape[1]
 
     def head(self, draw: int, qk: "QKHeads") -> "QKHeads":
         """Draw ``draw`` as explicit factors (for tests and figures): ``A_q' = U'C_q``, ``A_k' = V'C_k``."""
-        return QKHeads(torch.einsum("Dk,hkc->hDc", self.U[draw], self.C_q),
-                       torch.einsum("Dk,hkc->hDc", self.V[draw], self.C_k), qk.rotate, qk.softcap)
+        return QKHeads(self.U[:, draw] @ self.C_q, self.V[:, draw] @ self.C_k, qk.rotate, qk.softcap)
 
 
-def null_heads(qk: QKHeads, svd, n_draws: int, seed: int) -> NullHeads:
-    """``n_draws`` matched-spectrum null heads of every head in ``qk`` (``svd``: ``svd_factored(A_q, A_k)``)."""
-    g = torch.Generator().manual_seed(seed)
+def null_heads(qk: QKHeads, svd, n_draws: int, seed: int, head_ids: list[int] | None = None) -> NullHeads:
+    """``n_draws`` matched-spectrum null heads of every head in ``qk`` (``svd``: ``svd_factored(A_q, A_k)``);
+    head ``i``'s frames come from ``(seed, head_ids[i])`` alone, the same on every rank and selection."""
+    head_ids = list(range(qk.n_heads)) if head_ids is None else list(head_ids)
     D, k = svd.U.shape[-2:]
-    F = haar_frames(D, k, 2 * n_draws, g, qk.A_q.dtype).to(qk.A_q.device)
-    return NullHeads(F[:n_draws], F[n_draws:], svd.U.mT @ qk.A_q, svd.V.mT @ qk.A_k)
+    F = torch.stack([haar_frames(D, k, 2 * n_draws, torch.Generator().manual_seed(seed * 1_000_003 + h),
+                                 qk.A_q.dtype) for h in head_ids]).to(qk.A_q.device)  # [h, 2n, D, k]
+    return NullHeads(F[:, :n_draws], F[:, n_draws:], svd.U.mT @ qk.A_q, svd.V.mT @ qk.A_k)
 
 
 def signed(c: Tensor, rel: Tensor) -> tuple[Tensor, Tensor]:
@@ -359,9 +360,9 @@ def null_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, null: NullH
     """Decompose the matched-spectrum null heads on the same inputs, each on the pairs *it* attends to by
     the same rule (``select_pairs`` on its own scores); draws are stacked along the batch axis."""
     n, B = null.n_draws, xq.shape[0]
-    a = torch.einsum("bqD,nDk->nbqk", xq, null.U)
-    q = torch.einsum("nbqk,hkc->nbhqc", a, null.C_q).flatten(0, 1)  # [n B, h, T_d, c]
-    keys = torch.einsum("nbsk,hkc->nbhsc", torch.einsum("bsD,nDk->nbsk", xk, null.V), null.C_k).flatten(0, 1)
+    a = torch.einsum("bqD,hnDk->nbhqk", xq, null.U)
+    q = torch.einsum("nbhqk,hkc->nbhqc", a, null.C_q).flatten(0, 1)  # [n B, h, T_d, c]
+    keys = torch.einsum("nbhsk,hkc->nbhsc", torch.einsum("bsD,hnDk->nbhsk", xk, null.V), null.C_k).flatten(0, 1)
     kr = keys
     if qk.rotate is not None:
         q = qk.rotate(q, _positions(q.shape[-2], q.device))
@@ -371,7 +372,7 @@ def null_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, null: NullH
     rel = relative(l, vis)
     pairs = select_pairs(attention_probs(l, vis, qk.softcap), rel, vis, threshold)
     idx = pairs.nonzero(as_tuple=True)
-    a = a.flatten(0, 1).unsqueeze(1)  # [n B, 1, T_d, k]: shared by the heads
+    a = a.flatten(0, 1)
     c = pair_contributions(a, null.C_q, keys, vis, idx, qk.rotate)
     r = rel[pairs]
     return NullStats(idx[0] // B, idx[1], rolls_tovee_sparsity(c), n_recon(c, r, tol))
@@ -443,7 +444,7 @@ def layer_bases(view, layer: int, heads: list[int] | None = None, seed: int = 0,
     heads = list(range(view.n_heads)) if heads is None else [view.check_head(h) for h in heads]
     qk = qk_heads_from_view(view, layer).select(heads).to(dtype)
     svd = svd_factored(qk.A_q, qk.A_k)
-    null = null_heads(qk, svd, null_draws, seed * 100_003 + layer + 7_919_000) if null_draws else None
+    null = null_heads(qk, svd, null_draws, seed * 100_003 + layer + 7_919_000, heads) if null_draws else None
     return LayerBases(layer, torch.tensor(heads), qk, svd.U, rotated_bases(svd.U, seed * 100_003 + layer, heads),
                       attention_window(view, layer), null)
 
