@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_svd.analysis.sad import attention_inputs, decompose_layer, layer_bases
+from lit_svd.analysis.sad import attention_inputs, decompose_layer, layer_bases, null_head_means
 from lit_svd.callbacks.sad import SADReport
 from lit_svd.modules.sad import SADAnalysisModule
 
@@ -62,14 +62,22 @@ def test_accumulated_heads_equal_direct_recomputation(tiny_lm_dir):
     view = mod.view
     X = attention_inputs(view, enc["input_ids"], enc["attention_mask"], [0, 1])
     for row in res["heads"]:
-        full = decompose_layer(layer_bases(view, row["layer"], dtype=torch.float64), X[row["layer"]],
-                               enc["attention_mask"])
+        full = decompose_layer(layer_bases(view, row["layer"], dtype=torch.float64, null_draws=16), X[row["layer"]],
+                               enc["attention_mask"], unattended=True)
         mine = full.head == row["head"]
         assert row["n_pairs"] == int(mine.sum()) > 0
         assert row["sparsity"] == pytest.approx(full.sparsity[mine].mean().item(), rel=1e-12)
         assert row["sparsity_rotated"] == pytest.approx(full.sparsity_rotated[mine].mean().item(), rel=1e-12)
         assert row["n_recon_median"] == float(np.median(full.n_recon[mine].numpy()))
         assert row["n_recon_hist"] == np.bincount(full.n_recon[mine].numpy(), minlength=len(row["n_recon_hist"]) + 1)[1:].tolist()
+        # the matched null of this head (frames from (seed, layer, head) alone: the same in the full layer)
+        draws = null_head_means(full.null, view.n_heads, 16)[row["head"]]
+        assert row["sparsity_null_draws"] == pytest.approx(draws.tolist(), rel=1e-12)
+        assert row["sparsity_null_p05"] == pytest.approx(float(np.quantile(draws.numpy(), 0.05)), rel=1e-12)
+        assert row["sparser_than_null"] == (row["sparsity"] < row["sparsity_null_p05"])
+        un = full.unattended.head == row["head"]
+        assert row["n_unattended"] == int(un.sum()) > 0
+        assert row["sparsity_unattended"] == pytest.approx(full.unattended.sparsity[un].mean().item(), rel=1e-12)
 
 
 @pytest.mark.parametrize("kw,exc,match", [
@@ -81,6 +89,7 @@ def test_accumulated_heads_equal_direct_recomputation(tiny_lm_dir):
     (dict(recon_tol=2.0), ValueError, r"model.recon_tol=2.0 is outside \[0, 1\)"),
     (dict(dtype="float16"), ValueError, r"model.dtype='float16' is not supported"),
     (dict(layers=[0], heads=[[0, 0]]), ValueError, r"give model.layers or model.heads, not both"),
+    (dict(null_draws=1), ValueError, r"model.null_draws=1: must be 0 \(no matched null\) or an integer >= 2"),
 ])
 def test_bad_configuration_fails_at_construction(tiny_lm_dir, kw, exc, match):
     with pytest.raises(exc, match=match):
