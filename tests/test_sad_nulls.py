@@ -4,12 +4,13 @@ the two cases that decide whether a control can fail: a featureless head and a p
 import pytest
 import torch
 
-from lit_svd.analysis.sad import (QKHeads, augment_inputs, causal_visibility, contributions_at, haar_frames,
-                                  head_rows, null_head_means, null_heads, null_pairs, pair_contributions,
-                                  rotated_bases, sad_pairs, scores, relative, attention_probs, select_pairs)
+from lit_svd.analysis.sad import (Z_ONE_SIDED_5, QKHeads, _welch_z, attention_probs, augment_inputs,
+                                  causal_visibility, contributions_at, haar_frames, head_rows, null_head_means,
+                                  null_heads, null_pairs, pair_contributions, relative, rotated_bases, sad_pairs,
+                                  scores, select_pairs)
 from lit_svd.linalg import rolls_tovee_sparsity, svd_factored
 
-from test_sad import brute_omega, make_case, toy_rope
+from test_sad import brute_omega, make_case
 
 TOL = dict(rtol=1e-9, atol=1e-9)
 
@@ -106,14 +107,20 @@ def test_featureless_head_is_not_sparser_than_its_matched_null(ratio):
     x = augment_inputs(torch.randn(8, 16, 128, generator=g, dtype=torch.float64))
     vis = causal_visibility(torch.ones(8, 16, dtype=torch.long))
     svd = svd_factored(qk.A_q, qk.A_k)
-    st = sad_pairs(x, x, vis, qk, svd.U, rotated_bases(svd.U, 3), null=null_heads(qk, svd, 16, 5))
+    st = sad_pairs(x, x, vis, qk, svd.U, rotated_bases(svd.U, 3), null=null_heads(qk, svd, 16, 5), unattended=True)
     rows = head_rows([str(i) for i in range(h)], st, h)
+    sparser_pair_null = 0
+    for i in range(h):  # the pair null's rule (Welch z of unattended - attended > 1.645)
+        a, u = st.sparsity[st.head == i], st.unattended.sparsity[st.unattended.head == i]
+        z = _welch_z(a.mean().item(), (a ** 2).sum().item(), len(a), u.mean().item(), (u ** 2).sum().item(), len(u))
+        sparser_pair_null += z > Z_ONE_SIDED_5
     sparser_rotated = sum(s < r for s, r in zip(rows["sparsity"], rows["sparsity_rotated"]))
     assert sum(rows["sparser_than_null"]) <= 5  # expected ~2.6 of 32 (16 draws); binomial P(> 5) < 0.05
     mean = sum(rows["sparsity"]) / h
     assert sum(rows["sparsity_null"]) / h == pytest.approx(mean, abs=0.01)
     if ratio < 1:
         assert sparser_rotated == h  # the old control fails: it counts every featureless head
+        assert sparser_pair_null >= 24  # so does the pair null (28 of 32): it is not a test of alignment
         assert mean == pytest.approx(0.27, abs=0.02)
         assert sum(rows["sparsity_rotated"]) / h == pytest.approx(0.42, abs=0.02)
     else:
