@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_svd.linalg import SVD, abs_cosine, orthogonality_to_others, svd_factored
+from lit_svd.linalg import SVD, abs_cosine, orthogonality_to_others, spearman, svd_dense, svd_factored
 
 
 def unit_columns(X: Tensor, eps: float = 1e-12) -> Tensor:
@@ -61,27 +61,6 @@ def pair_summary(matched: list[dict], S: Tensor) -> dict:
     return summary
 
 
-def rank_average(x: Tensor) -> Tensor:
-    """Ranks 0..n-1 with ties given their average rank."""
-    x = x.double()
-    order = torch.argsort(x, stable=True)
-    ranks = torch.empty_like(x)
-    ranks[order] = torch.arange(len(x), dtype=torch.float64)
-    for v in torch.unique(x):
-        tie = x == v
-        if tie.sum() > 1:
-            ranks[tie] = ranks[tie].mean()
-    return ranks
-
-
-def spearman(x: Tensor, y: Tensor) -> float:
-    """Spearman rank correlation (Pearson of average ranks); NaN if either side is constant."""
-    rx, ry = rank_average(x.flatten()), rank_average(y.flatten())
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denom = rx.norm() * ry.norm()
-    return float((rx @ ry) / denom) if denom > 0 else float("nan")
-
-
 def whitened_feature(X: Tensor, i: int) -> Tensor:
     """Theorem 1's direction ``Sigma_X^{-1} x_i`` with ``Sigma_X = X X^T`` (pseudo-inverse when singular)."""
     Xd = X.double()
@@ -113,11 +92,10 @@ def least_squares_omega(X: Tensor, Y: Tensor, T: Tensor) -> Tensor:
 
 def prediction_cosines(svd: SVD, X: Tensor, Y: Tensor, T: Tensor, matched: list[dict]) -> list[dict]:
     """Per matched pair: the least-squares optimum's own index for the pair (``prediction_index``, the same
-    matching rule on the optimum's SVD, restricted to its rank(T) non-zero directions) and |cos| of the learnt ``u_k, v_k`` at the pair's recorded
-    ``singular_index`` k with the optimum's singular vectors at ``prediction_index``. Comparing index k of
+    matching rule on the optimum's SVD, restricted to its rank(T) non-zero directions) and |cos| of the learnt
+    ``u_k, v_k`` at the pair's recorded ``singular_index`` k with the optimum's at ``prediction_index``. Comparing index k of
     both would pair unrelated directions once the learnt order differs from the optimum's."""
-    U, S, Vh = torch.linalg.svd(least_squares_omega(X, Y, T))
-    opt = SVD(U, S, Vh.mT).truncate(int(torch.linalg.matrix_rank(T.double())))  # the optimum's rank is T's
+    opt = svd_dense(least_squares_omega(X, Y, T)).truncate(int(torch.linalg.matrix_rank(T.double())))  # rank of T
     cos_u, cos_v = feature_singular_cosines(X, opt)
     pairs = [(m["query_feature"], m["key_feature"], m["target"]) for m in matched]
     out = []

@@ -13,24 +13,6 @@ from torch import Tensor
 ARCHS = ("gpt2", "gpt_neox")
 
 
-def lm_config(arch: str, vocab_size: int, n_layers: int, d_model: int, n_heads: int, d_mlp: int,
-              max_positions: int, rotary_pct: float):
-    """The HF config of a small dropout-free model of ``arch``."""
-    from transformers import GPT2Config, GPTNeoXConfig
-
-    if arch == "gpt2":
-        cfg = GPT2Config(vocab_size=vocab_size, n_positions=max_positions, n_embd=d_model, n_layer=n_layers,
-                         n_head=n_heads, n_inner=d_mlp, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                         bos_token_id=None, eos_token_id=None)
-    else:
-        cfg = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=d_model, num_hidden_layers=n_layers,
-                            num_attention_heads=n_heads, intermediate_size=d_mlp, max_position_embeddings=max_positions,
-                            rotary_pct=rotary_pct, use_parallel_residual=True, attention_dropout=0.0,
-                            hidden_dropout=0.0, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
-    cfg._attn_implementation = "eager"
-    return cfg
-
-
 def top_k_id_map(loader, full_vocab: int, k: int) -> Tensor:
     """``[full_vocab]`` map: the ``k`` most frequent ids of ``loader``'s real tokens to ``0..k-1`` (by
     frequency, ties by id), every other id (rarer or unseen) to one bucket, the id after them."""
@@ -93,14 +75,11 @@ class LanguageModelModule(pl.LightningModule):
             self._build(vocab_size)
 
     def _build(self, vocab_size: int) -> None:
-        from transformers import AutoModelForCausalLM
+        from lit_svd.models.tiny import scratch_causal_lm
 
         hp = self.hparams
-        cfg = lm_config(hp.arch, vocab_size, hp.n_layers, hp.d_model, hp.n_heads, hp.d_mlp or 4 * hp.d_model,
-                        hp.max_positions, hp.rotary_pct)
-        with torch.random.fork_rng():
-            torch.manual_seed(hp.seed)
-            self.lm = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+        self.lm = scratch_causal_lm(hp.arch, vocab_size, hp.n_layers, hp.d_model, hp.n_heads,
+                                    hp.d_mlp or 4 * hp.d_model, hp.max_positions, hp.rotary_pct, hp.seed)
 
     def configure_model(self) -> None:
         if self.lm is not None:
