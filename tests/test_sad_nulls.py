@@ -157,3 +157,14 @@ def test_null_head_means_per_draw():
         for j in range(3):
             m = (nl.head == h) & (nl.draw == j)
             assert means[h, j].item() == pytest.approx(nl.sparsity[m].mean().item(), rel=1e-12)
+
+
+def test_report_scalars_carry_every_head_and_the_counts():
+    from lit_svd.callbacks.sad import report_scalars
+
+    results = {"summary": {"n_heads_sparser_than_null": 3, "mean_sparsity": 0.2, "per_layer": [], "ok": True},
+               "heads": [{"layer": 1, "head": 2, "sparsity": 0.1, "sparsity_null": 0.3, "sparsity_null_p05": 0.25,
+                          "sparsity_unattended": None, "sparsity_rotated": 0.4}]}
+    got = report_scalars(results)
+    assert got == {"sad/n_heads_sparser_than_null": 3.0, "sad/mean_sparsity": 0.2, "sad/L1H2/sparsity": 0.1,
+                   "sad/L1H2/sparsity_null": 0.3, "sad/L1H2/sparsity_null_p05": 0.25, "sad/L1H2/sparsity_rotated": 0.4}

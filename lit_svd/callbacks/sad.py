@@ -51,8 +51,22 @@ class SADReport(Callback):
         results = pl_module.results()
         write_results(trainer, results)
         if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(report_scalars(results), step=0)
             plot_head_heatmap(trainer, results)
             plot_n_recon(trainer, results)
+
+
+def report_scalars(results: dict) -> dict[str, float]:
+    """TensorBoard scalars of a SAD test run: the summary counts and means, and per head its sparsity, the
+    matched null's mean and 5th percentile, the pair null and the rotated control."""
+    out = {f"sad/{k}": float(v) for k, v in results["summary"].items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
+    for r in results["heads"]:
+        for key in ("sparsity", "sparsity_null", "sparsity_null_p05", "sparsity_unattended", "sparsity_rotated"):
+            if r.get(key) is not None:
+                out[f"sad/L{r['layer']}H{r['head']}/{key}"] = float(r[key])
+    return out
 
 
 class SADCallback(Callback):
