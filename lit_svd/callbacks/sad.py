@@ -151,7 +151,7 @@ class SADCallback(Callback):
                 if feats is None:
                     return
                 W_Q, W_K = module.head_weights()
-                res = toy_head_sparsity(module.W.detach(), W_Q, W_K, module.d_heads, feats[:, : self.n_probe],
+                res = toy_head_sparsity(module.features().detach(), W_Q, W_K, module.d_heads, feats[:, : self.n_probe],
                                         self.threshold, self.recon_tol, self.seed, self.null_draws)
         finally:
             module.train(was_training)
