@@ -27,6 +27,7 @@ import time
 from contextlib import ExitStack, contextmanager
 
 import torch
+from conditions import report_conditions  # bench/conditions.py
 from torch import Tensor
 
 
@@ -173,6 +174,7 @@ def main() -> None:
     if args.mode:
         print(json.dumps(peak_memory(args.mode, args.model, args.layers, args.batch, args.length)))
         return
+    report_conditions("each measured side runs in its own process with 1 torch thread")
     memory = {}
     for mode in ("plain", "masked", "dense"):
         out = subprocess.run([sys.executable, __file__, "--mode", mode, "--model", args.model, "--layers", str(args.layers),

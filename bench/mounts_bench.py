@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 import torch
+from conditions import report_conditions  # bench/conditions.py
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lit_svd.analysis import mounts as M  # noqa: E402
@@ -164,6 +165,7 @@ def main():
     ap.add_argument("--layer", type=int, default=10)
     ap.add_argument("--site", default="down", choices=sorted(TILES))
     args = ap.parse_args()
+    report_conditions()
     print(f"SmolLM2 site {args.site} layer {args.layer}, {args.tokens} WikiText-2 tokens, torch threads "
           f"{torch.get_num_threads()} (shared machine: timings taken under load from other jobs)")
     ours = _child(run_lit_svd, args)

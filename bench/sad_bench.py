@@ -21,6 +21,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from conditions import report_conditions  # noqa: E402  (bench/conditions.py)
 
 from lit_svd.analysis.sad import (DEFAULT_RECON_TOL, attention_inputs, causal_visibility, decompose_layer,  # noqa: E402
                                   layer_bases, n_recon, null_pairs)
@@ -72,6 +73,7 @@ def main():
     p.add_argument("--repeats", type=int, default=3, help="timings per layer for the null costs (median kept)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    report_conditions()
 
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.models import load_causal_lm, view as make_view

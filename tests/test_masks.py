@@ -194,10 +194,11 @@ def test_configs_instantiate_with_tiny_models(config, tiny_dirs, tokenizer):
     """Every config parses and builds its module and data with a tiny random model of its architecture."""
     import yaml
     from lightning.pytorch import LightningDataModule, LightningModule
-    from lightning.pytorch.cli import LightningCLI
+
+    from lit_svd.cli import LitSVDCLI
 
     arch = "gpt_neox" if "pythia" in config else "gpt2" if "gpt2" in config else "llama"
-    cli = LightningCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+    cli = LitSVDCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                     run=False, args=["--config", str(CONFIGS / config), "--model.init_args.model", tiny_dirs[arch],
                                      "--data.init_args.tokenizer", tiny_dirs[arch], "--data.init_args.n_train", "8",
                                      "--data.init_args.n_val", "4", "--trainer.logger", "false"])

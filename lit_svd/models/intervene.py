@@ -167,19 +167,7 @@ def build_components(view: ModelView, kinds: Sequence[str] = ("qk", "ov", "mlp")
         from tqdm.auto import tqdm
 
         todo = tqdm(todo, desc="component SVDs")
-    with _single_thread():
-        return [build_component(view, kind, layer) for layer, kind in todo]
-
-
-@contextmanager
-def _single_thread():
-    """LAPACK's threaded SVD slows down ~10x when the cores are shared; one thread is steady."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+    return [build_component(view, kind, layer) for layer, kind in todo]
 
 
 def rows_at(out: Tensor, positions: Tensor | None) -> Tensor:

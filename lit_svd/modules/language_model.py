@@ -6,6 +6,8 @@ is a plain Hugging Face causal LM, so ``self.view`` (``lit_svd.models.view``) re
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
@@ -33,19 +35,25 @@ class LanguageModelModule(pl.LightningModule):
 
     Args:
         arch: "gpt2" (learned positions, LayerNorm) or "gpt_neox" (rotary on ``rotary_pct`` of each head).
-        n_layers, d_model, n_heads: sizes (``d_model`` divisible by ``n_heads``); d_mlp: default 4 * d_model.
+        n_layers: transformer blocks.
+        d_model: residual width (divisible by ``n_heads``).
+        n_heads: attention heads per layer.
+        d_mlp: MLP width (null: 4 * d_model).
         max_positions: the longest sequence the model accepts.
+        rotary_pct: gpt_neox only: the fraction of each head's dimensions that is rotated.
         vocab_size: give it to use token ids as they are; null (default): built from the datamodule, see
             ``vocab_top_k``.
         vocab_top_k: with ``vocab_size`` null, the model's vocabulary is the ``vocab_top_k`` most frequent
             training tokens plus one bucket for all others (ids are mapped by ``map_ids``; the output layer
             over SmolLM2's 49,152 ids would cost ~7x the rest of a 2-layer model's step); null: all of
             ``len(datamodule.tokenizer)``.
-        lr, weight_decay, warmup_steps: AdamW with linear warm-up, then constant.
+        lr: AdamW learning rate (after a linear warm-up, constant).
+        weight_decay: AdamW weight decay.
+        warmup_steps: steps of the linear warm-up.
         seed: initialisation seed.
     """
 
-    def __init__(self, arch: str = "gpt2", n_layers: int = 2, d_model: int = 128, n_heads: int = 4,
+    def __init__(self, arch: Literal["gpt2", "gpt_neox"] = "gpt2", n_layers: int = 2, d_model: int = 128, n_heads: int = 4,
                  d_mlp: int | None = None, max_positions: int = 256, vocab_size: int | None = None,
                  vocab_top_k: int | None = 4096, rotary_pct: float = 0.25, lr: float = 1e-3,
                  weight_decay: float = 0.01, warmup_steps: int = 100, seed: int = 0):

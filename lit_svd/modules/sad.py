@@ -112,8 +112,12 @@ class SADAnalysisModule(PretrainedLMModule):
     """Sparse attention decomposition of a pretrained model's heads over the test prompts.
 
     Args:
-        model, gguf_file, revision, fold_norms: as ``PretrainedLMModule`` (``revision`` picks a Pythia checkpoint).
-        layers: analyse every head of these layers; heads: or these ``[layer, head]`` pairs; neither: all heads.
+        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file of the frozen model.
+        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
+        revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
+        fold_norms: fold the norms' weights into the views' matrices.
+        layers: analyse every head of these layers (neither ``layers`` nor ``heads``: all heads).
+        heads: or these ``[layer, head]`` pairs.
         threshold: a pair is analysed when the head's attention weight is >= threshold (in [0, 1]); null
             (default): the uniform level 1 / (number of visible sources). Relative attention must be > 0.
         recon_tol: N_recon counts directions until the running sum reaches l~ - recon_tol * sum_k |c_k|.
