@@ -82,8 +82,8 @@ class ToyAlignmentModule(pl.LightningModule):
         d_head: H, one value or one per instance (the largest is allocated, rows beyond an instance's H are
             masked to zero); null: H = D per instance.
         grid: a sweep as ``{key: [values]}`` over d_model, d_head, interference, lambda_attn, expanded to one
-            instance per combination and seed (``grid_seeds`` seeds ``seed, seed + 1, ...`` per cell); the
-            keys it sets must not also be given as lists.
+            instance per combination and seed; the keys it sets must not also be given as lists.
+        grid_seeds: seeds per grid cell (``seed .. seed + grid_seeds - 1``, the same in every cell).
         template: attention template spec (``toy_templates.build_template``).
         lambda_attn: weight of L_attn, one value or one per instance.
         temperature: tau of the target softmax.
