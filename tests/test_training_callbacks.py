@@ -226,3 +226,15 @@ def test_finetune_trains_only_the_chosen_maps_on_the_answer(tiny_dirs):
     assert moved == {n for n, p in module.lm.named_parameters() if id(p) in expected}
     with pytest.raises(ValueError, match="model.trainable='heads'"):
         FineTuneLMModule(model=tiny_dirs["llama"], trainable="heads")
+
+
+@pytest.mark.parametrize("name", ["tiny_lm_mechanisms", "smollm2_finetune_ioi"])
+def test_training_configs_parse(name, capsys):
+    """Both training configs parse against the classes' signatures (nothing is loaded)."""
+    from lit_svd.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", str(ROOT / "configs" / "training" / f"{name}.yaml"), "--print_config"])
+    assert stop.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert "MountsCallback" in out and "SpectrumCallback" in out and "probe_path" in out

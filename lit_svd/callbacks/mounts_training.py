@@ -5,8 +5,9 @@ the model being trained are mounted from their live weights and scored on a fixe
 (``probe_path``, never the training text) with the same pure functions as the mounts ``test`` run
 (``lit_svd.analysis.mounts``: ``plan_site``, ``site_sums``, ``summarize``, ``judge``): the lift of the
 four strategies (tiled, whole, columns, random), the coverage sweep, the SVD identity and the pass checks
-A1-A4 and B1 (C1 needs steering, which this callback does not run: it is None, as for layers below
-``rules.c1_min_layer``). Module paths only (no effective up / v maps: they need a fit split of the probe).
+A1-A4 and B1 (C1 needs steering, which this callback does not run: it is None at every layer, as the test
+run reports it for layers below ``rules.c1_min_layer``). Module paths only (no effective up / v maps:
+they need a fit split of the probe).
 
 Under DDP each rank scores its share of the probe windows (``i % world_size == rank``) and the token sums
 are summed over ranks before ``summarize``, so two processes give one process's numbers.
@@ -17,6 +18,9 @@ TensorBoard: ``mounts/<site>/layer<l>/<stat>`` (stat: ``lift_<strategy>``, ``lif
 (rank zero): ``results.json["mounts_training"]`` (the settings and the history) and ``mounts_training.png``.
 """
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import torch
 
@@ -98,7 +102,8 @@ class MountsCallback(StepCallback):
         self.probe_windows, self.probe_seq_len = probe_windows, probe_seq_len
         self.tile_widths = dict(tile_widths or {})
         self.modes, self.sweep, self.k_active, self.seed = modes_per_tile, list(modes_sweep), k_active, seed
-        self.rules = M.MountRules.from_dict(rules)
+        # no steering here: C1 is not evaluated (None) at any layer, instead of failing for want of a steer
+        self.rules = dataclasses.replace(M.MountRules.from_dict(rules), c1_min_layer=math.inf)
         self.figures, self.write = figures, write_results
         self.probe = None
 
