@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lit_svd.linalg import FactoredMatrix
+
 EPS = 1e-30
 
 
@@ -42,9 +44,7 @@ def layer_spectra(view, layer: int) -> dict[str, Tensor]:
     return out
 
 
-def _factored_values(fm) -> Tensor:
-    from lit_svd.linalg import FactoredMatrix
-
+def _factored_values(fm: FactoredMatrix) -> Tensor:
     return FactoredMatrix(fm.A.double(), fm.B.double()).svd().S
 
 

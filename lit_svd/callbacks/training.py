@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -88,8 +89,6 @@ class StepCallback(Callback):
         raise NotImplementedError
 
     def _run(self, trainer: pl.Trainer, module) -> None:
-        import time
-
         step = trainer.global_step
         if self.history and self.history[-1]["step"] == step:
             return
