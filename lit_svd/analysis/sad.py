@@ -318,7 +318,8 @@ def attention_inputs(view, input_ids: Tensor, attention_mask: Tensor, layers: li
                for l in layers]
     try:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-        view.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        view.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   logits_to_keep=1)  # the logits are not needed (262k-word vocabularies)
     finally:
         for h in handles:
             h.remove()

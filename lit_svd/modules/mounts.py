@@ -264,7 +264,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         if batch_idx == 0:
             self._stash["first_ids"] = ids[: self.hparams.steer_texts, : self.hparams.steer_tokens].clone()
         with torch.no_grad(), self._taps(mask, fitting):
-            self.lm(input_ids=ids, attention_mask=attn)
+            self.lm(input_ids=ids, attention_mask=attn, logits_to_keep=1)  # only the taps are read
 
     def on_test_epoch_start(self) -> None:
         self._effective_built = False
@@ -312,7 +312,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         same for every mount), and the unsteered last-token logits."""
         cache = None
         if self.hparams.steer_positions == "last":
-            cache = self.lm(input_ids=texts[:, :-1], use_cache=True).past_key_values
+            cache = self.lm(input_ids=texts[:, :-1], use_cache=True, logits_to_keep=1).past_key_values
         self._steer_ctx = (texts, cache, None)
         self._steer_ctx = (texts, cache, self._last_logits())
 
