@@ -225,3 +225,30 @@ def test_gemma3_sad_scores_and_exact_sums(gemma3):
     model, tok = gemma3
     enc = tok(IOI, return_tensors="pt", padding=True)
     check_against_hf(make_view(model), enc["input_ids"], enc["attention_mask"], [0, 5, 17], torch.float32, 1e-4, 1e-4)
+
+
+@pytest.mark.slow
+def test_gemma3_task_data_single_tokens_and_ioi_solved(gemma3):
+    """Task prompts with Gemma's tokenizer: kept names are one SentencePiece ``▁name`` token, GT answers
+    are single digits, and Gemma-3 solves IOI on the 256 test prompts of seed 0 (BOS first), through the
+    right-padded DataModule path that logits_to_keep limits to the answer positions."""
+    from lit_svd.datamodules import task_words as words
+    from lit_svd.datamodules.tasks import TaskDataModule, single_token_words
+    from lit_svd.metrics import evaluate_task
+
+    model, tok = gemma3
+    kept = single_token_words(tok, words.MALE_NAMES + words.FEMALE_NAMES)
+    assert len(kept) >= 20
+    for name in kept[:20]:
+        assert tok.convert_ids_to_tokens(tok.encode(" " + name, add_special_tokens=False)) == ["▁" + name]
+    assert TaskDataModule("gt", tok, n_train=0, n_val=0, n_test=4, batch_size=4).task.mode == "single_digit"
+    dm = TaskDataModule("ioi", tok, n_train=0, n_val=0, n_test=256, batch_size=32, seed=0, prepend_bos=True)
+    assert all(e.clean_ids[0] == tok.bos_token_id for e in dm.splits["test"].examples)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # several times faster on a shared, loaded machine
+    try:
+        got = evaluate_task(model, dm.test_dataloader(), "ioi", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert got["accuracy"] >= 0.9 and got["logit_diff"] > 2  # measured: 0.957, 5.32 (docs/data.md)
+    assert got["corrupt_accuracy"] < 0.1 and abs(got["corrupt_logit_diff"]) < 1.0
