@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from lit_svd.linalg import haar_orthogonal, rolls_tovee_sparsity, svd_factored
+from lit_svd.models.base import augment_inputs  # [1, x]
 
 DEFAULT_RECON_TOL = 1e-4
 
@@ -125,11 +126,6 @@ def qk_heads_from_view(view, layer: int) -> QKHeads:
 def attention_window(view, layer: int) -> int | None:
     """The sliding window of ``layer`` (Gemma-2 / Gemma-3 sliding layers), None for full attention."""
     return view.window(layer)
-
-
-def augment_inputs(x: Tensor) -> Tensor:
-    """``[..., d] -> [..., 1 + d]`` with a leading constant 1 (the bias coordinate)."""
-    return torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)
 
 
 def rotated_bases(U: Tensor, seed: int = 0, head_ids: list[int] | None = None) -> Tensor:

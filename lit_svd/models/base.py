@@ -101,7 +101,7 @@ def split_heads_out(weight: Tensor, n: int) -> Tensor:
     return weight.reshape(n, out // n, d_in).transpose(1, 2)
 
 
-def augment_inputs_like(x: Tensor) -> Tensor:
+def augment_inputs(x: Tensor) -> Tensor:
     """``[..., d] -> [1, x]``: ``[..., 1 + d]`` with a leading constant 1 (the bias coordinate)."""
     return torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)
 
@@ -336,7 +336,7 @@ class ModelView(ABC):
         if maps is None:
             return None
         Q, K, eps = maps
-        xa = augment_inputs_like(x)
+        xa = augment_inputs(x)
         q = torch.einsum("...tD,hDc->...htc", xa, Q.to(x.dtype))
         k = torch.einsum("...tD,hDc->...htc", xa, K.to(x.dtype))
         return torch.rsqrt(q.pow(2).mean(-1) + eps), torch.rsqrt(k.pow(2).mean(-1) + eps)
