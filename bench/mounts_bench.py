@@ -25,9 +25,11 @@ import time
 
 import numpy as np
 import torch
+from conditions import report_conditions  # bench/conditions.py
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lit_svd.analysis import mounts as M  # noqa: E402
+from lit_svd.models.hooks import Hook, hooks  # noqa: E402
 
 WIKITEXT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "wikitext-2", "valid.txt")
 TILES = {"q": 128, "k": 256, "v": 256, "o": 512, "gate": 512, "up": 512, "down": 512}
@@ -71,12 +73,11 @@ def _batches(model, v, windows, args):
     mod = v.site_module(args.layer, args.site)
     got = {}
 
-    def hook(m, a, o):
+    def hook(m, a, kw, o):
         got["io"] = (a[0].reshape(-1, a[0].shape[-1]), v.site_output(args.layer, args.site, o).reshape(-1, o.shape[-1]))
         raise _Stop
 
-    h = mod.register_forward_hook(hook)
-    try:
+    with hooks(Hook(mod, hook, "post")):
         for i in range(0, len(windows), 8):
             try:
                 with torch.no_grad():
@@ -84,8 +85,6 @@ def _batches(model, v, windows, args):
             except _Stop:
                 pass
             yield got.pop("io")
-    finally:
-        h.remove()
 
 
 def run_lit_svd(args, q):
@@ -166,6 +165,7 @@ def main():
     ap.add_argument("--layer", type=int, default=10)
     ap.add_argument("--site", default="down", choices=sorted(TILES))
     args = ap.parse_args()
+    report_conditions()
     print(f"SmolLM2 site {args.site} layer {args.layer}, {args.tokens} WikiText-2 tokens, torch threads "
           f"{torch.get_num_threads()} (shared machine: timings taken under load from other jobs)")
     ours = _child(run_lit_svd, args)

@@ -18,7 +18,7 @@ During training it logs the kept fraction per component type to TensorBoard ever
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -28,13 +28,17 @@ from lit_svd.output import run_dir, save_figure, write_results
 
 
 class DirectionMaskReport(pl.Callback):
-    """Args:
+    """Evaluates a direction-mask run and writes results.json, masks.pt and figures (module docstring).
+
+    Args:
         log_every: steps between per-type kept-fraction logs.
         receptors_top: how many kept OV directions (largest singular value first) get logit receptors.
         steer_factors: factors a chosen OV direction's coefficient is scaled by at the answer position.
-        steer_component, steer_head, steer_direction: the direction to steer (e.g. "L9.ov", 6, 0);
-            None picks the kept OV direction whose hard-mask scale has the largest effect on the task
-            metric (first-order, one backward pass).
+        steer_component: the component of the direction to steer (e.g. "L9.ov"); None (with the next two)
+            picks the kept OV direction whose hard-mask scale has the largest effect on the task metric
+            (first-order, one backward pass).
+        steer_head: its head (group) index, e.g. 6.
+        steer_direction: its direction index within the head, e.g. 0.
         eval_split: "val" or "test" for the end-of-fit evaluation.
         trajectory_every: every so many steps, KL with hard and soft masks and the kept fraction on
             the first validation batch (``results["trajectory"]``: the sparsity-KL path of the run;
@@ -45,7 +49,7 @@ class DirectionMaskReport(pl.Callback):
 
     def __init__(self, log_every: int = 10, receptors_top: int = 12,
                  steer_factors: Sequence[float] = (-2.0, -1.0, 0.0, 2.0, 4.0), steer_component: str | None = None,
-                 steer_head: int | None = None, steer_direction: int | None = None, eval_split: str = "val",
+                 steer_head: int | None = None, steer_direction: int | None = None, eval_split: Literal["val", "test"] = "val",
                  trajectory_every: int = 10, swap_counts: Sequence[int] = (1, 2, 4, 8, 16)):
         if eval_split not in ("val", "test"):
             raise ValueError(f"eval_split={eval_split!r} is unknown; choose val or test")
@@ -79,10 +83,20 @@ class DirectionMaskReport(pl.Callback):
             point[f"kl_{setting}"] = float(task_scores(logits, full, batch)["kl"].mean())
         return point
 
+    def state_dict(self) -> dict:
+        """Saved in checkpoints, so that a resumed run reports the whole trajectory."""
+        return {"trajectory": list(self.trajectory)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.trajectory = list(state.get("trajectory", []))
+
     def on_fit_end(self, trainer, module) -> None:
+        from tqdm.auto import tqdm
+
         loader = getattr(trainer.datamodule, f"{self.eval_split}_dataloader")()
         module._to_device()
-        for batch in loader:
+        for batch in tqdm(loader, desc=f"final evaluation ({self.eval_split})", disable=not trainer.is_global_zero
+                          or not trainer.progress_bar_callback):
             module.evaluate_batch(_to(batch, module.device))
         self.report(trainer, module, module.compute_eval(), loader)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -54,7 +55,29 @@ def _tokens(t: Tensor, mask: Tensor | None) -> Tensor:
 
 class MountsAnalysisModule(PretrainedLMModule):
     """Scores tiled-SVD mounts against whole-matrix SVD, column sampling and random directions on every
-    requested site-layer; the results (``self.rows``) are written by ``lit_svd.callbacks.MountsReport``."""
+    requested site-layer; the results (``self.rows``) are written by ``lit_svd.callbacks.MountsReport``.
+
+    Args:
+        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file of the frozen model.
+        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
+        revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
+        sites: linear sites among q, k, v, o, gate, up, down (null: all the model has).
+        layers: layers to score (null: every layer).
+        tile_widths: column-tile width per site.
+        modes_per_tile: singular modes kept per tile (k).
+        modes_sweep: mode counts of the coverage-saturation sweep.
+        k_active: atoms per token fitted by least squares in the coverage score.
+        seed: seeds column sampling, random mounts (seed, seed + 1) and random dictionaries (seed + 2).
+        effective_paths: score up on diag(mean gate) W_up and v through a ridge map to the mixed value.
+        fit_fraction: fraction of the batches that fits the effective maps (the rest scores them).
+        v_ridge: ridge strength of the v map, relative to trace(X^T X) / d.
+        steer_alpha: steering strength alpha (u added with alpha times the residual norm scale).
+        steer_mounts: tiled mounts of highest tile-local lift steered per residual site-layer.
+        steer_texts: text windows used for steering (the first ones of the stream).
+        steer_tokens: tokens of each steering window.
+        steer_positions: "last" (alpha * u at the read-out token, prefix cached) or "all" (every position).
+        rules: thresholds of the pass rule (null: the paper's values; see configs/mounts/*.yaml).
+    """
 
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
                  sites: list[str] | None = None, layers: list[int] | None = None,
@@ -62,7 +85,7 @@ class MountsAnalysisModule(PretrainedLMModule):
                  modes_sweep: list[int] = (1, 2, 4, 8, 16), k_active: int = 8, seed: int = 0,
                  effective_paths: bool = True, fit_fraction: float = 0.5, v_ridge: float = 1e-3,
                  steer_alpha: float = 2.0, steer_mounts: int = 8, steer_texts: int = 8, steer_tokens: int = 32,
-                 steer_positions: str = "last", rules: dict | None = None):
+                 steer_positions: Literal["last", "all"] = "last", rules: dict | None = None):
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
         self.save_hyperparameters()
         view = self.view
