@@ -252,3 +252,33 @@ def test_gemma3_task_data_single_tokens_and_ioi_solved(gemma3):
         torch.set_num_threads(threads)
     assert got["accuracy"] >= 0.9 and got["logit_diff"] > 2  # measured: 0.957, 5.32 (docs/data.md)
     assert got["corrupt_accuracy"] < 0.1 and abs(got["corrupt_logit_diff"]) < 1.0
+
+
+def test_matched_spectrum_null_keeps_the_head_norm_factors():
+    """The matched-spectrum null of a head with query / key norms multiplies its scores and terms by the
+    model's own per-token factors: each draw equals the explicit random head (with the same ``head_norm``)
+    decomposed as an ordinary head, and differs from the draw without the factors (float64, 1e-9)."""
+    from test_sad import make_case
+
+    from lit_svd.analysis.sad import (QKHeads, attention_probs, causal_visibility, contributions_at, null_heads,
+                                      null_pairs, relative, scores, select_pairs)
+    from lit_svd.linalg import rolls_tovee_sparsity, svd_factored
+
+    base, x, mask = make_case(True, h=2, dh=4)
+    g = torch.Generator().manual_seed(5)
+    D = base.A_q.shape[1]
+    hn = (torch.randn(2, D, 4, generator=g, dtype=base.A_q.dtype), torch.randn(2, D, 4, generator=g, dtype=base.A_q.dtype),
+          1e-6)
+    qk = QKHeads(base.A_q, base.A_k, base.rotate, base.softcap, hn)
+    vis = causal_visibility(mask)
+    null = null_heads(qk, svd_factored(qk.A_q, qk.A_k), n_draws=2, seed=2)
+    got, plain = null_pairs(x, x, vis, qk, null), null_pairs(x, x, vis, base, null)
+    for j in range(2):
+        head = null.head(j, qk)
+        l = scores(x, x, head)
+        pairs = select_pairs(attention_probs(l, vis), relative(l, vis), vis)
+        c = contributions_at(x, x, vis, head, null.U[:, j], pairs)
+        mine = got.draw == j
+        assert int(mine.sum()) == int(pairs.sum()) > 0
+        torch.testing.assert_close(got.sparsity[mine], rolls_tovee_sparsity(c), rtol=1e-9, atol=1e-9)
+    assert len(plain.sparsity) != len(got.sparsity) or (plain.sparsity - got.sparsity).abs().max() > 1e-3
