@@ -19,6 +19,13 @@ augmented residual inputs ``x~ = [1, x]`` (bias row first, as in ``ModelView.qk`
 * control: the same decomposition in the rotated basis ``U Q`` with ``Q`` Haar-random ``[k, k]``
   (a rotation *within* the head's singular subspace, so the terms still sum exactly to ``l~``).
 
+Heads with query / key norms (Gemma-3 ``q_norm`` / ``k_norm``): the model's score is
+``l(d, s) = f_q(d) f_k(s) rope(x~_d A_q, d) . rope(x~_s A_k, s)`` with the norms' gains folded into
+``A_q, A_k`` and the per-token positive factors ``f = 1 / rms(x~ B)`` of the raw query and key maps
+``B_q, B_k`` (``QKHeads.head_norm``). Every term carries the factors of its own pair,
+``t_k(d, s) = f_q(d) f_k(s) (x~_d . u_k)(u_k^T Omega(delta) x~_s)``, so ``sum_k t_k = l`` and
+``sum_k c_k = l~`` stay exact; the basis ``U`` is that of the weights alone.
+
 Pair selection (which ``(d, s)`` are analysed): ``d`` sees at least two sources, ``l~(d, s) > 0``, and
 the head's attention weight ``a(d, s) >= threshold``; ``threshold=None`` means the uniform level
 ``1 / (number of visible sources of d)`` (the earlier code's rule).
@@ -28,6 +35,7 @@ Everything is batched over prompts, heads, destinations, directions and sources 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -35,6 +43,7 @@ import torch
 from torch import Tensor
 
 from lit_svd.linalg import haar_orthogonal, rolls_tovee_sparsity, svd_factored
+from lit_svd.models.base import augment_inputs  # [1, x]
 from lit_svd.models.hooks import capture
 
 DEFAULT_RECON_TOL = 1e-4
@@ -63,13 +72,16 @@ class QKHeads:
     ``A_q, A_k: [h, D, d_head]`` act on augmented inputs ``[1, x]`` (``D = d_model + 1``), the score
     scale folded into ``A_q``. ``rotate(x [..., pos, d_head], positions [pos])`` is the model's rotary
     embedding (``None``: absolute positions). ``softcap``: Gemma-2's ``cap * tanh(l / cap)`` applied to
-    the score before the softmax (the decomposition is of the uncapped score ``l``).
+    the score before the softmax (the decomposition is of the uncapped score ``l``). ``head_norm``:
+    ``(B_q, B_k, eps)`` for per-head query / key RMSNorms (Gemma-3): raw maps ``[h, D, d_head]`` whose
+    per-token RMS divides every score (``factors``).
     """
 
     A_q: Tensor
     A_k: Tensor
     rotate: Rotate | None = None
     softcap: float | None = None
+    head_norm: tuple[Tensor, Tensor, float] | None = None
 
     def __post_init__(self) -> None:
         if self.A_q.shape != self.A_k.shape or self.A_q.dim() != 3:
@@ -82,10 +94,28 @@ class QKHeads:
 
     def select(self, heads: Tensor | list[int]) -> "QKHeads":
         idx = torch.as_tensor(heads, dtype=torch.long, device=self.A_q.device)
-        return QKHeads(self.A_q[idx], self.A_k[idx], self.rotate, self.softcap)
+        hn = None if self.head_norm is None else (self.head_norm[0][idx], self.head_norm[1][idx], self.head_norm[2])
+        return QKHeads(self.A_q[idx], self.A_k[idx], self.rotate, self.softcap, hn)
 
     def to(self, dtype: torch.dtype) -> "QKHeads":
-        return QKHeads(self.A_q.to(dtype), self.A_k.to(dtype), self.rotate, self.softcap)
+        hn = None if self.head_norm is None else (self.head_norm[0].to(dtype), self.head_norm[1].to(dtype),
+                                                  self.head_norm[2])
+        return QKHeads(self.A_q.to(dtype), self.A_k.to(dtype), self.rotate, self.softcap, hn)
+
+    def token_factors(self, xq: Tensor, xk: Tensor) -> tuple[Tensor, Tensor] | None:
+        """``(f_q [B, h, T_d], f_k [B, h, T_s])``: 1 / RMS of each head's raw query and key (None without
+        head norms)."""
+        if self.head_norm is None:
+            return None
+        B_q, B_k, eps = self.head_norm
+        f_q = torch.rsqrt(torch.einsum("bqD,hDc->bhqc", xq, B_q).pow(2).mean(-1) + eps)
+        f_k = torch.rsqrt(torch.einsum("bsD,hDc->bhsc", xk, B_k).pow(2).mean(-1) + eps)
+        return f_q, f_k
+
+    def pair_factors(self, xq: Tensor, xk: Tensor) -> Tensor | None:
+        """``f_q(d) f_k(s)`` as ``[B, h, T_d, T_s]`` (None without head norms)."""
+        f = self.token_factors(xq, xk)
+        return None if f is None else f[0].unsqueeze(-1) * f[1].unsqueeze(-2)
 
     def basis(self) -> Tensor:
         """``U: [h, D, k]``, left singular vectors of ``Omega(0) = A_q A_k^T`` (descending sigma)."""
@@ -97,17 +127,13 @@ def qk_heads_from_view(view, layer: int) -> QKHeads:
     w = view.attn(view.check_layer(layer))
     A_q = torch.cat([w.b_Q.unsqueeze(1), w.W_Q], dim=1) * w.scale
     A_k = torch.cat([w.b_K.unsqueeze(1), w.W_K], dim=1)
-    return QKHeads(A_q, A_k, view.rotate if view.rotary_dim else None, view.attn_softcap)
+    rotate = partial(view.rotate, layer=layer) if view.rotary_dim else None
+    return QKHeads(A_q, A_k, rotate, view.attn_softcap, view.head_norm_maps(layer))
 
 
 def attention_window(view, layer: int) -> int | None:
     """The sliding window of ``layer`` (Gemma-2 / Gemma-3 sliding layers), None for full attention."""
     return view.window(layer)
-
-
-def augment_inputs(x: Tensor) -> Tensor:
-    """``[..., d] -> [..., 1 + d]`` with a leading constant 1 (the bias coordinate)."""
-    return torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)
 
 
 def rotated_bases(U: Tensor, seed: int = 0, head_ids: list[int] | None = None) -> Tensor:
@@ -143,7 +169,8 @@ def scores(xq: Tensor, xk: Tensor, qk: QKHeads) -> Tensor:
     if qk.rotate is not None:
         q = qk.rotate(q, _positions(xq.shape[1], xq.device))
         k = qk.rotate(k, _positions(xk.shape[1], xk.device))
-    return q @ k.mT
+    f = qk.pair_factors(xq, xk)
+    return q @ k.mT if f is None else (q @ k.mT) * f
 
 
 def direction_terms(xq: Tensor, xk: Tensor, qk: QKHeads, U: Tensor) -> Tensor:
@@ -158,7 +185,9 @@ def direction_terms(xq: Tensor, xk: Tensor, qk: QKHeads, U: Tensor) -> Tensor:
         Pq = qk.rotate(P.unsqueeze(2).expand(-1, -1, Tq, -1), _positions(Tq, xq.device))  # [h, k, T_d, c]
         kr = qk.rotate(kap, _positions(xk.shape[1], xk.device))
         b = torch.einsum("hkqc,bhsc->bhqks", Pq, kr)
-    return a.unsqueeze(-1) * b
+    f = qk.pair_factors(xq, xk)
+    terms = a.unsqueeze(-1) * b
+    return terms if f is None else terms * f.unsqueeze(-2)
 
 
 def relative(x: Tensor, visible: Tensor) -> Tensor:
@@ -290,7 +319,7 @@ class NullHeads:
 
     def head(self, draw: int, qk: "QKHeads") -> "QKHeads":
         """Draw ``draw`` as explicit factors (for tests and figures): ``A_q' = U'C_q``, ``A_k' = V'C_k``."""
-        return QKHeads(self.U[:, draw] @ self.C_q, self.V[:, draw] @ self.C_k, qk.rotate, qk.softcap)
+        return QKHeads(self.U[:, draw] @ self.C_q, self.V[:, draw] @ self.C_k, qk.rotate, qk.softcap, qk.head_norm)
 
 
 def null_heads(qk: QKHeads, svd, n_draws: int, seed: int, head_ids: list[int] | None = None) -> NullHeads:
@@ -358,8 +387,12 @@ def null_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, null: NullH
     the same rule (``select_pairs`` on its own scores); draws are stacked along the batch axis."""
     n, B = null.n_draws, xq.shape[0]
     a = torch.einsum("bqD,hnDk->nbhqk", xq, null.U)
+    keys = torch.einsum("nbhsk,hkc->nbhsc", torch.einsum("bsD,hnDk->nbhsk", xk, null.V), null.C_k)
+    f = qk.token_factors(xq, xk)  # Gemma-3: the model's own per-token q_norm / k_norm factors, kept
+    if f is not None:
+        a, keys = a * f[0].unsqueeze(-1), keys * f[1].unsqueeze(-1)
     q = torch.einsum("nbhqk,hkc->nbhqc", a, null.C_q).flatten(0, 1)  # [n B, h, T_d, c]
-    keys = torch.einsum("nbhsk,hkc->nbhsc", torch.einsum("bsD,hnDk->nbhsk", xk, null.V), null.C_k).flatten(0, 1)
+    keys = keys.flatten(0, 1)
     kr = keys
     if qk.rotate is not None:
         q = qk.rotate(q, _positions(q.shape[-2], q.device))
@@ -452,7 +485,8 @@ def attention_inputs(view, input_ids: Tensor, attention_mask: Tensor, layers: li
     (``[1, view.normalized("attn", layer, resid)]``)."""
     with capture({l: view.block(view.check_layer(l)) for l in layers}, "pre") as got:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-        view.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        view.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   logits_to_keep=1)  # the logits are not needed (262k-word vocabularies)
     return {l: augment_inputs(view.normalized("attn", l, got[l])) for l in layers}
 
 

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from lit_svd.analysis import mounts as M
 from lit_svd.models.base import SITES
+from lit_svd.models.hooks import Hook, hooks
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 RESIDUAL_SITES = ("o", "down")
@@ -286,7 +287,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         if batch_idx == 0:
             self._stash["first_ids"] = ids[: self.hparams.steer_texts, : self.hparams.steer_tokens].clone()
         with torch.no_grad(), self._taps(mask, fitting):
-            self.lm(input_ids=ids, attention_mask=attn)
+            self.lm(input_ids=ids, attention_mask=attn, logits_to_keep=1)  # only the taps are read
 
     def on_test_epoch_start(self) -> None:
         self._effective_built = False
@@ -334,7 +335,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         same for every mount), and the unsteered last-token logits."""
         cache = None
         if self.hparams.steer_positions == "last":
-            cache = self.lm(input_ids=texts[:, :-1], use_cache=True).past_key_values
+            cache = self.lm(input_ids=texts[:, :-1], use_cache=True, logits_to_keep=1).past_key_values
         self._steer_ctx = (texts, cache, None)
         self._steer_ctx = (texts, cache, self._last_logits())
 
@@ -351,7 +352,8 @@ class MountsAnalysisModule(PretrainedLMModule):
         top = torch.tensor(row["tile_lift"]).argsort(descending=True)[: hp.steer_mounts]
         U = plan.strategies["tiled"].U[:, top].mT.float()  # [m, d_model]
         base = self._steer_ctx[2]
-        read = unembed_reading(self.view, U.double(), W_U)
+        point = "attn" if row["site"] == "o" else "mlp"  # read through what follows the write (Gemma's post norms)
+        read = unembed_reading(self.view, self.view.post_norm(point, row["layer"], U.double()), W_U)
         rhos, jacs = [], []
         for j in range(U.shape[0]):
             with steering(self.view, row["layer"], row["site"], hp.steer_alpha * U[j].to(self.device)):
@@ -388,30 +390,17 @@ def unembed_reading(view, U: Tensor, W_U: Tensor | None = None) -> Tensor:
 
 @contextmanager
 def steering(view, layer: int, site: str, add: Tensor):
-    """Add ``add: [d_model]`` (or ``[batch, d_model]``) to the residual stream right after ``site``'s
-    sub-layer of ``layer`` (``o``: after attention; ``down``: after the MLP), whatever the norms.
-
-    After the MLP: the block output. After attention (sequential blocks): the MLP's pre-norm reads
-    ``h + add`` and the block output gains ``add`` too, which is exactly the residual ``h + add`` carried
-    on; parallel-residual blocks (GPT-NeoX) add attention and MLP to the same input, so the block output
-    is the place."""
+    """Add ``add: [d_model]`` (or ``[batch, d_model]``) to the write of ``site``'s sub-layer of ``layer``
+    (``o``: the attention output, ``down``: the MLP output), before whatever the model applies to that
+    write (Gemma's post-attention / post-feed-forward norm), so that it reaches the residual stream as
+    the sub-layer's own writes do. Without post norms this is adding it to the residual right after the
+    sub-layer (the MLP's norm and every later layer see it)."""
     if site not in RESIDUAL_SITES:
         raise ValueError(f"steering site {site!r} is not a residual write; allowed: {', '.join(RESIDUAL_SITES)}")
     add3 = add if add.dim() == 1 else add.unsqueeze(1)
 
-    def out_hook(mod, args, out):
-        if isinstance(out, tuple):
-            return (out[0] + add3.to(out[0].dtype),) + tuple(out[1:])
+    def out_hook(mod, args, kwargs, out):
         return out + add3.to(out.dtype)
 
-    def pre_hook(mod, args):
-        return (args[0] + add3.to(args[0].dtype),) + tuple(args[1:])
-
-    handles = [view.block(layer).register_forward_hook(out_hook)]
-    if site == "o" and not view.parallel_residual:
-        handles.append(view.norm_module("mlp", layer).register_forward_pre_hook(pre_hook))
-    try:
+    with hooks(Hook(view.site_module(layer, site), out_hook, "post")):
         yield
-    finally:
-        for h in handles:
-            h.remove()
