@@ -150,12 +150,12 @@ class SADCallback(Callback):
         module.eval()
         try:
             if self._is_lm(module):
-                if self.probe is None and self.probe_path:  # already in the model's ids
-                    self.probe = held_out_probe(trainer, module, self.probe_path, self.n_probe, self.probe_seq_len)
-                elif self.probe is None:
-                    ids, mask = self._lm_probe(trainer)
-                    self.probe = (module.map_ids(ids) if hasattr(module, "map_ids") else ids, mask)
+                if self.probe is None:
+                    self.probe = (held_out_probe(trainer, module, self.probe_path, self.n_probe, self.probe_seq_len,
+                                                 map_ids=False) if self.probe_path else self._lm_probe(trainer))
                 ids, mask = (t.to(module.device) for t in self.probe)
+                if hasattr(module, "map_ids"):  # a model trained on a compacted vocabulary
+                    ids = module.map_ids(ids)
                 res = lm_head_sparsity(module.view, ids, mask, self.threshold, self.recon_tol, self.seed,
                                        self.null_draws)
             else:

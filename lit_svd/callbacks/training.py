@@ -34,9 +34,11 @@ def _training_paths(trainer: pl.Trainer) -> list[Path]:
     return [Path(path).resolve()] if path else []
 
 
-def held_out_probe(trainer: pl.Trainer, module, path: str, n_windows: int, seq_len: int) -> tuple[Tensor, Tensor]:
+def held_out_probe(trainer: pl.Trainer, module, path: str, n_windows: int, seq_len: int,
+                   map_ids: bool = True) -> tuple[Tensor, Tensor]:
     """``(ids [n_windows, seq_len], mask)``: the first windows of ``path``, as the model reads them
-    (``module.map_ids`` when the vocabulary is compacted). Fails if ``path`` is the training text."""
+    (``module.map_ids`` when the vocabulary is compacted, unless ``map_ids`` is False: the tokenizer's
+    ids). Fails if ``path`` is the training text."""
     from lit_svd.datamodules.text import read_local_text, tokenize_texts
 
     probe = Path(path).resolve()
@@ -48,7 +50,7 @@ def held_out_probe(trainer: pl.Trainer, module, path: str, n_windows: int, seq_l
         raise ValueError(f"probe_path={path!r} holds {ids.numel()} tokens, fewer than probe_windows * probe_seq_len"
                          f" = {n_windows * seq_len}")
     ids = ids[: n_windows * seq_len].reshape(n_windows, seq_len)
-    if hasattr(module, "map_ids"):
+    if map_ids and hasattr(module, "map_ids"):
         ids = module.map_ids(ids)
     return ids, torch.ones_like(ids)
 
