@@ -19,6 +19,7 @@ from lit_svd.models.intervene import Component, Intervention
 
 ABLATIONS = ("zero", "patch")
 POSITIONS = ("answer", "all")
+QK_KINDS = ("qk", "q", "k")  # the attention-pattern maps; "without_qk" counts the rest (OV, MLP)
 
 
 def check_mask_config(alpha: float, init: float, threshold: float, ablation: str, positions: str) -> None:
@@ -59,7 +60,8 @@ def mask_loss(masked_logits: Tensor, full_logits: Tensor, lambdas: dict[str, Ten
 
 
 def kept_report(components: Sequence[Component], lambdas: dict[str, Tensor], threshold: float) -> dict:
-    """Kept counts overall, per component type, and per component (per group: head, KV head, layer)."""
+    """Kept counts overall, per component type, per component (per group: head, KV head, layer), and
+    ``without_qk``: over OV and MLP directions only (the q / k or qk maps left out)."""
     per_kind: dict[str, dict[str, int]] = {}
     records = []
     n_total = kept_total = 0
@@ -76,8 +78,11 @@ def kept_report(components: Sequence[Component], lambdas: dict[str, Tensor], thr
                         "kept_per_group": keep.sum(-1).tolist()})
     for slot in per_kind.values():
         slot["kept_fraction"] = slot["kept"] / max(slot["n_directions"], 1)
+    rest = [v for k, v in per_kind.items() if k not in QK_KINDS]
+    n_rest, kept_rest = sum(v["n_directions"] for v in rest), sum(v["kept"] for v in rest)
     return {"n_directions": n_total, "kept": kept_total, "kept_fraction": kept_total / max(n_total, 1),
-            "per_kind": per_kind, "components": records}
+            "per_kind": per_kind, "components": records,
+            "without_qk": {"n_directions": n_rest, "kept": kept_rest, "kept_fraction": kept_rest / max(n_rest, 1)}}
 
 
 def task_scores(logits: Tensor, full_logits: Tensor, batch: dict) -> dict[str, Tensor]:

@@ -18,6 +18,7 @@ During training it logs the kept fraction per component type to TensorBoard ever
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import lightning.pytorch as pl
@@ -25,6 +26,18 @@ import torch
 
 from lit_svd.analysis.masks import logit_receptors, steer, swap_steer, task_scores
 from lit_svd.output import run_dir, save_figure, write_results
+
+
+SPLITS = ("val", "test")
+
+
+def _scores(ev: dict) -> dict:
+    """The module's evaluation dict (``{setting}_{score}``) under results.json's names."""
+    out = {"kl_soft": ev["soft_kl"], "kl_hard": ev["hard_kl"]}
+    for key, score in (("logit_diff", "metric"), ("accuracy", "correct")):
+        out.update({f"{key}_{s}": ev[f"{s}_{score}"] for s in ("full", "soft", "hard")})
+    out.update({f"agreement_{s}": ev[f"{s}_agree"] for s in ("soft", "hard")})
+    return out
 
 
 class DirectionMaskReport(pl.Callback):
@@ -54,6 +67,8 @@ class DirectionMaskReport(pl.Callback):
         self.eval_split = eval_split
         self.swap_counts = list(swap_counts)
         self.trajectory_every, self.trajectory = trajectory_every, []
+        self.train_wall_s = None
+        self.trajectory_split = "val"  # never the test split: nothing is chosen or watched on it
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -68,8 +83,7 @@ class DirectionMaskReport(pl.Callback):
     def trajectory_point(self, trainer, module) -> dict:
         """Kept fraction and KL (soft, hard) on the first batch of the evaluation split (this rank's)."""
         if not hasattr(self, "_probe"):
-            loader = getattr(trainer.datamodule, f"{self.eval_split}_dataloader")()
-            self._probe = _to(next(iter(loader)), module.device)
+            self._probe = _to(next(iter(self._loader(trainer, self.trajectory_split))), module.device)
         batch = self._probe
         full = module.answer_logits(batch["clean_ids"], batch)
         reference = module.reference(batch)
@@ -79,34 +93,54 @@ class DirectionMaskReport(pl.Callback):
             point[f"kl_{setting}"] = float(task_scores(logits, full, batch)["kl"].mean())
         return point
 
+    def on_fit_start(self, trainer, module) -> None:
+        if not len(self._loader(trainer, self.eval_split).dataset):
+            raise ValueError(f"eval_split={self.eval_split!r} but the data module's {self.eval_split} split is empty;"
+                             f" give n_{self.eval_split} > 0")
+
+    def on_train_start(self, trainer, module) -> None:
+        self._train_start = time.monotonic()
+
+    def on_train_end(self, trainer, module) -> None:
+        self.train_wall_s = time.monotonic() - self._train_start
+
     def on_fit_end(self, trainer, module) -> None:
-        loader = getattr(trainer.datamodule, f"{self.eval_split}_dataloader")()
-        module._to_device()
-        for batch in loader:
-            module.evaluate_batch(_to(batch, module.device))
-        self.report(trainer, module, module.compute_eval(), loader)
+        evals = {split: module.evaluate(self._loader(trainer, split)) for split in SPLITS
+                 if len(self._loader(trainer, split).dataset)}
+        self.report(trainer, module, evals, fit=True)
 
     def on_test_end(self, trainer, module) -> None:
-        loader = trainer.datamodule.test_dataloader()
-        self.report(trainer, module, module.last_eval, loader)
+        self.report(trainer, module, {"test": module.last_eval}, fit=False)
+
+    @staticmethod
+    def _loader(trainer, split: str):
+        return getattr(trainer.datamodule, f"{split}_dataloader")()
 
     # --------------------------------------------------------------------------------------------
-    def report(self, trainer, module, ev: dict, loader) -> None:
+    def report(self, trainer, module, evals: dict[str, dict], fit: bool) -> None:
+        """``evals``: split -> the module's evaluation dict; the headline keys are ``eval_split``'s (test
+        after ``trainer.test``); every evaluated split is also reported under ``splits``."""
         kept = module.kept()
-        first = _to(next(iter(loader)), module.device)
+        headline = self.eval_split if self.eval_split in evals else next(iter(evals))
+        probe_split = "val" if "val" in evals else headline  # steering picks and measures off the test split
+        first = _to(next(iter(self._loader(trainer, probe_split))), module.device)
         gt = "greater_mask" in first
+        max_steps = trainer.max_steps
         results = {
             "experiment": "direction_mask", "task": _task_name(trainer), "model": module.model_name,
             "n_directions": kept["n_directions"], "kept": kept["kept"],
             "kept_fraction": kept["kept_fraction"], "threshold": module.threshold, "alpha": module.alpha,
             "ablation": module.ablation, "positions": module.positions, "steps": trainer.global_step,
             "straight_through": module.hparams.straight_through, "soft_steps": module.hparams.soft_steps,
-            "eval_split": self.eval_split, "metric": "prob_diff" if gt else "logit_diff",
-            "kl_soft": ev["soft_kl"], "kl_hard": ev["hard_kl"],
-            "logit_diff_full": ev["full_metric"], "logit_diff_soft": ev["soft_metric"], "logit_diff_hard": ev["hard_metric"],
-            "accuracy_full": ev["full_correct"], "accuracy_soft": ev["soft_correct"], "accuracy_hard": ev["hard_correct"],
-            "agreement_soft": ev["soft_agree"], "agreement_hard": ev["hard_agree"],
+            "eval_split": headline, "metric": "prob_diff" if gt else "logit_diff",
+            **_scores(evals[headline]),
             "per_kind": kept["per_kind"], "trajectory": self.trajectory, "components": kept["components"],
+            "splits": {split: {"n_examples": len(self._loader(trainer, split).dataset), **_scores(ev)}
+                       for split, ev in evals.items()},
+            "kept_without_qk": kept["without_qk"], "max_steps": max_steps,
+            "stopped_early": fit and max_steps > 0 and trainer.global_step < max_steps,
+            "train_wall_s": self.train_wall_s if fit else None, "trajectory_split": self.trajectory_split,
+            "steering_split": probe_split,
         }
         results["receptors"] = self.receptors(module)
         results["steering"] = self.steering(module, first)

@@ -95,15 +95,16 @@ class DirectionMaskModule(PretrainedLMModule):
                 "threshold": self.threshold, "model": self.model_name, "hparams": dict(self.hparams)}
 
     def on_fit_start(self) -> None:
-        self._to_device()
+        self.components_to_device()
 
     def on_validation_start(self) -> None:
-        self._to_device()
+        self.components_to_device()
 
     def on_test_start(self) -> None:
-        self._to_device()
+        self.components_to_device()
 
-    def _to_device(self) -> None:
+    def components_to_device(self) -> None:
+        """Move the component SVDs (plain tensors, not buffers) to the module's device."""
         for c in self.components:
             for attr in ("U", "S", "V", "read"):
                 t = getattr(c, attr)
@@ -181,6 +182,14 @@ class DirectionMaskModule(PretrainedLMModule):
         for setting, logits in (("full", full), ("soft", soft), ("hard", hard)):
             for name, values in task_scores(logits, full, batch).items():
                 self.eval_metrics[f"{setting}_{name}"].update(values)
+
+    @torch.no_grad()
+    def evaluate(self, loader) -> dict[str, float]:
+        """Full / soft / hard scores over every batch of ``loader`` (synced means, see ``compute_eval``)."""
+        self.components_to_device()
+        for batch in loader:
+            self.evaluate_batch({k: v.to(self.device) for k, v in batch.items()})
+        return self.compute_eval()
 
     def compute_eval(self) -> dict[str, float]:
         """Synced (DDP) means of the evaluation states, then reset."""
