@@ -24,7 +24,7 @@ from typing import Sequence
 import lightning.pytorch as pl
 import torch
 
-from lit_svd.analysis.masks import logit_receptors, steer, swap_steer, task_scores
+from lit_svd.analysis.masks import logit_receptors, steer, swap_steer
 from lit_svd.output import run_dir, save_figure, write_results
 
 
@@ -90,7 +90,7 @@ class DirectionMaskReport(pl.Callback):
         point = {"step": trainer.global_step, "kept_fraction": module.kept()["kept_fraction"]}
         for setting, scales in (("soft", {n: l.detach() for n, l in module.lambdas().items()}), ("hard", module.hard())):
             logits = module.answer_logits(batch["clean_ids"], batch, scales, reference)
-            point[f"kl_{setting}"] = float(task_scores(logits, full, batch)["kl"].mean())
+            point[f"kl_{setting}"] = float(module.scores(logits, full, batch)["kl"].mean())
         return point
 
     def on_fit_start(self, trainer, module) -> None:
@@ -124,7 +124,7 @@ class DirectionMaskReport(pl.Callback):
         headline = self.eval_split if self.eval_split in evals else next(iter(evals))
         probe_split = "val" if "val" in evals else headline  # steering picks and measures off the test split
         first = _to(next(iter(self._loader(trainer, probe_split))), module.device)
-        gt = "greater_mask" in first
+        gt = module.task == "gt"
         max_steps = trainer.max_steps
         results = {
             "experiment": "direction_mask", "task": _task_name(trainer), "model": module.model_name,
@@ -160,15 +160,14 @@ class DirectionMaskReport(pl.Callback):
         return rows[: self.receptors_top]
 
     def steering(self, module, batch: dict) -> dict | None:
-        hard = module.hard()
         name, head, direction = self.steer_target
         if name is None:
-            picked = _most_effective_ov_direction(module, batch, hard)
+            picked = module.most_effective_ov_direction(batch)
             if picked is None:
                 return None
             name, head, direction = picked
-
-        rows = steer(_steered_run(module, batch), module.intervention, batch, name, head, direction, self.steer_factors)
+        rows = steer(_steered_run(module, batch), module.intervention, batch, name, head, direction, self.steer_factors,
+                     task=module.task)
         return {"component": name, "head": head, "direction": direction, "n_examples": len(batch["answer_pos"]),
                 "factors": rows}
 
@@ -181,7 +180,7 @@ class DirectionMaskReport(pl.Callback):
             module.answer_logits(batch["clean_ids"], batch)
         hard = module.hard()
         return swap_steer(_steered_run(module, batch), batch, dict(coefficients), {n: hard[n] for n in names},
-                          self.swap_counts)
+                          self.swap_counts, task=module.task)
 
     def figures(self, trainer, module, kept: dict) -> None:
         import matplotlib
@@ -222,26 +221,6 @@ def _steered_run(module, batch: dict):
             return module.answer_logits(batch["clean_ids"], batch)
 
     return run
-
-
-def _most_effective_ov_direction(module, batch: dict, hard: dict) -> tuple[str, int, int] | None:
-    """The kept OV direction with the largest |d metric / d scale| at the hard masks (one backward)."""
-    names = [c.name for c in module.components if c.kind == "ov"]
-    if not names:
-        return None
-    scales = {n: h.clone().requires_grad_(n in names) for n, h in hard.items()}
-    with torch.enable_grad():
-        logits = module.answer_logits(batch["clean_ids"], batch, scales, module.reference(batch))
-        metric = task_scores(logits, logits.detach(), batch)["metric"].mean()
-        grads = torch.autograd.grad(metric, [scales[n] for n in names])
-    best, best_val = None, 0.0
-    for n, g in zip(names, grads):
-        score = (g.abs() * hard[n])
-        val = float(score.max())
-        if val > best_val:
-            idx = int(score.argmax())
-            best, best_val = (n, idx // score.shape[1], idx % score.shape[1]), val
-    return best
 
 
 def _task_name(trainer) -> str | None:

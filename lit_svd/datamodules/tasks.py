@@ -321,8 +321,11 @@ def build_split(task: PromptTask, points: Sequence[int], seed: int, bos: list[in
 
 
 class PromptDataset(Dataset):
-    def __init__(self, examples: list[Encoded]):
-        self.examples = examples
+    """The encoded examples of one split; ``task`` names the task ("ioi", "gp", "gt") so that whoever
+    scores the batches knows what it reads without guessing from the batch keys."""
+
+    def __init__(self, examples: list[Encoded], task: str = ""):
+        self.examples, self.task = examples, task
 
     def __len__(self):
         return len(self.examples)
@@ -396,7 +399,7 @@ class TaskDataModule(pl.LightningDataModule):
             val, train, test = draw_points(space, (n_val, n_train, n_test), seed)
         else:
             test, val, train = draw_points(space, (n_test, n_val, n_train), seed)
-        self.splits = {name: PromptDataset(build_split(self.task, points, seed, bos))
+        self.splits = {name: PromptDataset(build_split(self.task, points, seed, bos), self.task.name)
                        for name, points in (("train", train), ("val", val), ("test", test))}
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
 
