@@ -352,9 +352,15 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor, ceiling: bool = True) -> di
         inn[j] = (proj ** 2).sum(0)
     out.update(tile_mode=tm, tile_ref=tr, ident_err=ie, ident_norm=inn)
     if ceiling:
-        y = dh / (norm2 + EPS).sqrt().float().unsqueeze(1)
-        out["gram"] = (y.mT @ y).double()
+        out["gram"] = ceiling_sum(dh)
     return out
+
+
+def ceiling_sum(dh: Tensor) -> Tensor:
+    """``sum_t dh_t dh_t^T / (||dh_t||^2 + eps)`` ``[d_out, d_out]`` (float64): the ceiling's statistic."""
+    dh = dh.float()
+    y = dh / ((dh.double() ** 2).sum(1) + EPS).sqrt().float().unsqueeze(1)
+    return (y.mT @ y).double()
 
 
 def add_sums(a: dict[str, Tensor], b: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -7,7 +7,7 @@ so memory holds one layer's activations of one batch. Sums live in named torchme
 process.
 
 Controls per site-layer: the *data ceiling* (top-``n`` principal directions of the site's own outputs,
-same tokens) and, with ``null=True``, the *structureless null*: a matrix with the site's singular values
+same tokens) and, with ``null_control=True``, the *structureless null*: a matrix with the site's singular values
 and Haar-random singular vectors, scored on the same inputs (every ``null_stride``-th token) by the same
 rules, steering included; its checks sit beside the real ones (``row["null"]``).
 
@@ -83,7 +83,7 @@ class MountsAnalysisModule(PretrainedLMModule):
     ``tile_widths``: ``"scaled"`` (the paper's number of tiles per site for this model's input sizes,
     ``lit_svd.analysis.mounts.scaled_tile_width``), ``"fixed"`` (the paper's absolute Gemma-2-2B widths)
     or a dict of widths per site (sites left out: the fixed width).
-    ``null``: score the structureless null too; ``null_stride``: it sees every so many-th token of the
+    ``null_control``: score the structureless null too; ``null_stride``: it sees every so many-th token of the
     same stream (1: every token)."""
 
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
@@ -93,7 +93,7 @@ class MountsAnalysisModule(PretrainedLMModule):
                  effective_paths: bool = True, fit_fraction: float = 0.5, v_ridge: float = 1e-3,
                  steer_alpha: float = 2.0, steer_mounts: int = 8, steer_texts: int = 8, steer_tokens: int = 32,
                  steer_positions: Literal["last", "all"] = "last", rules: dict | None = None,
-                 null: bool = True, null_stride: int = 1):
+                 null_control: bool = True, null_stride: int = 1):
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
         self.save_hyperparameters()
         view = self.view
@@ -173,7 +173,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         """The site-layer's plan and, with ``null``, its structureless null's plan."""
         k = self.key(layer, site)
         self.plans[k] = self._plan(W_out_in, site)
-        if self.hparams.null:
+        if self.hparams.null_control:
             seed = NULL_SEED + NULL_LAYER_STRIDE * layer + SITES.index(site)
             self.null_plans[k] = self._plan(M.haar_null(W_out_in, seed), site)
 
@@ -194,7 +194,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         for l in self.layers:
             for s in self.sites:
                 self.sums[self.key(l, s)] = NamedSums(self._shapes(s, ceiling=True))
-                if self.hparams.null:
+                if self.hparams.null_control:
                     self.null_sums[self.key(l, s)] = NamedSums(self._shapes(s, ceiling=False))
             if self.effective:
                 self.fit[f"L{l}"] = NamedSums(fit_shapes)
@@ -250,7 +250,7 @@ class MountsAnalysisModule(PretrainedLMModule):
     def _score(self, k: str, x: Tensor, dh: Tensor) -> None:
         """Add one batch of site-layer ``k`` (tokens ``x``, writes ``dh``) to its sums and its null's."""
         self.sums[k].update(M.site_sums(self.plans[k], x, dh))
-        if self.hparams.null:
+        if self.hparams.null_control:
             null, xs = self.null_plans[k], x[:: self.hparams.null_stride]
             self.null_sums[k].update(M.site_sums(null, xs, xs.float() @ null.W32.mT, ceiling=False))
 
@@ -333,17 +333,17 @@ class MountsAnalysisModule(PretrainedLMModule):
                 row = {"site": s, "layer": l, "residual": s in RESIDUAL_SITES,
                        "path": "effective" if s in self.effective else "module",
                        "tile_width": self.tile_widths[s], **M.summarize(self.plans[k], self.sums[k].compute())}
-                if self.hparams.null:
+                if self.hparams.null_control:
                     row["null"] = {"layer": l, **M.summarize(self.null_plans[k], self.null_sums[k].compute())}
                 rows.append(row)
         steer_rows = [r for r in rows if r["residual"]]
         for row in tqdm(steer_rows, desc="steering", disable=not self._is_zero()):
             k = self.key(row["layer"], row["site"])
             row.update(self._steer(ctx, self.plans[k], row, reading_W))
-            if self.hparams.null:
+            if self.hparams.null_control:
                 row["null"].update(self._steer(ctx, self.null_plans[k], row["null"], reading_W, row))
         for row in rows:
-            for r in ([row, row["null"]] if self.hparams.null else [row]):
+            for r in ([row, row["null"]] if self.hparams.null_control else [row]):
                 r["checks"] = M.judge(r, self.rules, residual=row["residual"], effective=row["path"] == "effective")
                 r["pass"] = r["checks"]["pass"]
         self.rows = rows
