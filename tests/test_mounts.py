@@ -344,3 +344,19 @@ def test_discrimination_counts_real_against_null_per_site():
     d = discrimination(rows)
     assert d["q"]["A1"] is True and d["o"]["A1"] is False and d["q"]["C1"] is None
     assert d["all"]["pass"] is False  # 3 real passes against 3 null passes
+
+
+def test_site_summary_counts_per_site_layer():
+    from lit_svd.callbacks.mounts import site_summary
+
+    def row(layer, tiled, whole, span_t, span_w, ceiling):
+        r = {"site": "o", "layer": layer, "lift_tiled": tiled, "lift_whole": whole, "span_lift_tiled": span_t,
+             "span_lift_whole": span_w, "span_lift_ceiling": ceiling}
+        for s in ("tiled", "whole", "columns"):
+            r[f"ceiling_fraction_{s}"] = r.get(f"span_lift_{s}", 0.0) / ceiling
+        return r
+
+    out = site_summary([row(0, 0.2, 0.1, 0.3, 0.4, 0.5), row(1, 0.05, 0.1, 0.45, 0.4, 0.5)])["o"]
+    assert out["tiled_beats_whole_lift"] == 1 and out["tiled_beats_whole_span"] == 1
+    assert out["ceiling_fraction_tiled"] == {"mean": pytest.approx(0.75), "min": pytest.approx(0.6),
+                                             "max": pytest.approx(0.9)}

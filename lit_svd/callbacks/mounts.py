@@ -47,6 +47,28 @@ def discrimination(rows: list[dict]) -> dict[str, dict[str, bool | None]]:
             for site, by in real.items()}
 
 
+def site_summary(rows: list[dict]) -> dict[str, dict]:
+    """Per site, counted per site-layer (not averaged away): layers where tiled beats the whole-matrix SVD
+    on the per-mount lift and on the span lift, and the span lifts as fractions of the data ceiling
+    (mean, min, max over layers); with the null, the same span comparison for the nulls."""
+    out = {}
+    for site in dict.fromkeys(r["site"] for r in rows):
+        mine = [r for r in rows if r["site"] == site]
+        entry = {"n_layers": len(mine),
+                 "tiled_beats_whole_lift": sum(r["lift_tiled"] > r["lift_whole"] for r in mine),
+                 "tiled_beats_whole_span": sum(r["span_lift_tiled"] > r["span_lift_whole"] for r in mine)}
+        for strat in STRATEGIES[:-1]:
+            fr = [r[f"ceiling_fraction_{strat}"] for r in mine if f"ceiling_fraction_{strat}" in r]
+            if fr:
+                entry[f"ceiling_fraction_{strat}"] = {"mean": sum(fr) / len(fr), "min": min(fr), "max": max(fr)}
+        if "null" in mine[0]:
+            entry["null_tiled_beats_whole_lift"] = sum(r["null"]["lift_tiled"] > r["null"]["lift_whole"] for r in mine)
+            entry["null_tiled_beats_whole_span"] = sum(r["null"]["span_lift_tiled"] > r["null"]["span_lift_whole"]
+                                                       for r in mine)
+        out[site] = entry
+    return out
+
+
 def csv_row(row: dict) -> dict:
     """One flat CSV row: lists joined with ``;``, checks as columns."""
     out = {}
@@ -75,7 +97,7 @@ class MountsReport(pl.Callback):
         results = {"experiment": "tiled_mounts", "model": hp.get("model"), "config": hp,
                    "n_tokens": max(r["n_tokens"] for r in rows), "pass_table": pass_table(rows),
                    "n_pass": sum(r["pass"] for r in rows), "n_site_layers": len(rows),
-                   "tile_widths": dict(pl_module.tile_widths), "sites": rows}
+                   "tile_widths": dict(pl_module.tile_widths), "site_summary": site_summary(rows), "sites": rows}
         if "null" in rows[0]:
             results.update(pass_table_null=pass_table(rows, null=True), n_pass_null=sum(r["null"]["pass"] for r in rows),
                            discriminating=discrimination(rows))
