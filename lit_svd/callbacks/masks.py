@@ -1,15 +1,20 @@
 """DirectionMaskReport: what a direction-mask run measured, written into the run folder.
 
-At the end of ``fit`` (and of ``test``) it evaluates the masks on the validation (test) split with
-soft and hard masks, and writes (rank zero):
+At the end of ``fit`` it evaluates the masks on the validation and the test split (each that has
+examples) with the full model, soft masks (the paper's evaluation) and hard masks; after ``test`` on
+the test split. It writes (rank zero):
 
 * ``results.json``: ``experiment`` ("direction_mask"), ``task``, ``model``, ``n_directions``, ``kept``,
   ``kept_fraction``, ``kl_soft``, ``kl_hard``, ``logit_diff_full``, ``logit_diff_hard`` (GT: the
   probability difference greater - lesser), ``accuracy_full``, ``accuracy_hard`` (GT: fraction with a
   positive probability difference), plus ``logit_diff_soft``, ``accuracy_soft``, ``agreement_soft``,
-  ``agreement_hard``, ``per_kind`` and ``components`` (kept counts per component and group),
-  ``receptors``, ``steering`` (one direction scaled) and ``steering_swap`` (two-class tasks: the
-  most class-separating kept OV directions swapped toward the other class's mean);
+  ``agreement_hard`` (these flat figures are ``eval_split``'s), ``splits`` (the same figures and
+  ``n_examples`` per split), ``per_kind``, ``kept_without_qk`` and ``components`` (kept counts per
+  component and group), ``steps``, ``max_steps``, ``stopped_early`` (the run ended before
+  ``max_steps``: the ``max_time`` safety net fired), ``train_wall_s``, ``receptors``, ``steering`` (one
+  direction scaled) and ``steering_swap`` (two-class tasks: the most class-separating kept OV
+  directions swapped toward the other class's mean); the trajectory and steering use the validation
+  split, never the test split;
 * ``masks.pt``: ``torch.load`` it for ``{"lambdas": {component: [groups, directions]}, "threshold", ...}``;
 * ``masks_kept_<kind>.png``: kept directions per layer and head (group), also in TensorBoard.
 
@@ -19,7 +24,7 @@ During training it logs the kept fraction per component type to TensorBoard ever
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Literal, Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -48,7 +53,8 @@ class DirectionMaskReport(pl.Callback):
         steer_component, steer_head, steer_direction: the direction to steer (e.g. "L9.ov", 6, 0);
             None picks the kept OV direction whose hard-mask scale has the largest effect on the task
             metric (first-order, one backward pass).
-        eval_split: "val" or "test" for the end-of-fit evaluation.
+        eval_split: "val" or "test": whose figures are the flat (headline) keys of results.json; both
+            splits are evaluated and reported under ``splits``.
         trajectory_every: every so many steps, KL with hard and soft masks and the kept fraction on
             the first validation batch (``results["trajectory"]``: the sparsity-KL path of the run;
             0 turns it off).
@@ -58,7 +64,8 @@ class DirectionMaskReport(pl.Callback):
 
     def __init__(self, log_every: int = 10, receptors_top: int = 12,
                  steer_factors: Sequence[float] = (-2.0, -1.0, 0.0, 2.0, 4.0), steer_component: str | None = None,
-                 steer_head: int | None = None, steer_direction: int | None = None, eval_split: str = "val",
+                 steer_head: int | None = None, steer_direction: int | None = None,
+                 eval_split: Literal["val", "test"] = "val",
                  trajectory_every: int = 10, swap_counts: Sequence[int] = (1, 2, 4, 8, 16)):
         if eval_split not in ("val", "test"):
             raise ValueError(f"eval_split={eval_split!r} is unknown; choose val or test")
@@ -81,7 +88,7 @@ class DirectionMaskReport(pl.Callback):
 
     @torch.no_grad()
     def trajectory_point(self, trainer, module) -> dict:
-        """Kept fraction and KL (soft, hard) on the first batch of the evaluation split (this rank's)."""
+        """Kept fraction and KL (soft, hard) on the first validation batch (this rank's)."""
         if not hasattr(self, "_probe"):
             self._probe = _to(next(iter(self._loader(trainer, self.trajectory_split))), module.device)
         batch = self._probe
