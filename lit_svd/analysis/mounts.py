@@ -262,8 +262,12 @@ def plan_site(W: Tensor, tile_width: int, modes: int, modes_sweep: list[int] | t
     for name, D in groups.items():
         blocks[name] = slice(start, start + D.shape[1])
         start += D.shape[1]
-    return SitePlan(W, strategies, ref, spans, coverage, tiles, k_active, torch.cat(list(groups.values()), dim=1).float(),
-                    blocks, W.float(), (strategies["tiled"].V * strategies["tiled"].S).float())
+    proj = torch.cat(list(groups.values()), dim=1).float()
+    # the dictionaries keep their float64 Gram matrices; their atoms become views of proj (no second copy)
+    coverage = [(m, CoverageDict(proj[:, blocks[f"cov_t{i}"]], t.G), CoverageDict(proj[:, blocks[f"cov_r{i}"]], r.G))
+                for i, (m, t, r) in enumerate(coverage)]
+    return SitePlan(W, strategies, ref, spans, coverage, tiles, k_active, proj, blocks, W.float(),
+                    (strategies["tiled"].V * strategies["tiled"].S).float())
 
 
 # --- tile widths ---------------------------------------------------------------------------------
