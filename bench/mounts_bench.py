@@ -110,7 +110,7 @@ def run_lit_svd(args, q):
         t1 = time.perf_counter()
         g = M.ceiling_sum(dh)
         xs = x[:: args.null_stride]
-        none = M.site_sums(null, xs, xs @ null.W32.mT, ceiling=False)
+        none = M.site_sums(null, xs, xs @ null.W.mT, ceiling=False)
         t2 = time.perf_counter()
         scoring, controls = scoring + t1 - t0, controls + t2 - t1
         sums = one if sums is None else M.add_sums(sums, one)

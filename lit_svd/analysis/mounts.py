@@ -213,7 +213,7 @@ class SitePlan:
     """Everything fixed by the weights that scoring one site-layer needs, complete at construction
     (``plan_site`` builds it)."""
 
-    W: Tensor  # [d_out, d_in]: the mount matrix (effective map on effective paths)
+    W: Tensor  # [d_out, d_in] float32: the mount matrix (effective map on effective paths)
     strategies: dict[str, Mounts]
     ref: Tensor  # [d_out, n]
     spans: dict[str, Tensor]
@@ -222,7 +222,6 @@ class SitePlan:
     k_active: int
     proj: Tensor  # [d_out, N] float32: every direction dh is projected on, side by side
     blocks: dict[str, slice]  # where each group of directions sits in proj
-    W32: Tensor  # W in float32
     V32: Tensor  # [d_in, n] float32: sigma_j v_j of the tiled mounts
 
     @property
@@ -266,7 +265,7 @@ def plan_site(W: Tensor, tile_width: int, modes: int, modes_sweep: list[int] | t
     # the dictionaries keep their float64 Gram matrices; their atoms become views of proj (no second copy)
     coverage = [(m, CoverageDict(proj[:, blocks[f"cov_t{i}"]], t.G), CoverageDict(proj[:, blocks[f"cov_r{i}"]], r.G))
                 for i, (m, t, r) in enumerate(coverage)]
-    return SitePlan(W, strategies, ref, spans, coverage, tiles, k_active, proj, blocks, W.float(),
+    return SitePlan(W.float(), strategies, ref, spans, coverage, tiles, k_active, proj, blocks,
                     (strategies["tiled"].V * strategies["tiled"].S).float())
 
 
@@ -347,7 +346,7 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor, ceiling: bool = True) -> di
     tm, tr, ie, inn = (torch.zeros(plan.n, dtype=torch.float64) for _ in range(4))
     for t, (s, e) in enumerate(plan.tiles):
         j = (tiled.tile == t).nonzero().squeeze(1)
-        tw = x[:, s:e] @ plan.W32[:, s:e].mT
+        tw = x[:, s:e] @ plan.W[:, s:e].mT
         tn2 = (tw.double() ** 2).sum(1).unsqueeze(1) + EPS
         proj, rp = (tw @ U32[:, j]).double(), (tw @ ref32[:, j]).double()
         tm[j] = (proj ** 2 / tn2).sum(0)

@@ -252,7 +252,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         self.sums[k].update(M.site_sums(self.plans[k], x, dh))
         if self.hparams.null_control:
             null, xs = self.null_plans[k], x[:: self.hparams.null_stride]
-            self.null_sums[k].update(M.site_sums(null, xs, xs.float() @ null.W32.mT, ceiling=False))
+            self.null_sums[k].update(M.site_sums(null, xs, xs.float() @ null.W.mT, ceiling=False))
 
     def _reduce_layer(self, l: int, store: dict, mask: Tensor | None, fitting: bool) -> None:
         for s in self.sites:
