@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from conditions import report_conditions  # bench/conditions.py
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -61,6 +62,7 @@ def main():
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    report_conditions()
     model, tok = load_causal_lm(args.model)
     print(f"model {args.model}, torch threads {torch.get_num_threads()}, {args.n} prompts per task")
     for task in ("ioi", "gp", "gt"):

@@ -27,6 +27,7 @@ import time
 from contextlib import ExitStack, contextmanager
 
 import torch
+from conditions import report_conditions  # bench/conditions.py
 from torch import Tensor
 
 
@@ -62,8 +63,10 @@ def dense_reference(view, comps: dict, lambdas: dict[str, Tensor], positions: Te
     """Within the block the model runs on dense masked matrices rebuilt from ``comps`` (unfolded
     view). q and k maps are replaced at every position; OV (recomputed from the eager attention
     pattern) and the MLP maps at ``positions`` (one per example; None: everywhere), as in training."""
+    from lit_svd.models.hooks import Hook, hooks
     from lit_svd.models.intervene import put_rows_at, rows_at
 
+    specs = []
     with ExitStack() as stack:
         for name, c in comps.items():
             lam = lambdas[name]
@@ -74,17 +77,17 @@ def dense_reference(view, comps: dict, lambdas: dict[str, Tensor], positions: Te
                     written = torch.einsum("...hd,hde->...e", mixed, _rebuild(c, lam))
                     return (put_rows_at(out[0], positions, written),) + tuple(out[1:])
 
-                handle = view.block(c.layer).self_attn.register_forward_hook(hook, with_kwargs=True)
+                specs.append(Hook(view.block(c.layer).self_attn, hook, "post"))
             elif c.kind in ("q", "k") or positions is None:  # replaced outright: the model's map never runs
                 module = view.site_module(c.layer, SITES[c.kind])
                 module.forward = lambda x, c=c, lam=lam: _dense(x, c, lam)
                 stack.callback(module.__dict__.pop, "forward")
                 continue
             else:
-                handle = view.site_module(c.layer, SITES[c.kind]).register_forward_hook(
-                    lambda module, args, out, c=c, lam=lam: put_rows_at(out, positions, _dense(rows_at(args[0], positions), c, lam)))
-            stack.callback(handle.remove)
-        yield
+                specs.append(Hook(view.site_module(c.layer, SITES[c.kind]), lambda module, args, kwargs, out, c=c, lam=lam:
+                                  put_rows_at(out, positions, _dense(rows_at(args[0], positions), c, lam)), "post"))
+        with hooks(*specs):
+            yield
 
 
 def setup(name: str, layers: int, batch: int, length: int):
@@ -171,6 +174,7 @@ def main() -> None:
     if args.mode:
         print(json.dumps(peak_memory(args.mode, args.model, args.layers, args.batch, args.length)))
         return
+    report_conditions("each measured side runs in its own process with 1 torch thread")
     memory = {}
     for mode in ("plain", "masked", "dense"):
         out = subprocess.run([sys.executable, __file__, "--mode", mode, "--model", args.model, "--layers", str(args.layers),

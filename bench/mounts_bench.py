@@ -31,9 +31,11 @@ import time
 
 import numpy as np
 import torch
+from conditions import report_conditions  # bench/conditions.py
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lit_svd.analysis import mounts as M  # noqa: E402
+from lit_svd.models.hooks import Hook, first_input, hooks  # noqa: E402
 
 WIKITEXT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "wikitext-2", "valid.txt")
 NULL_SEED = 20011
@@ -78,8 +80,6 @@ def _status_mb(key: str) -> float:
 
 def _batches(model, v, windows, args):
     """Yield ``(x, dh)`` of the site for each batch of 8 windows (the forward stops after the site)."""
-    from lit_svd.models.hooks import Hook, first_input, hooks
-
     mod = v.site_module(args.layer, args.site)
     got = {}
 
@@ -200,6 +200,7 @@ def main():
     ap.add_argument("--widths", default="scaled", choices=["scaled", "fixed"])
     ap.add_argument("--null-stride", type=int, default=1)
     args = ap.parse_args()
+    report_conditions()
     print(f"SmolLM2 site {args.site} layer {args.layer} ({args.widths} tile widths, null on every {args.null_stride}"
           f" token(s)), {args.tokens} WikiText-2 tokens, torch threads "
           f"{torch.get_num_threads()} (shared machine: timings taken under load from other jobs)")

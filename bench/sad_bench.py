@@ -18,6 +18,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from conditions import report_conditions  # noqa: E402  (bench/conditions.py)
 
 from lit_svd.analysis.sad import (DEFAULT_RECON_TOL, attention_inputs, causal_visibility, decompose_layer,  # noqa: E402
                                   layer_bases, n_recon)
@@ -67,6 +68,7 @@ def main():
     p.add_argument("--threads", type=int, default=1, help="torch threads for both sides (1: robust on a shared box)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    report_conditions()
 
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.models import load_causal_lm, view as make_view

@@ -19,6 +19,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from conditions import report_conditions  # noqa: E402  (bench/conditions.py)
 from tqdm import tqdm  # noqa: E402
 
 from lit_svd.linalg import FactoredMatrix  # noqa: E402
@@ -88,6 +89,7 @@ def main() -> None:
                         help="torch threads (1: multi-threaded LAPACK spins badly on a shared 2-core machine)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    report_conditions()
     rows = {}
     with torch.no_grad():
         for name in args.models.split(","):

@@ -16,6 +16,7 @@ import time
 
 import lightning.pytorch as pl
 import torch
+from conditions import report_conditions  # bench/conditions.py
 
 from lit_svd.datamodules.toy import SparseFeatureDataModule
 from lit_svd.modules.toy import ToyAlignmentModule
@@ -73,6 +74,7 @@ def main() -> None:
     ap.add_argument("--skip-ensemble", action="store_true", help="only Lightning against the plain loop")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    report_conditions()
     DATA["batch_size"] = args.batch
     import logging
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

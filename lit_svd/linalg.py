@@ -26,6 +26,9 @@ class SVD:
     def truncate(self, k: int) -> "SVD":
         return SVD(self.U[..., :k], self.S[..., :k], self.V[..., :k])
 
+    def to(self, dtype: torch.dtype) -> "SVD":
+        return SVD(self.U.to(dtype), self.S.to(dtype), self.V.to(dtype))
+
 
 @dataclass
 class FactoredMatrix:
@@ -76,6 +79,31 @@ def svd_factored(A: Tensor, B: Tensor) -> SVD:
 def svd_dense(M: Tensor) -> SVD:
     U, S, Vh = torch.linalg.svd(M, full_matrices=False)
     return SVD(U, S, Vh.mT)
+
+
+def average_ranks(x: Tensor) -> Tensor:
+    """Ranks ``0..n-1`` of the entries of ``x`` (flattened, float64); tied entries share their mean rank."""
+    x = x.flatten()
+    values, order = torch.sort(x, stable=True)
+    _, group, counts = torch.unique_consecutive(values, return_inverse=True, return_counts=True)
+    first = (torch.cumsum(counts, 0) - counts).double()
+    ranks = torch.empty(x.numel(), dtype=torch.float64, device=x.device)
+    ranks[order] = (first + (counts.double() - 1) / 2)[group]
+    return ranks
+
+
+def spearman(x: Tensor, y: Tensor) -> float:
+    """Spearman's rank correlation of ``x`` and ``y`` (same number of entries): the Pearson correlation of
+    their average ranks (ties share a rank, as ``scipy.stats.spearmanr``). NaN where it is undefined: a
+    constant side, or a NaN entry."""
+    if x.numel() != y.numel():
+        raise ValueError(f"spearman needs two tensors of one size; got {x.numel()} and {y.numel()} entries")
+    if x.isnan().any() or y.isnan().any():
+        return float("nan")
+    rx, ry = average_ranks(x), average_ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denom = rx.norm() * ry.norm()
+    return float((rx @ ry) / denom) if denom > 0 else float("nan")
 
 
 def abs_cosine(X: Tensor, Y: Tensor, eps: float = 1e-12) -> Tensor:

@@ -10,7 +10,7 @@ value synced over DDP ranks is the mean over all examples of all ranks.
 * ``AnswerKL``: KL(p_reference || p_model) over the full vocabulary, nats per example
 * ``GreaterThanProbDiff``: sum p[greater] - sum p[lesser]  (GT; sets defined in ``tasks``)
 
-``python -m lit_svd.metrics --task ioi gp gt --n-test 256`` evaluates SmolLM2 on tasks and prints JSON.
+``python -m lit_svd.cli_tools evaluate --task ioi gp gt --n-test 256`` evaluates SmolLM2 on tasks and prints JSON.
 """
 from __future__ import annotations
 
@@ -156,61 +156,3 @@ def evaluate_task(model, loader, task: str, progress: bool = True,
     return {**{k: float(v) for k, v in clean.compute().items()},
             **{f"corrupt_{k}": float(v) for k, v in corrupt.compute().items()},
             "kl_clean_corrupt": float(shift.compute())}
-
-
-def plot_distributions(values: dict[str, dict[str, list[Tensor]]], path: str) -> None:
-    """One histogram panel per task: the headline per-example value on clean vs corrupted prompts."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(values), figsize=(4 * len(values), 3), squeeze=False)
-    for ax, (task, per) in zip(axes[0], values.items()):
-        for kind, color in (("clean", "tab:blue"), ("corrupt", "tab:orange")):
-            v = torch.cat(per[kind]).numpy()
-            ax.hist(v, bins=30, alpha=0.6, color=color, label=f"{kind} (mean {v.mean():.2f})")
-        ax.set_title(task.upper())
-        ax.set_xlabel("probability difference" if task == "gt" else "logit difference (correct - wrong)")
-        ax.legend(fontsize=8)
-    axes[0][0].set_ylabel("prompts")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def main(argv: list[str] | None = None) -> list[dict]:
-    """Evaluate a model on the test split of one or more tasks through ``TaskDataModule``; print JSON."""
-    import argparse
-    import json
-
-    from lit_svd.datamodules.tasks import TaskDataModule
-    from lit_svd.models.loading import load_causal_lm
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--task", nargs="+", default=["ioi"])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--n-test", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is fastest on a busy machine)")
-    parser.add_argument("--figure", default=None, help="PNG path: per-example value histograms, clean vs corrupt")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tokenizer = load_causal_lm(args.model)
-    results, values = [], {}
-    for task in args.task:
-        dm = TaskDataModule(task, tokenizer, n_train=0, n_val=0, n_test=args.n_test,
-                            batch_size=args.batch_size, seed=args.seed)
-        values[task] = {}
-        results.append({"task": task, "model": args.model, "n_test": args.n_test, "seed": args.seed,
-                        **evaluate_task(model, dm.test_dataloader(), task, per_example=values[task])})
-        print(json.dumps(results[-1], indent=2), flush=True)
-    if args.figure:
-        plot_distributions(values, args.figure)
-    return results
-
-
-if __name__ == "__main__":
-    main()

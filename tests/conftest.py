@@ -30,6 +30,26 @@ def smollm2_tokenizer(smollm2):
     return smollm2[1]
 
 
+@pytest.fixture(scope="session")
+def tokenizer():
+    """SmolLM2's offline tokenizer alone (its vocabulary matches the tiny models')."""
+    from lit_svd.models.loading import load_tokenizer
+
+    return load_tokenizer("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory, tokenizer):
+    """Tiny random models (seed 0) saved with that tokenizer, read by ``load_causal_lm`` like any local model."""
+    out = {}
+    for arch in ("gpt2", "gpt_neox", "llama"):
+        folder = tmp_path_factory.mktemp(f"tiny_{arch}")
+        tiny_causal_lm(arch).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        out[arch] = str(folder)
+    return out
+
+
 @pytest.fixture(params=ARCHITECTURES)
 def tiny_model(request):
     """A tiny random model of each architecture in turn."""

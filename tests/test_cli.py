@@ -83,3 +83,55 @@ def test_fit_relocates_output_and_tensorboard_shows_alignment_rising(tmp_path):
     assert curve[0][1] < 0.8 and curve[-1][1] > 0.95 and curve[-1][1] > curve[0][1] + 0.2
     # the final scalar is the value written to results.json
     assert curve[-1][1] == pytest.approx(inst["mean_abs_cos"], abs=1e-6)
+
+
+def test_progress_shows_steps_and_alignment_without_adverts(tmp_path, capsys):
+    """A step-based run counts optimizer steps (``step N/max_steps``, never ``Epoch 0/-2``), shows the toy's
+    mean |cos| and no logger advert, deprecation note or ``v_num``."""
+    run_cli(["fit", "--config", SINGLE_PAIR, "--trainer.default_root_dir", str(tmp_path), "--trainer.max_steps", "30",
+             "--trainer.enable_model_summary=false"])
+    captured = capsys.readouterr()
+    shown = (captured.out + captured.err).replace("\r", "\n")
+    assert "step 30/30" in shown and "|cos|=" in shown, shown[-2000:]
+    for noise in ("Epoch", "v_num", "litlogger", "Tip:", "deprecated", "GPU available"):
+        assert noise not in shown, noise
+
+
+def test_step_bar_labels_known_metrics():
+    from lit_svd.progress import bar_metrics
+
+    assert bar_metrics({"train/kl": 0.2214, "train/kept_fraction": 0.0748, "train/l1": 3.0}) == \
+        {"KL": "0.221", "kept": "7.48%"}
+    assert bar_metrics({"train/custom": 1.5, "v_num": 3}) == {"custom": "1.5"}
+
+
+def test_every_argument_of_every_class_has_its_own_help_line():
+    """``--model.help CLASS`` prints each argument's line of the class docstring: one ``name: text`` per argument
+    (a line naming several arguments at once is not matched to any of them), and a summary line first."""
+    import inspect
+
+    import docstring_parser
+
+    import lit_svd.callbacks as callbacks
+    import lit_svd.datamodules as datamodules
+    import lit_svd.modules as modules
+
+    for package in (modules, datamodules, callbacks):
+        for name in dir(package):
+            cls = getattr(package, name)
+            if not inspect.isclass(cls):
+                continue
+            doc = docstring_parser.parse(cls.__doc__ or "")
+            params = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+            missing = [p for p in params if p not in {d.arg_name for d in doc.params}]
+            assert not missing, f"{name}: no docstring line for {missing}"
+            assert doc.short_description and not doc.short_description.startswith("Args"), name
+
+
+def test_model_help_renders_the_docstring(capsys):
+    with pytest.raises(SystemExit) as code:
+        run_cli(["fit", "--model.help", "DirectionMaskModule"])
+    assert code.value.code == 0
+    out = capsys.readouterr().out
+    assert "Learn a mask over the singular directions" in out
+    assert "--model.ablation {zero,patch}" in out and "AdamW learning rate" in out

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lit_svd.models import view as make_view
+from lit_svd.models.hooks import Hook, capture, hooks
 from lit_svd.models.intervene import Intervention, build_component, build_components
 from lit_svd.models.tiny import tiny_causal_lm
 
@@ -17,18 +18,16 @@ def _ids(seed=0, batch=2, length=7, vocab=1000):
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def _capture(module, store, key, which="output"):
-    def hook(mod, args, out):
-        store[key] = (args[0] if which == "input" else out).detach().clone()
+def _zero_head(view, layer, head):
+    """An independent ablation: zero the head's slice of the o-projection input."""
+    dh = view.d_head
 
-    return module.register_forward_hook(hook)
-
-
-def _capture_resid(view, layer, store):
     def pre(mod, args, kwargs):
-        store["resid"] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+        z = args[0].clone()
+        z[..., head * dh:(head + 1) * dh] = 0
+        return (z, *args[1:]), kwargs
 
-    return view.block(layer).register_forward_pre_hook(pre, with_kwargs=True)
+    return Hook(view.site_module(layer, "o"), pre, "pre")
 
 
 def _dense_scaled(M: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
@@ -71,18 +70,8 @@ def test_zero_ov_scales_equal_removing_the_head(tiny_model):
     with iv.apply({comp.name: scales}):
         masked = tiny_model(ids).logits
 
-    dh = view.d_head
-
-    def remove_head(mod, args):  # independent ablation: zero the head's slice of the o-projection input
-        z = args[0].clone()
-        z[..., head * dh:(head + 1) * dh] = 0
-        return (z, *args[1:])
-
-    handle = view.site_module(layer, "o").register_forward_pre_hook(remove_head)
-    try:
+    with hooks(_zero_head(view, layer, head)):
         ablated = tiny_model(ids).logits
-    finally:
-        handle.remove()
     assert (masked - ablated).abs().max() <= TOL
     assert (ablated - tiny_model(ids).logits).abs().max() > 1e-3
 
@@ -100,20 +89,14 @@ def test_random_scales_match_dense_svd_of_the_map(tiny_model, kind):
     comp = build_component(view, kind, layer)
     iv = Intervention(view, [comp])
     lam = torch.rand(comp.shape, generator=torch.Generator().manual_seed(2))
-    store = {}
     site = comp.site
     ids = _ids(4)
     with iv.apply({comp.name: lam}):  # capture hooks run after the intervention's
-        handles = [_capture(view.site_module(layer, site), store, "out"),
-                   _capture(view.site_module(layer, "down"), store, "hidden", "input"),
-                   _capture_resid(view, layer, store),
-                   view.norm_module("mlp", layer).register_forward_pre_hook(
-                       lambda mod, args: store.__setitem__("resid_mlp", args[0].detach().clone()))]
-        try:
+        with capture({"out": view.site_module(layer, site)}, "post") as store, \
+                capture({"hidden": view.site_module(layer, "down"), "resid": view.block(layer),
+                         "resid_mlp": view.norm_module("mlp", layer)}, "pre") as inputs:
             tiny_model(ids)
-        finally:
-            for h in handles:
-                h.remove()
+    store.update(inputs)
     got = view.site_output(layer, site, store["out"])
     if kind == "mlp_out":
         want = _aug(store["hidden"]) @ _dense_scaled(view.mlp_out(layer), lam[0])
@@ -138,15 +121,12 @@ def test_random_ov_scales_match_dense_head_outputs(tiny_model):
     comp = build_component(view, "ov", layer)
     iv = Intervention(view, [comp])
     lam = torch.rand(comp.shape, generator=torch.Generator().manual_seed(5))
-    store = {}
     ids = _ids(6)
     with iv.apply({comp.name: lam}):
-        handles = [_capture(view.site_module(layer, "o"), store, "out"), _capture_resid(view, layer, store)]
-        try:
+        with capture({"out": view.site_module(layer, "o")}, "post") as store, \
+                capture({"resid": view.block(layer)}, "pre") as inputs:
             attn = tiny_model(ids, output_attentions=True).attentions[layer]  # [B, H, T, T]
-        finally:
-            for h in handles:
-                h.remove()
+    store.update(inputs)
     x = _aug(view.normalized("attn", layer, store["resid"]))
     per_source = torch.einsum("bsd,hde->bhse", x, _dense_scaled(view.ov(layer).dense(), lam))
     want = torch.einsum("bhts,bhse->bte", attn, per_source).to(store["out"].dtype) + view.attn(layer).b_O
@@ -161,14 +141,9 @@ def test_joint_qk_scales_match_dense_scores():
     comp = build_component(view, "qk", layer)
     iv = Intervention(view, [comp])
     lam = torch.rand(comp.shape, generator=torch.Generator().manual_seed(7))
-    store = {}
-    handle = _capture_resid(view, layer, store)
     ids = _ids(8, length=6)
-    try:
-        with iv.apply({comp.name: lam}):
-            attn = model(ids, output_attentions=True).attentions[layer]
-    finally:
-        handle.remove()
+    with capture({"resid": view.block(layer)}, "pre") as store, iv.apply({comp.name: lam}):
+        attn = model(ids, output_attentions=True).attentions[layer]
     x = _aug(view.normalized("attn", layer, store["resid"]))
     scores = torch.einsum("bid,hde,bje->bhij", x, _dense_scaled(view.qk(layer).dense(), lam), x)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()
@@ -195,29 +170,25 @@ def test_patch_with_zero_scales_equals_activation_patching(tiny_model, kind):
         patched = tiny_model(clean).logits
 
     module = view.site_module(layer, "o" if kind == "ov" else "down")
-    store = {}
-    handle = _capture(module, store, "act", "input" if kind == "ov" else "output")
-    tiny_model(corrupt)
-    handle.remove()
+    with capture({"act": module}, "pre" if kind == "ov" else "post") as store:
+        tiny_model(corrupt)
     dh = view.d_head
 
     if kind == "ov":
-        def hook(mod, args):
+        def hook(mod, args, kwargs):
             z = args[0].clone()
             sl = slice(head * dh, (head + 1) * dh)
             z[rows, pos, sl] = store["act"][rows, pos, sl]
-            return (z, *args[1:])
-        handle = module.register_forward_pre_hook(hook)
+            return (z, *args[1:]), kwargs
+        patch = Hook(module, hook, "pre")
     else:
-        def hook(mod, args, out):
+        def hook(mod, args, kwargs, out):
             out = out.clone()
             out[rows, pos] = store["act"][rows, pos]
             return out
-        handle = module.register_forward_hook(hook)
-    try:
+        patch = Hook(module, hook, "post")
+    with hooks(patch):
         want = tiny_model(clean).logits
-    finally:
-        handle.remove()
     assert (patched - want).abs().max() <= TOL
     assert (want - tiny_model(clean).logits).abs().max() > 1e-3
 
@@ -275,17 +246,7 @@ def test_smollm2_all_ones_and_head_removal(smollm2):
     scales[head] = 0
     with iv.apply({f"L{layer}.ov": scales}):
         masked = model(ids).logits
-    dh = view.d_head
-
-    def remove_head(mod, args):
-        z = args[0].clone()
-        z[..., head * dh:(head + 1) * dh] = 0
-        return (z, *args[1:])
-
-    handle = view.site_module(layer, "o").register_forward_pre_hook(remove_head)
-    try:
+    with hooks(_zero_head(view, layer, head)):
         ablated = model(ids).logits
-    finally:
-        handle.remove()
     assert (masked - ablated).abs().max() <= TOL
     assert (ablated - base).abs().max() > 1e-3

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from lit_svd.linalg import (FactoredMatrix, abs_cosine, haar_orthogonal, orthogonality_to_others,
-                            rolls_tovee_sparsity, svd_dense, svd_factored)
+from lit_svd.linalg import (FactoredMatrix, abs_cosine, average_ranks, haar_orthogonal, orthogonality_to_others,
+                            rolls_tovee_sparsity, spearman, svd_dense, svd_factored)
 
 
 @pytest.mark.parametrize("m,n,r", [(33, 20, 5), (10, 40, 12), (7, 7, 7)])
@@ -71,3 +71,24 @@ def test_orthogonality_to_others():
     W[:, 3] = torch.tensor([1.0, 1.0, 0.0, 0.0])
     out = orthogonality_to_others(W, torch.tensor([0, 2]))
     torch.testing.assert_close(out, torch.tensor([2 ** -0.5, 0.0]))
+
+
+@pytest.mark.parametrize("n, levels", [(50, 6), (200, 1000), (7, 2)])
+def test_spearman_and_average_ranks_match_scipy_with_ties(n, levels):
+    from scipy import stats
+
+    g = torch.Generator().manual_seed(n)
+    x = torch.randint(0, levels, (n,), generator=g).float()  # few levels: many ties
+    y = x + torch.randint(0, levels, (n,), generator=g).float()
+    torch.testing.assert_close(average_ranks(x), torch.from_numpy(stats.rankdata(x.numpy()) - 1).double(),
+                               rtol=0, atol=0)
+    assert spearman(x, y) == pytest.approx(stats.spearmanr(x.numpy(), y.numpy()).statistic, abs=1e-12)
+    assert spearman(x.reshape(-1, 1), -x) == pytest.approx(-1.0)
+
+
+def test_spearman_is_nan_where_undefined():
+    x = torch.arange(5.0)
+    assert math.isnan(spearman(torch.ones(5), x))  # a constant side
+    assert math.isnan(spearman(x, torch.tensor([0.0, 1.0, float("nan"), 3.0, 4.0])))
+    with pytest.raises(ValueError, match="one size; got 5 and 4"):
+        spearman(x, x[:4])

@@ -3,9 +3,6 @@ configs instantiated with tiny random models, DDP against one process, and bad i
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,31 +10,13 @@ import torch
 
 from lit_svd.analysis.masks import hard_masks, kept_report, logit_receptors, mask_loss
 from lit_svd.models import view as make_view
+from lit_svd.models.hooks import Hook, hooks
 from lit_svd.models.intervene import build_components
 from lit_svd.models.tiny import tiny_causal_lm
+from helpers import run_lit_svd
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "masks"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    """SmolLM2's offline tokenizer (its vocabulary matches the tiny models')."""
-    from lit_svd.models.loading import load_tokenizer
-
-    return load_tokenizer("smollm2-135m")
-
-
-@pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory, tokenizer):
-    """Saved tiny random models (with the tokenizer) that ``load_causal_lm`` reads like any local model."""
-    out = {}
-    for arch in ("gpt2", "gpt_neox", "llama"):
-        folder = tmp_path_factory.mktemp(f"tiny_{arch}")
-        tiny_causal_lm(arch).save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        out[arch] = str(folder)
-    return out
 
 
 def test_kept_counts_match_brute_force():
@@ -173,17 +152,13 @@ def test_swap_steer_matches_a_hand_patched_direction():
     other = torch.where(rows < 3, c[3:, h, k].mean(), c[:3, h, k].mean())
     delta = (other - c[:, h, k])[:, None] * comp.V[h, :, k]
 
-    def hook(mod, args, out):
+    def hook(mod, args, kwargs, out):
         out = out.clone()
         out[rows, pos] += delta
         return out
 
-    handle = view.site_module(1, "o").register_forward_hook(hook)
-    try:
-        with torch.no_grad():
-            want = answer(model(ids).logits)
-    finally:
-        handle.remove()
+    with hooks(Hook(view.site_module(1, "o"), hook, "post")), torch.no_grad():
+        want = answer(model(ids).logits)
     metric = (want[rows, batch["correct_id"]] - want[rows, batch["wrong_id"]]).mean()
     assert res["swaps"][0]["metric"] == pytest.approx(float(metric), abs=1e-4)
     assert (want - base).abs().max() > 1e-4  # the swap changed something
@@ -349,23 +324,16 @@ def test_eval_split_without_examples_fails_in_one_line(tiny_dirs, tokenizer, tmp
         trainer.fit(module, dm)
 
 
-def _run_cli(args, cwd, timeout=300):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "lit_svd", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
 @pytest.mark.parametrize("config", sorted(p.name for p in CONFIGS.glob("*.yaml")))
 def test_configs_instantiate_with_tiny_models(config, tiny_dirs, tokenizer):
     """Every config parses and builds its module and data with a tiny random model of its architecture."""
     import yaml
     from lightning.pytorch import LightningDataModule, LightningModule
-    from lightning.pytorch.cli import LightningCLI
+
+    from lit_svd.cli import LitSVDCLI
 
     arch = "gpt_neox" if "pythia" in config else "gpt2" if "gpt2" in config else "llama"
-    cli = LightningCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+    cli = LitSVDCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                     run=False, args=["--config", str(CONFIGS / config), "--model.init_args.model", tiny_dirs[arch],
                                      "--data.init_args.tokenizer", tiny_dirs[arch], "--data.init_args.n_train", "8",
                                      "--data.init_args.n_val", "4", "--trainer.logger", "false"])
@@ -383,7 +351,7 @@ def test_ddp_two_processes_match_one(tiny_dirs, tmp_path):
     masks = {}
     for devices, batch in ((1, 8), (2, 4)):
         root = tmp_path / f"d{devices}"
-        _run_cli(["fit", "--config", str(CONFIGS / "smollm2_ioi.yaml"),
+        run_lit_svd(["fit", "--config", str(CONFIGS / "smollm2_ioi.yaml"),
                   "--model.init_args.model", tiny_dirs["llama"], "--model.init_args.lr", "0.3",
                   "--model.init_args.alpha", "0.01", "--model.init_args.init", "0.5",
                   "--data.init_args.tokenizer", tiny_dirs["llama"],
@@ -430,7 +398,7 @@ def test_bad_inputs_fail_in_one_line(tiny_dirs, tokenizer):
 
 
 def test_mask_curve_reads_runs_in_alpha_order(tmp_path):
-    from lit_svd.analysis.mask_curve import load_runs, main
+    from lit_svd.cli_tools import load_runs, main
 
     for name, alpha, kept, kl in (("b", 2e-4, 0.05, 0.4), ("a", 5e-5, 0.12, 0.1)):
         run = tmp_path / name / "version_0"
@@ -441,7 +409,7 @@ def test_mask_curve_reads_runs_in_alpha_order(tmp_path):
                                                       "kl_soft": kl, "trajectory": traj}))
     runs = load_runs([tmp_path / "b", tmp_path / "a"])
     assert [r["alpha"] for r in runs] == [5e-5, 2e-4] and [r["kl_hard"] for r in runs] == [0.1, 0.4]
-    main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "curve.png")])
+    main(["mask-curve", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "curve.png")])
     assert (tmp_path / "curve.png").stat().st_size > 1000
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "results.json").write_text(json.dumps({"experiment": "sad"}))
@@ -449,3 +417,20 @@ def test_mask_curve_reads_runs_in_alpha_order(tmp_path):
         load_runs([tmp_path / "c"])
     with pytest.raises(FileNotFoundError, match="no results.json"):
         load_runs([tmp_path / "missing"])
+
+
+def test_evaluate_tool_prints_the_metrics_of_evaluate_task(tiny_dirs, tmp_path, capsys):
+    """``python -m lit_svd.cli_tools evaluate`` reports what ``evaluate_task`` computes on the same prompts."""
+    from lit_svd.cli_tools import main
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.metrics import evaluate_task
+    from lit_svd.models.loading import load_causal_lm
+
+    got = main(["evaluate", "--task", "ioi", "--model", tiny_dirs["llama"], "--n-test", "6", "--batch-size", "3",
+                "--figure", str(tmp_path / "tasks.png")])
+    model, tok = load_causal_lm(tiny_dirs["llama"])
+    dm = TaskDataModule("ioi", tok, n_train=0, n_val=0, n_test=6, batch_size=6, seed=0)
+    want = evaluate_task(model, dm.test_dataloader(), "ioi", progress=False)
+    assert json.loads(capsys.readouterr().out)["logit_diff"] == pytest.approx(want["logit_diff"], abs=1e-5)
+    assert got[0]["kl_clean_corrupt"] == pytest.approx(want["kl_clean_corrupt"], abs=1e-5)
+    assert (tmp_path / "tasks.png").stat().st_size > 1000

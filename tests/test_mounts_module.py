@@ -16,6 +16,7 @@ import torch
 
 from lit_svd.analysis import mounts as M
 from lit_svd.models import view as make_view
+from lit_svd.models.hooks import Hook, capture, hooks
 from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm
 from lit_svd.modules.mounts import MountsAnalysisModule, last_logits, steering, unembed_reading
 
@@ -39,9 +40,7 @@ def _hf_parts(model, arch, layer):
 
 
 def _add_output(module, add):
-    def hook(mod, args, out):
-        return out + add
-    return module.register_forward_hook(hook)
+    return Hook(module, lambda mod, args, kwargs, out: out + add, "post")
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -55,9 +54,8 @@ def test_steering_adds_alpha_u_to_the_residual_after_the_sublayer(arch, site):
     layer = 0
     attn_w, mlp_w, _ = _hf_parts(model, arch, layer)
     with torch.no_grad():
-        handle = _add_output(attn_w if site == "o" else mlp_w, alpha * u)  # what enters the residual sum
-        want = model(ids).logits
-        handle.remove()
+        with hooks(_add_output(attn_w if site == "o" else mlp_w, alpha * u)):  # what enters the residual sum
+            want = model(ids).logits
         with steering(view, layer, site, alpha * u):
             got = model(ids).logits
         base = model(ids).logits
@@ -65,20 +63,12 @@ def test_steering_adds_alpha_u_to_the_residual_after_the_sublayer(arch, site):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # and the block output moves by exactly alpha * u for the MLP write
     if site == "down":
-        outs = []
-
-        def observe(m, a, o):
-            outs.append(o[0] if isinstance(o, tuple) else o)
-
         with torch.no_grad():
-            h = view.block(layer).register_forward_hook(observe)
-            model(ids)
-            h.remove()
-            with steering(view, layer, site, alpha * u):
-                h = view.block(layer).register_forward_hook(observe)  # runs after the steering hook
+            with capture({0: view.block(layer)}, "post") as before:
                 model(ids)
-                h.remove()
-        torch.testing.assert_close(outs[1] - outs[0], (alpha * u).expand_as(outs[0]), rtol=0, atol=1e-5)
+            with steering(view, layer, site, alpha * u), capture({0: view.block(layer)}, "post") as after:
+                model(ids)  # the capture runs after the steering hook
+        torch.testing.assert_close(after[0] - before[0], (alpha * u).expand_as(before[0]), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -89,15 +79,14 @@ def test_last_position_steering_with_cached_prefix_matches_a_full_forward(arch):
     add = 2.0 * torch.randn(view.d_model, generator=torch.Generator().manual_seed(1))
     _, mlp_w, _ = _hf_parts(model, arch, 0)
 
-    def last_only(mod, args, out):  # the reference: full forward, alpha * u at the last position only
+    def last_only(mod, args, kwargs, out):  # the reference: full forward, alpha * u at the last position only
         out = out.clone()
         out[:, -1] += add
         return out
 
     with torch.no_grad():
-        h = mlp_w.register_forward_hook(last_only)
-        want = model(ids).logits[:, -1]
-        h.remove()
+        with hooks(Hook(mlp_w, last_only, "post")):
+            want = model(ids).logits[:, -1]
         cache = model(ids[:, :-1], use_cache=True).past_key_values
         torch.testing.assert_close(last_logits(model, ids, cache), model(ids).logits[:, -1], rtol=1e-5, atol=1e-5)
         with steering(view, 0, "down", add):
@@ -129,13 +118,8 @@ def test_unembedding_reading_matches_the_models_own_final_norm(arch):
 
 # --- the module on a tiny Llama saved to disk ---------------------------------------------------
 @pytest.fixture(scope="module")
-def tiny_llama_dir(tmp_path_factory):
-    from lit_svd.models.loading import load_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny_llama")
-    tiny_causal_lm("llama", seed=0).save_pretrained(path)
-    load_tokenizer("smollm2-135m").save_pretrained(path)
-    return str(path)
+def tiny_llama_dir(tiny_dirs):
+    return tiny_dirs["llama"]
 
 
 def _batches(n=4, b=4, L=24, seed=0):
@@ -153,14 +137,12 @@ def _run(module, batches):
 def _capture(model, batches, modules):
     """Inputs and outputs of the given HF modules over all batches, batch by batch (independent hooks)."""
     got = {name: [] for name in modules}
-    hooks = [mod.register_forward_hook(lambda m, a, o, name=name: got[name].append((a[0].reshape(-1, a[0].shape[-1]),
-                                                                                    o.reshape(-1, o.shape[-1]))))
-             for name, mod in modules.items()]
-    with torch.no_grad():
-        for b in batches:
+    flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+    for b in batches:
+        with torch.no_grad(), capture(modules, "pre") as ins, capture(modules, "post") as outs:
             model(**b)
-    for h in hooks:
-        h.remove()
+        for name in modules:
+            got[name].append((flat(ins[name]), flat(outs[name])))
     return got
 
 

@@ -1,10 +1,7 @@
 """SADAnalysisModule and SADCallback: per-head accumulation against a direct recomputation, DDP over two
 CPU processes against one, bad inputs, and the callback on the toy model and a tiny LM."""
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -14,6 +11,7 @@ import torch
 
 from lit_svd.analysis.sad import attention_inputs, decompose_layer, layer_bases
 from lit_svd.modules.sad import SADAnalysisModule
+from helpers import only_results, run_lit_svd
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,14 +98,8 @@ def test_empty_prompt_set_fails(tiny_lm_dir, tmp_path):
 
 
 def run_cli(args, cwd):
-    cwd.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "lit_svd", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = sorted(Path(cwd).rglob("results.json"))
-    assert len(found) == 1, found
-    return json.loads(found[0].read_text()), found[0].parent
+    run_lit_svd(args, cwd)
+    return only_results(cwd)
 
 
 def assert_same_results(a, b, rel=1e-9):

@@ -142,5 +142,5 @@ def test_callback_and_thread_settings_are_checked():
     assert one_line(err) == "every_n_steps=0: must be a positive integer"
     with pytest.raises(ValueError, match=r"^heatmap_instances=-1: must be an integer >= 0$"):
         SVDAlignmentCallback(heatmap_instances=-1)
-    with pytest.raises(ValueError, match=r"^num_threads=0: must be a positive integer or null$"):
-        ToyAlignmentModule(num_threads=0)
+    with pytest.raises(TypeError, match="num_threads"):  # threads are set by the CLI (--threads), not a module
+        ToyAlignmentModule(num_threads=1)

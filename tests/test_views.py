@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from lit_svd.models import ModelUnavailableError, load_causal_lm, view
+from lit_svd.models.hooks import capture as capture_io
 from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm
 
 TOL = 1e-4
@@ -37,7 +38,6 @@ def capture(v):
     """Record, during one forward, per layer: norm inputs, o-projection input/output, down-projection
     output, and the softmax input/output of the attention (the model's own scores and weights)."""
     rec = {"softmax_in": [], "softmax_out": [], "final_in": None}
-    handles = []
     real_softmax = torch.nn.functional.softmax
 
     def softmax(x, *args, **kwargs):
@@ -47,32 +47,19 @@ def capture(v):
             rec["softmax_out"].append(out.detach().clone())
         return out
 
-    def pre(key):
-        def hook(_mod, args):
-            rec[key] = args[0].detach().clone()
-        return hook
-
-    def post(key):
-        def hook(_mod, _args, out):
-            rec[key] = out.detach().clone()
-        return hook
-
+    inputs, outputs = {"final_in": v.norm_module("final", None)}, {}
     for layer in range(v.n_layers):
-        handles += [
-            v.norm_module("attn", layer).register_forward_pre_hook(pre(("attn_in", layer))),
-            v.norm_module("mlp", layer).register_forward_pre_hook(pre(("mlp_in", layer))),
-            v.site_module(layer, "o").register_forward_pre_hook(pre(("z", layer))),
-            v.site_module(layer, "o").register_forward_hook(post(("attn_out", layer))),
-            v.site_module(layer, "down").register_forward_hook(post(("mlp_out", layer))),
-        ]
-    handles.append(v.norm_module("final", None).register_forward_pre_hook(pre("final_in")))
+        inputs.update({("attn_in", layer): v.norm_module("attn", layer), ("mlp_in", layer): v.norm_module("mlp", layer),
+                       ("z", layer): v.site_module(layer, "o")})
+        outputs.update({("attn_out", layer): v.site_module(layer, "o"), ("mlp_out", layer): v.site_module(layer, "down")})
     torch.nn.functional.softmax = softmax
     try:
-        yield rec
+        with capture_io(inputs, "pre") as ins, capture_io(outputs, "post") as outs:
+            yield rec
+            rec.update(ins)
+            rec.update(outs)
     finally:
         torch.nn.functional.softmax = real_softmax
-        for h in handles:
-            h.remove()
 
 
 def run_captured(v, ids: torch.Tensor):
@@ -248,6 +235,36 @@ def test_gqa_expanded_per_query_head():
         assert torch.equal(w.W_K[h], w.W_K[(h // rep) * rep])
         assert torch.equal(w.W_V[h], w.W_V[(h // rep) * rep])
     assert not torch.equal(w.W_K[0], w.W_K[rep])
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_qk_unrotated_rotated_give_the_qk_scores(arch):
+    """``qk_unrotated`` is ``qk`` before rotation: rotating ``[1, x] A`` at i and ``[1, x] B`` at j gives
+    ``[1, x_i] qk(layer, j - i) [1, x_j]^T``."""
+    v = view(tiny_causal_lm(arch, seed=3))
+    fm = v.qk_unrotated(1)
+    x = torch.cat([torch.ones(5, 1), torch.randn(5, v.d_model, generator=torch.Generator().manual_seed(0))], -1)
+    q, k = v.rotate(x @ fm.A, torch.arange(5)), v.rotate(x @ fm.B, torch.arange(5))  # [h, T, d_head]
+    for i, j in ((4, 1), (3, 3), (2, 0)):
+        M = v.qk(1, j - i).dense() if v.rotary_dim else v.qk(1).dense()
+        assert_close((q[:, i] * k[:, j]).sum(-1), x[i] @ M @ x[j], f"{arch} score ({i}, {j})")
+
+
+@pytest.mark.parametrize("arch, window", [("gemma2", 3), ("llama", None), ("gpt2", None)])
+def test_visible_keys_are_the_keys_the_model_attends(arch, window):
+    """``visible_keys(layer, t)`` against the HF forward: the keys where the model's own attention weight
+    is nonzero (Gemma-2: sliding window on its first layer, full on the second)."""
+    model = tiny_causal_lm(arch, seed=2, **({"sliding_window": window} if window else {}))
+    v = view(model)
+    ids = torch.randint(0, v.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        attentions = model(ids, output_attentions=True).attentions
+    windows = [v.window(layer) for layer in range(v.n_layers)]
+    assert windows == ([window, None] if window else [None, None])
+    for layer, A in enumerate(attentions):
+        seen = A[0].abs().amax(0) > 0  # [T_query, T_key], any head
+        for t in range(ids.shape[1]):
+            assert list(v.visible_keys(layer, t)) == seen[t].nonzero().flatten().tolist(), (layer, t)
 
 
 def test_bad_input_one_clear_line():

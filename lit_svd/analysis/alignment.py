@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_svd.linalg import SVD, abs_cosine, orthogonality_to_others, svd_factored
+from lit_svd.linalg import SVD, abs_cosine, orthogonality_to_others, spearman, svd_dense, svd_factored
 
 
 def unit_columns(X: Tensor, eps: float = 1e-12) -> Tensor:
@@ -61,27 +61,6 @@ def pair_summary(matched: list[dict], S: Tensor) -> dict:
     return summary
 
 
-def rank_average(x: Tensor) -> Tensor:
-    """Ranks 0..n-1 with ties given their average rank."""
-    x = x.double()
-    order = torch.argsort(x, stable=True)
-    ranks = torch.empty_like(x)
-    ranks[order] = torch.arange(len(x), dtype=torch.float64)
-    for v in torch.unique(x):
-        tie = x == v
-        if tie.sum() > 1:
-            ranks[tie] = ranks[tie].mean()
-    return ranks
-
-
-def spearman(x: Tensor, y: Tensor) -> float:
-    """Spearman rank correlation (Pearson of average ranks); NaN if either side is constant."""
-    rx, ry = rank_average(x.flatten()), rank_average(y.flatten())
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denom = rx.norm() * ry.norm()
-    return float((rx @ ry) / denom) if denom > 0 else float("nan")
-
-
 def whitened_feature(X: Tensor, i: int) -> Tensor:
     """Theorem 1's direction ``Sigma_X^{-1} x_i`` with ``Sigma_X = X X^T`` (pseudo-inverse when singular)."""
     Xd = X.double()
@@ -112,9 +91,9 @@ def least_squares_omega(X: Tensor, Y: Tensor, T: Tensor) -> Tensor:
 def prediction_cosines(svd: SVD, X: Tensor, Y: Tensor, T: Tensor, matched: list[dict]) -> list[dict]:
     """Per matched pair at singular index k: |cos| of the learnt u_k, v_k with the k-th singular vectors
     of the least-squares optimum (meaningful where the optimum's spectrum is not degenerate)."""
-    U, _, Vh = torch.linalg.svd(least_squares_omega(X, Y, T))
-    return [{"cos_query_prediction": cosine(svd.U[:, m["singular_index"]], U[:, m["singular_index"]]),
-             "cos_key_prediction": cosine(svd.V[:, m["singular_index"]], Vh[m["singular_index"]])}
+    opt = svd_dense(least_squares_omega(X, Y, T))
+    return [{"cos_query_prediction": cosine(svd.U[:, m["singular_index"]], opt.U[:, m["singular_index"]]),
+             "cos_key_prediction": cosine(svd.V[:, m["singular_index"]], opt.V[:, m["singular_index"]])}
             for m in matched]
 
 

@@ -15,12 +15,14 @@ the same singular values with Haar-random singular vectors, scored by the same r
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
 
-from lit_svd.linalg import haar_orthogonal
+from lit_svd import linalg
+from lit_svd.linalg import SVD, haar_orthogonal, svd_dense
 
 STRATEGIES: tuple[str, ...] = ("tiled", "whole", "columns", "random")
 EPS = 1e-12
@@ -57,8 +59,8 @@ def check_modes(modes: int, tile_width: int, d_out: int, key: str = "modes_per_t
     return modes
 
 
-def top_svd(B: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The top ``k`` singular triples ``(U [m, k], S [k], Vh [k, n])`` of ``B`` (float64), from the
+def top_svd(B: Tensor, k: int) -> SVD:
+    """The top ``k`` singular triples (``U [m, k]``, ``S [k]``, ``V [n, k]``) of ``B`` (float64), from the
     eigen-decomposition of the Gram matrix of its smaller side: exact for the leading triples and far
     cheaper than a full SVD (``k`` is at most ``min(B.shape)``)."""
     B = B.double()
@@ -69,22 +71,22 @@ def top_svd(B: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     S = evals[-k:].flip(0).clamp_min(0).sqrt()
     other = (B.mT @ evecs if left else B @ evecs) / S.clamp_min(EPS)
     U, V = (evecs, other) if left else (other, evecs)
-    return U, S, V.mT
+    return SVD(U, S, V)
 
 
-def tile_svds(W: Tensor, bounds: list[tuple[int, int]], k: int) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Top ``k`` singular triples ``(U, S, Vh)`` of each column tile ``W[:, s:e]`` (float64)."""
+def tile_svds(W: Tensor, bounds: list[tuple[int, int]], k: int) -> list[SVD]:
+    """Top ``k`` singular triples of each column tile ``W[:, s:e]`` (float64)."""
     return [top_svd(W[:, s:e], k) for s, e in bounds]
 
 
-def mounts_from_tiles(svds, bounds: list[tuple[int, int]], d_in: int, modes: int) -> Mounts:
+def mounts_from_tiles(svds: list[SVD], bounds: list[tuple[int, int]], d_in: int, modes: int) -> Mounts:
     """The top ``modes`` triples of each tile (a ragged last tile keeps at most its rank)."""
     Us, Vs, Ss, tiles = [], [], [], []
-    for t, ((U, S, Vh), (s, e)) in enumerate(zip(svds, bounds)):
-        k = min(modes, S.numel())
+    for t, (svd, (s, e)) in enumerate(zip(svds, bounds)):
+        k = min(modes, svd.S.numel())
         V = torch.zeros(d_in, k, dtype=torch.float64)
-        V[s:e] = Vh[:k].mT
-        Us.append(U[:, :k]), Vs.append(V), Ss.append(S[:k]), tiles.append(torch.full((k,), t))
+        V[s:e] = svd.V[:, :k]
+        Us.append(svd.U[:, :k]), Vs.append(V), Ss.append(svd.S[:k]), tiles.append(torch.full((k,), t))
     return Mounts(torch.cat(Us, 1), torch.cat(Vs, 1), torch.cat(Ss), torch.cat(tiles))
 
 
@@ -101,8 +103,8 @@ def whole_svd_mounts(W: Tensor, n: int) -> Mounts:
     if n > min(W.shape):
         raise ValueError(f"mount budget {n} exceeds the rank bound {min(W.shape)} of the {tuple(W.shape)} site;"
                          " lower modes_per_tile or widen the tiles")
-    U, S, Vh = top_svd(W, n)
-    return Mounts(U, Vh.mT, S, torch.full((n,), -1))
+    svd = top_svd(W, n)
+    return Mounts(svd.U, svd.V, svd.S, torch.full((n,), -1))
 
 
 def column_sample_mounts(W: Tensor, n: int, seed: int = 0) -> Mounts:
@@ -165,8 +167,8 @@ def ridge_map(XtX: Tensor, XtZ: Tensor, ridge: float) -> Tensor:
 # --- streaming statistics -------------------------------------------------------------------------
 def orthonormal_span(U: Tensor, rtol: float = 1e-8) -> Tensor:
     """Orthonormal basis of the column span of ``U`` (numerical rank kept)."""
-    Q, s, _ = torch.linalg.svd(U, full_matrices=False)
-    return Q[:, s > rtol * s.max()]
+    svd = svd_dense(U)
+    return svd.U[:, svd.S > rtol * svd.S.max()]
 
 
 @dataclass
@@ -413,18 +415,11 @@ def summarize(plan: SitePlan, sums: dict[str, Tensor]) -> dict:
 
 
 # --- steering and the unembedding reading -------------------------------------------------------
-def ranks(a: Tensor) -> Tensor:
-    """Ordinal ranks 0..n-1 (ties broken by position, no tie correction)."""
-    r = torch.empty_like(a, dtype=torch.float64)
-    r[a.argsort(stable=True)] = torch.arange(a.numel(), dtype=torch.float64)
-    return r
-
-
 def spearman(a: Tensor, b: Tensor) -> float:
-    """Spearman rho as the Pearson correlation of ordinal ranks."""
-    ra, rb = ranks(a.flatten()), ranks(b.flatten())
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    return (ra @ rb / (ra.norm() * rb.norm()).clamp_min(EPS)).item()
+    """``linalg.spearman`` for the steering rule C1: a constant side (a steer that moves no logit) has no
+    rank correlation and counts as rho = 0, which fails C1 as it should, and keeps results.json NaN-free."""
+    rho = linalg.spearman(a, b)
+    return 0.0 if math.isnan(rho) else rho
 
 
 def topk_jaccard(a: Tensor, b: Tensor, k: int = 20) -> float:

@@ -99,11 +99,8 @@ def qk_heads_from_view(view, layer: int) -> QKHeads:
 
 
 def attention_window(view, layer: int) -> int | None:
-    """The sliding window of ``layer`` (Gemma-2's alternate layers), None for full attention."""
-    types = getattr(view.config, "layer_types", None)
-    if types is not None and types[layer] == "sliding_attention":
-        return int(view.config.sliding_window)
-    return None
+    """The sliding window of ``layer`` (Gemma-2 / Gemma-3 sliding layers), None for full attention."""
+    return view.window(layer)
 
 
 def augment_inputs(x: Tensor) -> Tensor:

@@ -20,7 +20,9 @@ from lit_svd.output import save_figure, write_results
 
 
 class SVDAlignmentCallback(Callback):
-    """Args:
+    """Logs the toy head's alignment with the template's feature pairs; writes results.json and figures.
+
+    Args:
         every_n_steps: log interval in optimizer steps.
         heatmap_instances: how many instances (from 0) get heatmap images.
         pair_scalars: how many pairs (from the largest target) get their own scalar tags.
@@ -39,6 +41,7 @@ class SVDAlignmentCallback(Callback):
         self.every_n_steps, self.heatmap_instances = every_n_steps, heatmap_instances
         self.pair_scalars, self.spectrum_scalars = pair_scalars, spectrum_scalars
         self.history: list[tuple[int, list[float]]] = []
+        self.progress_bar_metrics: dict[str, float] = {}  # read by lit_svd.progress.StepProgressBar
         self._last_step = -1
 
     @staticmethod
@@ -62,6 +65,7 @@ class SVDAlignmentCallback(Callback):
         reports = self.report(module)
         self.history.append((step, [r["mean_abs_cos"] for r in reports]))
         metrics = {"alignment/mean_abs_cos": sum(r["mean_abs_cos"] for r in reports) / len(reports)}
+        self.progress_bar_metrics = {"alignment/mean_abs_cos": metrics["alignment/mean_abs_cos"]}
         for n, r in enumerate(reports):
             metrics[f"alignment/mean_abs_cos/inst{n}"] = r["mean_abs_cos"]
             metrics[f"spectrum/sigma_ratio/inst{n}"] = min(r["sigma_ratio"], 1e6)
@@ -76,17 +80,20 @@ class SVDAlignmentCallback(Callback):
         return reports
 
     def log_heatmaps(self, trainer: pl.Trainer, module, step: int) -> None:
+        """Rendered heatmaps (feature and singular-index axes, colour bar) as TensorBoard images."""
         loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if not loggers or self.heatmap_instances == 0:
             return
+        from lit_svd.callbacks import alignment_figures as figs
+
         n = min(self.heatmap_instances, module.n_instances)
         cos_u, cos_v = feature_singular_cosines(module.feature_directions()[:n], _first(module.omega_svd(), n))
-        zoom = max(1, 160 // max(cos_u.shape[-2:]))
         for i in range(n):
-            for name, cos in (("cos_W_U", cos_u[i]), ("cos_W_V", cos_v[i])):
-                img = cos.repeat_interleave(zoom, 0).repeat_interleave(zoom, 1).clamp(0, 1)
+            for name, cos, side in (("cos_W_U", cos_u[i], "query"), ("cos_W_V", cos_v[i], "key")):
+                fig = figs.heatmap(cos, side, module.pairs, f"instance {i}, step {step}")
                 for lg in loggers:
-                    lg.experiment.add_image(f"heatmap/{name}/inst{i}", img[None], global_step=step, dataformats="CHW")
+                    lg.experiment.add_figure(f"heatmap/{name}/inst{i}", fig, global_step=step, close=False)
+                figs.close(fig)
 
     def on_fit_end(self, trainer: pl.Trainer, module) -> None:
         if not trainer.is_global_zero:
@@ -115,10 +122,22 @@ class SVDAlignmentCallback(Callback):
 
         cos_u, cos_v = feature_singular_cosines(module.feature_directions()[:1], _first(module.omega_svd(), 1))
         save_figure(trainer, figs.heatmaps(cos_u[0], cos_v[0], module.pairs), "heatmap")
-        save_figure(trainer, figs.spectra([r["singular_values"] for r in reports]), "spectra")
-        save_figure(trainer, figs.dynamics(self.history), "alignment_dynamics")
+        labels = instance_labels(module)
+        save_figure(trainer, figs.spectra([r["singular_values"] for r in reports], labels), "spectra")
+        save_figure(trainer, figs.dynamics(self.history, labels), "alignment_dynamics")
         if module.frozen_features and len(set(module.interference)) > 1:
             save_figure(trainer, figs.interference_sweep(module.interference, reports), "interference_sweep")
+
+
+def instance_labels(module) -> list[str]:
+    """Each instance named by the settings that differ between instances (seed, lambda, H, ||E_X||_2)."""
+    n = module.n_instances
+    settings = {"seed": module.seeds, "lambda": module.lambdas, "H": module.d_heads,
+                "||E_X||_2": getattr(module, "interference", None) if module.frozen_features else None}
+    varying = {k: v for k, v in settings.items() if v is not None and len(set(v)) > 1}
+    if not varying:
+        return [f"instance {i}" for i in range(n)]
+    return [", ".join(f"{k} {v[i]:.3g}" for k, v in varying.items()) for i in range(n)]
 
 
 def _first(svd: SVD, n: int) -> SVD:

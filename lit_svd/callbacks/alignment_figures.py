@@ -5,48 +5,89 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import torch  # noqa: E402
 
 
 def heatmaps(cos_u: torch.Tensor, cos_v: torch.Tensor, pairs: list[tuple[int, int, float]], max_cols: int = 25):
-    """|cos(w_i, u_k)| and |cos(w_j, v_k)| of one instance; template pairs' features marked on the axis."""
+    """|cos(w_i, u_k)| and |cos(w_j, v_k)| of one instance; template pairs' features marked (red, left edge)."""
     k = min(max_cols, cos_u.shape[-1])
     fig, axes = plt.subplots(1, 2, figsize=(8, 4.2), sharey=True)
     for ax, cos, title, feats in ((axes[0], cos_u, "|cos(w_i, u_k)| (query side)", {p[0] for p in pairs}),
                                   (axes[1], cos_v, "|cos(w_j, v_k)| (key side)", {p[1] for p in pairs})):
-        im = ax.imshow(cos[:, :k].numpy(), aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
+        im = _cos_image(ax, cos[:, :k], feats)
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("singular index k")
-        for f in feats:
-            ax.axhline(f, color="w", lw=0.4, alpha=0.5)
     axes[0].set_ylabel("feature")
-    fig.colorbar(im, ax=axes, shrink=0.8)
+    fig.colorbar(im, ax=axes, shrink=0.8, label="|cos|")
     return fig
 
 
-def spectra(singular_values: list[torch.Tensor]):
-    """Singular values of every instance, normalised by the largest."""
+def heatmap(cos: torch.Tensor, side: str, pairs: list[tuple[int, int, float]], title: str, max_cols: int = 25):
+    """One side's |cos(feature, singular vector)| (the TensorBoard image): axes, pair features marked, colour bar."""
+    fig, ax = plt.subplots(figsize=(4.6, 3.8))
+    feats = {p[0] if side == "query" else p[1] for p in pairs}
+    im = _cos_image(ax, cos[:, : min(max_cols, cos.shape[-1])], feats)
+    ax.set_ylabel("feature")
+    ax.set_title(f"|cos(w, {'u' if side == 'query' else 'v'}_k)|, {side} side ({title})", fontsize=8)
+    fig.colorbar(im, ax=ax, shrink=0.85, label="|cos|")
+    return fig
+
+
+def close(fig) -> None:
+    plt.close(fig)
+
+
+def _cos_image(ax, cos: torch.Tensor, marked: set[int]):
+    """A [features, singular index] |cos| image with integer ticks; the template's features are marked by a red
+    triangle outside the left edge (nothing is drawn over the cells)."""
+    im = ax.imshow(cos.numpy(), aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
+    ax.set_xlabel("singular index k")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    for f in marked:
+        ax.plot(-0.5, f, marker=">", color="red", ms=5, clip_on=False, transform=ax.transData)
+    ax.set_xlim(-0.5, cos.shape[-1] - 0.5)
+    return im
+
+
+def _legend(ax, n: int) -> None:
+    """A legend naming each instance; beyond 8 lines it moves outside the axes in columns."""
+    if n <= 8:
+        ax.legend(fontsize=7)
+    else:
+        ax.legend(fontsize=6, ncol=max(1, n // 12 + 1), loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def spectra(singular_values: list[torch.Tensor], labels: list[str] | None = None):
+    """Singular values of every instance, normalised by the largest; one labelled line per instance."""
     fig, ax = plt.subplots(figsize=(5, 3.4))
-    for s in singular_values:
+    labels = labels or [f"instance {i}" for i in range(len(singular_values))]
+    for s, label in zip(singular_values, labels):
         s = torch.as_tensor(s)
-        ax.plot(range(len(s)), (s / s[0].clamp_min(1e-30)).numpy(), marker=".", lw=0.8, alpha=0.7)
+        ax.plot(range(len(s)), (s / s[0].clamp_min(1e-30)).numpy(), marker=".", lw=0.8, alpha=0.7, label=label)
     ax.set_yscale("log")
     ax.set_xlabel("singular index k")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("sigma_k / sigma_1")
     ax.set_title(f"Omega spectra ({len(singular_values)} instance(s))", fontsize=9)
+    _legend(ax, len(singular_values))
     return fig
 
 
-def dynamics(history: list[tuple[int, list[float]]]):
-    """Mean |cos| of each instance over training steps."""
+def dynamics(history: list[tuple[int, list[float]]], labels: list[str] | None = None):
+    """Mean |cos| of each instance over training steps; one labelled line per instance."""
     fig, ax = plt.subplots(figsize=(5, 3.4))
     steps = [s for s, _ in history]
-    for n in range(len(history[0][1]) if history else 0):
-        ax.plot(steps, [v[n] for _, v in history], lw=0.8, alpha=0.7)
+    n = len(history[0][1]) if history else 0
+    labels = labels or [f"instance {i}" for i in range(n)]
+    for i in range(n):
+        ax.plot(steps, [v[i] for _, v in history], lw=0.8, alpha=0.7, label=labels[i])
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("step")
     ax.set_ylabel("mean |cos| over pairs")
     ax.set_title("alignment dynamics", fontsize=9)
+    if n:
+        _legend(ax, n)
     return fig
 
 

@@ -46,13 +46,17 @@ def _scores(ev: dict) -> dict:
 
 
 class DirectionMaskReport(pl.Callback):
-    """Args:
+    """Evaluates a direction-mask run and writes results.json, masks.pt and figures (module docstring).
+
+    Args:
         log_every: steps between per-type kept-fraction logs.
         receptors_top: how many kept OV directions (largest singular value first) get logit receptors.
         steer_factors: factors a chosen OV direction's coefficient is scaled by at the answer position.
-        steer_component, steer_head, steer_direction: the direction to steer (e.g. "L9.ov", 6, 0);
-            None picks the kept OV direction whose hard-mask scale has the largest effect on the task
-            metric (first-order, one backward pass).
+        steer_component: the component of the direction to steer (e.g. "L9.ov"); None (with the next two)
+            picks the kept OV direction whose hard-mask scale has the largest effect on the task metric
+            (first-order, one backward pass).
+        steer_head: its head (group) index, e.g. 6.
+        steer_direction: its direction index within the head, e.g. 0.
         eval_split: "val" or "test": whose figures are the flat (headline) keys of results.json; both
             splits are evaluated and reported under ``splits``.
         trajectory_every: every so many steps, KL with hard and soft masks and the kept fraction on
@@ -100,6 +104,13 @@ class DirectionMaskReport(pl.Callback):
             point[f"kl_{setting}"] = float(module.scores(logits, full, batch)["kl"].mean())
         return point
 
+    def state_dict(self) -> dict:
+        """Saved in checkpoints, so that a resumed run reports the whole trajectory."""
+        return {"trajectory": list(self.trajectory)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.trajectory = list(state.get("trajectory", []))
+
     def on_fit_start(self, trainer, module) -> None:
         if not len(self._loader(trainer, self.eval_split).dataset):
             raise ValueError(f"eval_split={self.eval_split!r} but the data module's {self.eval_split} split is empty;"
@@ -112,7 +123,8 @@ class DirectionMaskReport(pl.Callback):
         self.train_wall_s = time.monotonic() - self._train_start
 
     def on_fit_end(self, trainer, module) -> None:
-        evals = {split: module.evaluate(self._loader(trainer, split)) for split in SPLITS
+        show = trainer.is_global_zero and trainer.progress_bar_callback is not None
+        evals = {split: module.evaluate(self._loader(trainer, split), progress=show) for split in SPLITS
                  if len(self._loader(trainer, split).dataset)}
         self.report(trainer, module, evals, fit=True)
 

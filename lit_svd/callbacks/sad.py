@@ -88,7 +88,9 @@ class SADCallback(Callback):
         every_n_steps: measure every this many optimiser steps (and at the start and the end).
         log_spaced: also measure at steps 1, 2, 4, 8, ... (the early, fast part of training).
         n_probe: probe sequences (LM) or samples (toy).
-        threshold, recon_tol, seed: as ``SADAnalysisModule``.
+        threshold: attention-weight threshold of an analysed pair, as ``SADAnalysisModule``.
+        recon_tol: N_recon tolerance, as ``SADAnalysisModule``.
+        seed: seeds the Haar rotation of the control basis.
         write_results: write the results and ``sad_training.png`` at the end of fit.
         results_name: the results file; default ``results.json`` for language models and
             ``sad_results.json`` for the toy model (whose own alignment callback writes ``results.json``).

@@ -1,10 +1,11 @@
-"""Pieces shared by the task and text DataModules: tokenizer resolution and DDP sharding."""
+"""Pieces shared by the task and text DataModules: tokenizer resolution, DDP sharding, resumable shuffling."""
 from __future__ import annotations
 
 from typing import Any, Iterator
 
+import torch
 import torch.distributed as dist
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, RandomSampler
 
 
 def resolve_tokenizer(tokenizer: Any):
@@ -42,3 +43,63 @@ class ShardSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return len(range(self.rank, len(self.dataset), self.num_replicas))
+
+
+class ResumableSampler(RandomSampler):
+    """A shuffling sampler whose order is a function of ``(seed, epoch)`` alone and that resumes mid-epoch.
+
+    Epoch ``e`` gives the same order as ``DataLoader(shuffle=True, generator=Generator().manual_seed(seed))``
+    gives in its ``e``-th epoch (the loader's per-epoch base-seed draw and the sampler's trailing ``randperm``
+    are replayed), so runs are unchanged by it. ``state()`` says how many indices of which epoch were handed
+    out; ``resume(state)`` makes the next pass over that epoch skip them. Lightning calls ``set_epoch``
+    (a ``RandomSampler`` subclass, so under DDP it is replaced by a ``DistributedSampler`` as before).
+    """
+
+    def __init__(self, data, seed: int, resume: dict | None = None):
+        super().__init__(data)
+        self.seed, self.epoch, self.consumed = int(seed), 0, 0
+        self._resume = dict(resume) if resume else None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "consumed": self.consumed}
+
+    def order(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed)
+        n = len(self.data_source)
+        for _ in range(epoch + 1):
+            torch.empty((), dtype=torch.int64).random_(generator=g)  # DataLoader's base seed
+            perm = torch.randperm(n, generator=g).tolist()
+            torch.randperm(n, generator=g)  # RandomSampler's (empty) remainder draw
+        return perm
+
+    def __iter__(self) -> Iterator[int]:
+        skip = 0
+        if self._resume is not None and self._resume["epoch"] == self.epoch:
+            skip = self._resume["consumed"]
+        self._resume = None
+        self.consumed = skip
+        for index in self.order(self.epoch)[skip:]:
+            self.consumed += 1
+            yield index
+
+
+class ResumableTrainOrder:
+    """DataModule mixin: the training loader's shuffle order is saved in checkpoints (Lightning calls
+    ``state_dict`` / ``load_state_dict`` of the data module), so that ``--ckpt_path last`` continues the
+    interrupted epoch where it stopped instead of restarting it."""
+
+    _train_sampler: ResumableSampler | None = None
+    _resume: dict | None = None
+
+    def train_sampler(self, data, seed: int) -> ResumableSampler:
+        self._train_sampler = ResumableSampler(data, seed, resume=self._resume)
+        return self._train_sampler
+
+    def state_dict(self) -> dict:
+        return {"train_sampler": self._train_sampler.state()} if self._train_sampler is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume = state.get("train_sampler")

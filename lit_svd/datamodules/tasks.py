@@ -52,14 +52,14 @@ import math
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lit_svd.datamodules import task_words as words
-from lit_svd.datamodules.common import ShardSampler, rank_and_world, resolve_tokenizer
+from lit_svd.datamodules.common import ResumableTrainOrder, ShardSampler, rank_and_world, resolve_tokenizer
 
 TASK_ALIASES = {"gender_pronoun": "gp", "greater_than": "gt"}
 
@@ -361,14 +361,16 @@ def collate_prompts(examples: Sequence[Encoded], pad_id: int, vocab_size: int) -
     return batch
 
 
-class TaskDataModule(pl.LightningDataModule):
+class TaskDataModule(ResumableTrainOrder, pl.LightningDataModule):
     """Clean / corrupted prompt pairs of one task (see the module docstring for the batch format).
 
     Args:
         task: "ioi", "gp" (alias "gender_pronoun") or "gt" (alias "greater_than").
         tokenizer: a name or path for ``load_tokenizer`` ("smollm2-135m", "gpt2", a folder), or a
             tokenizer object when used from Python.
-        n_train, n_val, n_test: split sizes (distinct examples, disjoint across splits).
+        n_train: training prompts (distinct examples; the splits are disjoint).
+        n_val: validation prompts.
+        n_test: test prompts (drawn first, so they do not change with the other sizes).
         batch_size: prompts per batch.
         seed: seeds the splits and every example's fresh names.
         prepend_bos: put the tokenizer's BOS token first (as TransformerLens does for GPT-2).
@@ -376,7 +378,7 @@ class TaskDataModule(pl.LightningDataModule):
         test_last: draw the test split after validation and train (see the module docstring).
     """
 
-    def __init__(self, task: str = "ioi", tokenizer: Any = "smollm2-135m", n_train: int = 1000,
+    def __init__(self, task: Literal["ioi", "gp", "gt", "gender_pronoun", "greater_than"] = "ioi", tokenizer: Any = "smollm2-135m", n_train: int = 1000,
                  n_val: int = 256, n_test: int = 256, batch_size: int = 64, seed: int = 0,
                  prepend_bos: bool = False, num_workers: int = 0, test_last: bool = False):
         super().__init__()
@@ -411,7 +413,7 @@ class TaskDataModule(pl.LightningDataModule):
         rank, world = rank_and_world(self.trainer)
         kwargs: dict = dict(batch_size=self.batch_size, collate_fn=self.collate, num_workers=self.num_workers)
         if shuffle:  # Lightning swaps in a DistributedSampler under DDP
-            kwargs.update(shuffle=True, generator=torch.Generator().manual_seed(self.seed))
+            kwargs.update(sampler=self.train_sampler(data, self.seed))
         elif world > 1:
             kwargs.update(sampler=ShardSampler(data, num_replicas=world, rank=rank))
         return DataLoader(data, **kwargs)

@@ -28,7 +28,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lit_svd.datamodules.common import ShardSampler, rank_and_world, resolve_tokenizer
+from lit_svd.datamodules.common import ResumableTrainOrder, ShardSampler, rank_and_world, resolve_tokenizer
 
 LOCAL_WIKITEXT = "../shared/data/wikitext-2/valid.txt"
 
@@ -48,7 +48,11 @@ def read_local_text(path: str) -> list[str]:
 
 def read_hub_text(dataset: str, config: str | None, split: str) -> Iterable[str]:
     """The ``text`` column of a hub dataset, streamed; a failure names the local-file option."""
+    from lit_svd.models.loading import hub_offline
+
     try:
+        if hub_offline():  # fail now instead of after the datasets library's network retries
+            raise ConnectionError("the hub is unreachable or HF_HUB_OFFLINE is set")
         from datasets import load_dataset
 
         rows = load_dataset(dataset, config, split=split, streaming=True)
@@ -117,13 +121,15 @@ def collate_windows(items, pad_id: int, seq_len: int) -> dict[str, torch.Tensor]
     return dict(input_ids=ids, attention_mask=mask, index=torch.tensor([i for i, _ in items]))
 
 
-class TextDataModule(pl.LightningDataModule):
+class TextDataModule(ResumableTrainOrder, pl.LightningDataModule):
     """Fixed-length token windows of real text (see the module docstring for the batch format).
 
     Args:
         tokenizer: name or path for ``load_tokenizer`` ("smollm2-135m", ...), or a tokenizer object.
         path: a local text file or folder of ``.txt`` files; None streams ``dataset`` from the hub.
-        dataset, dataset_config, split: the hub dataset used when ``path`` is None.
+        dataset: the hub dataset used when ``path`` is None.
+        dataset_config: its configuration name.
+        split: its split.
         seq_len: tokens per window.
         n_tokens: total real tokens in the subsample (16,384 in the tiled-mount paper).
         seed: seeds the choice of windows.
@@ -153,7 +159,7 @@ class TextDataModule(pl.LightningDataModule):
         rank, world = rank_and_world(self.trainer)
         kwargs: dict = dict(batch_size=self.batch_size, collate_fn=self.collate, num_workers=self.num_workers)
         if shuffle:
-            kwargs.update(shuffle=True, generator=torch.Generator().manual_seed(self.seed))
+            kwargs.update(sampler=self.train_sampler(self.data, self.seed))
         elif world > 1:
             kwargs.update(sampler=ShardSampler(self.data, num_replicas=world, rank=rank))
         return DataLoader(self.data, **kwargs)

@@ -106,8 +106,9 @@ def rotate_half(x: Tensor) -> Tensor:
 class ModelView(ABC):
     """Per-layer, per-head weights of one HF causal LM, and the hook points to run it modified.
 
-    Subclasses set the size attributes in ``__init__`` and implement the ``_``-prefixed accessors
-    (where the HF weights and norms live) and the hook points; everything public is derived here.
+    Subclasses say where the blocks and norms live (``layers_path``, ``norm_paths``), extend ``read_sizes``
+    where the config names differ, and implement the ``_``-prefixed weight accessors and ``_sites``; everything public is
+    derived here.
     """
 
     model_type: str = ""
@@ -119,6 +120,12 @@ class ModelView(ABC):
         self.model = model
         self.config = model.config
         self.fold_norms = fold_norms
+        self.read_sizes()
+
+    # --- where the modules live (dotted paths, as ``nn.Module.get_submodule`` takes them) -----------
+    layers_path: str = ""  # the decoder blocks, from the model ("model.layers")
+    norm_paths: tuple[str, str, str] = ("", "", "")  # attention and MLP norms (in a block), final norm (from the model)
+    d_mlp_key: str = "intermediate_size"  # the config's MLP width (unset: 4 * d_model, as GPT-2's n_inner)
 
     # --- sizes -------------------------------------------------------------------------------
     n_layers: int
@@ -131,6 +138,19 @@ class ModelView(ABC):
     gated_mlp: bool
     rotary_dim: int  # 0 for learned absolute positions (GPT-2)
     norm_kind: Literal["layernorm", "rmsnorm"]
+
+    def read_sizes(self) -> None:
+        """Set the size attributes from the HF config's common names (``num_hidden_layers``,
+        ``num_attention_heads``, ``num_key_value_heads`` or n_heads, ``hidden_size``, ``head_dim`` or
+        d_model / n_heads, ``d_mlp_key``, ``vocab_size``); subclasses add what is theirs (``rotary_dim``)."""
+        cfg = self.config
+        self.n_layers = cfg.num_hidden_layers
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.d_model = cfg.hidden_size
+        self.d_head = getattr(cfg, "head_dim", None) or self.d_model // self.n_heads
+        self.d_mlp = getattr(cfg, self.d_mlp_key, None) or 4 * self.d_model
+        self.vocab_size = cfg.vocab_size
 
     def sizes(self) -> dict[str, int | bool | str]:
         """All size attributes as one dict (for logs and results.json)."""
@@ -175,9 +195,17 @@ class ModelView(ABC):
     def _raw_unembed(self) -> tuple[Tensor, Tensor]:
         """``(W_U [d_model, vocab], b_U [vocab])`` acting on the final norm's output."""
 
-    @abstractmethod
+    @property
+    def _layers(self) -> nn.ModuleList:
+        return self.model.get_submodule(self.layers_path)
+
     def norm_module(self, point: NormPoint, layer: int | None) -> nn.Module:
         """The norm module read by the attention (``"attn"``), the MLP (``"mlp"``) or the unembedding."""
+        self._check_point(point, layer)
+        attn, mlp, final = self.norm_paths
+        if point == "final":
+            return self.model.get_submodule(final)
+        return self._layers[layer].get_submodule(attn if point == "attn" else mlp)
 
     @abstractmethod
     def _rotary_module(self) -> nn.Module | None:
@@ -292,6 +320,20 @@ class ModelView(ABC):
         rows = self.rotate(eye[:, None, :].expand(-1, len(positions), -1), positions)  # [d_head, P, d_head]
         return rows.transpose(0, 1)
 
+    # --- which keys a query sees ----------------------------------------------------------------
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (a query at ``i`` sees keys ``j`` with ``i - window < j <= i``),
+        None for full causal attention (Gemma-2 / Gemma-3 alternate or interleave sliding layers)."""
+        types = getattr(self.config, "layer_types", None)
+        if types is not None and types[self.check_layer(layer)] == "sliding_attention":
+            return int(self.config.sliding_window)
+        return None
+
+    def visible_keys(self, layer: int, position: int) -> range:
+        """The key positions that query ``position`` of ``layer`` attends to (without padding)."""
+        window = self.window(layer)
+        return range(0 if window is None else max(0, position - window + 1), position + 1)
+
     @property
     def _dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
@@ -304,11 +346,10 @@ class ModelView(ABC):
         ``j = i + delta`` (``delta <= 0`` for causal models; ignored for non-rotary models, required
         for rotary ones). Computed at ``i = max(0, -delta)``; RoPE depends only on ``j - i``.
         A sequence of offsets gives ``[len(delta), n_heads, d_model+1, d_model+1]`` in one pass."""
-        w = self.attn(layer)
-        A = augment(w.W_Q, w.b_Q) * w.scale
-        B = augment(w.W_K, w.b_K)
+        fm = self.qk_unrotated(layer)
         if not self.rotary_dim:
-            return FactoredMatrix(A, B)
+            return fm
+        A, B = fm.A, fm.B
         if delta is None:
             raise ValueError(f"delta=None: {self.model_type} uses rotary positions, qk needs the key offset"
                              " delta = key position - query position (an int, <= 0 for causal attention)")
@@ -320,6 +361,14 @@ class ModelView(ABC):
         if isinstance(delta, int) or (isinstance(delta, Tensor) and delta.dim() == 0):
             A, B = A[0], B[0]
         return FactoredMatrix(A, B)
+
+    @torch.no_grad()
+    def qk_unrotated(self, layer: int) -> FactoredMatrix:
+        """``A = [b_Q; W_Q] * scale`` and ``B = [b_K; W_K]`` per head, ``[n_heads, d_model+1, d_head]``,
+        before any rotary rotation: ``qk(layer)`` itself without rotary, ``qk(layer, 0)`` with it; a rotary
+        score is ``rotate([1, x_q] A, i) . rotate([1, x_k] B, j)``."""
+        w = self.attn(layer)
+        return FactoredMatrix(augment(w.W_Q, w.b_Q) * w.scale, augment(w.W_K, w.b_K))
 
     @torch.no_grad()
     def ov(self, layer: int) -> FactoredMatrix:
@@ -368,9 +417,9 @@ class ModelView(ABC):
         (None: the whole output; a slice of the last dim; ``(k, 3)``: part k of a per-head
         interleaved fused qkv, GPT-NeoX)."""
 
-    @abstractmethod
     def block(self, layer: int) -> nn.Module:
         """The decoder block: its input is the residual stream before layer ``layer``."""
+        return self._layers[self.check_layer(layer)]
 
     def site_module(self, layer: int, site: str) -> nn.Module:
         """The module that computes linear site ``site`` (q, k, v, o, gate, up, down) of ``layer``

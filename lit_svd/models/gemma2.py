@@ -20,14 +20,12 @@ from lit_svd.models.llama import LlamaView
 
 class Gemma2View(LlamaView):
     model_type = "gemma2"
+    norm_paths = ("input_layernorm", "pre_feedforward_layernorm", "model.norm")
 
     def __init__(self, model: nn.Module, fold_norms: bool = True):
         super().__init__(model, fold_norms)
         self.attn_softcap = getattr(self.config, "attn_logit_softcapping", None)
         self.final_softcap = getattr(self.config, "final_logit_softcapping", None)
-
-    def _mlp_norm(self, blk: nn.Module) -> nn.Module:
-        return blk.pre_feedforward_layernorm
 
     def _norm_scale(self, weight: Tensor) -> Tensor:
         return 1.0 + weight

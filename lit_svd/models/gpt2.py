@@ -8,7 +8,7 @@ HF layout: ``transformer.h[l].{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, m
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from lit_svd.models.base import AttnWeights, MLPWeights, ModelView
 
@@ -17,30 +17,10 @@ class GPT2View(ModelView):
     model_type = "gpt2"
     norm_kind = "layernorm"
     gated_mlp = False
-
-    def __init__(self, model: nn.Module, fold_norms: bool = True):
-        super().__init__(model, fold_norms)
-        cfg = self.config
-        self.n_layers = cfg.n_layer
-        self.n_heads = self.n_kv_heads = cfg.n_head
-        self.d_model = cfg.n_embd
-        self.d_head = self.d_model // self.n_heads
-        self.d_mlp = cfg.n_inner if cfg.n_inner is not None else 4 * self.d_model
-        self.vocab_size = cfg.vocab_size
-        self.rotary_dim = 0
-
-    @property
-    def _layers(self) -> nn.ModuleList:
-        return self.model.transformer.h
-
-    def block(self, layer: int) -> nn.Module:
-        return self._layers[self.check_layer(layer)]
-
-    def norm_module(self, point, layer):
-        self._check_point(point, layer)
-        if point == "final":
-            return self.model.transformer.ln_f
-        return self._layers[layer].ln_1 if point == "attn" else self._layers[layer].ln_2
+    rotary_dim = 0
+    layers_path = "transformer.h"
+    norm_paths = ("ln_1", "ln_2", "transformer.ln_f")
+    d_mlp_key = "n_inner"
 
     def _rotary_module(self):
         return None

@@ -10,7 +10,7 @@ post_attention_layernorm, mlp.dense_h_to_4h, mlp.dense_4h_to_h}``, ``gpt_neox.fi
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from lit_svd.models.base import AttnWeights, MLPWeights, ModelView
 
@@ -19,32 +19,13 @@ class GPTNeoXView(ModelView):
     model_type = "gpt_neox"
     norm_kind = "layernorm"
     gated_mlp = False
+    layers_path = "gpt_neox.layers"
+    norm_paths = ("input_layernorm", "post_attention_layernorm", "gpt_neox.final_layer_norm")
 
-    def __init__(self, model: nn.Module, fold_norms: bool = True):
-        super().__init__(model, fold_norms)
-        cfg = self.config
-        self.n_layers = cfg.num_hidden_layers
-        self.n_heads = self.n_kv_heads = cfg.num_attention_heads
-        self.d_model = cfg.hidden_size
-        self.d_head = self.d_model // self.n_heads
-        self.d_mlp = cfg.intermediate_size
-        self.vocab_size = cfg.vocab_size
+    def read_sizes(self) -> None:
+        super().read_sizes()
         self.rotary_dim = self._layers[0].attention.rotary_ndims
-        self.parallel_residual = bool(cfg.use_parallel_residual)
-
-    @property
-    def _layers(self) -> nn.ModuleList:
-        return self.model.gpt_neox.layers
-
-    def block(self, layer: int) -> nn.Module:
-        return self._layers[self.check_layer(layer)]
-
-    def norm_module(self, point, layer):
-        self._check_point(point, layer)
-        if point == "final":
-            return self.model.gpt_neox.final_layer_norm
-        blk = self._layers[layer]
-        return blk.input_layernorm if point == "attn" else blk.post_attention_layernorm
+        self.parallel_residual = bool(self.config.use_parallel_residual)
 
     def _rotary_module(self):
         return self.model.gpt_neox.rotary_emb

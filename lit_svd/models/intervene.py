@@ -34,15 +34,16 @@ query and key maps' own directions (``q``, ``k``) are masked instead. Hooks sit 
 """
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-from lit_svd.linalg import svd_dense, svd_factored
+from lit_svd.linalg import SVD, svd_dense, svd_factored
 from lit_svd.models.base import ModelView
+from lit_svd.models.hooks import Hook, first_input, hooks
 
 KINDS: tuple[str, ...] = ("qk", "q", "k", "ov", "mlp_in", "mlp_gate", "mlp_out")
 ALIASES = {"mlp": "mlp_in, mlp_gate (gated MLPs), mlp_out", "qk": "qk (non-rotary) or q and k (rotary)"}
@@ -120,9 +121,10 @@ def expand_kinds(view: ModelView, kinds: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _svd(M: Tensor):
-    s = svd_dense(M.double())
-    return s.U.float(), s.S.float(), s.V.float()
+def _component(kind: str, layer: int, svd: SVD, **extra) -> Component:
+    """A component from its float64 SVD, kept in float32."""
+    svd = svd.to(torch.float32)
+    return Component(kind, layer, svd.U, svd.S, svd.V, **extra)
 
 
 @torch.no_grad()
@@ -133,14 +135,12 @@ def build_component(view: ModelView, kind: str, layer: int) -> Component:
         if view.rotary_dim:
             raise ValueError(f"components: joint 'qk' cannot be masked on rotary {view.model_type}; use q and k")
         fm = view.qk(layer)
-        s = svd_factored(fm.A.double(), fm.B.double())
-        return Component(kind, layer, s.U.float(), s.S.float(), s.V.float(), scale=view.attn(layer).scale)
+        return _component(kind, layer, svd_factored(fm.A.double(), fm.B.double()), scale=view.attn(layer).scale)
     if kind == "ov":
         fm = view.ov(layer)
-        s = svd_factored(fm.A.double(), fm.B.double())
-        U, S, V = s.U.float(), s.S.float(), s.V.float()
-        read = view.attn(layer).W_O.float() @ V  # [H, d_head, K]
-        return Component(kind, layer, U, S, V, read=read)
+        svd = svd_factored(fm.A.double(), fm.B.double()).to(torch.float32)
+        read = view.attn(layer).W_O.float() @ svd.V  # [H, d_head, K]
+        return _component(kind, layer, svd, read=read)
     if kind == "q":
         M = view.q_map(layer)
     elif kind == "k":
@@ -154,7 +154,7 @@ def build_component(view: ModelView, kind: str, layer: int) -> Component:
     else:
         expand_kinds(view, [kind])  # raises the one-line error
         raise AssertionError(kind)
-    return Component(kind, layer, *_svd(M))
+    return _component(kind, layer, svd_dense(M.double()))
 
 
 def build_components(view: ModelView, kinds: Sequence[str] = ("qk", "ov", "mlp"),
@@ -167,19 +167,7 @@ def build_components(view: ModelView, kinds: Sequence[str] = ("qk", "ov", "mlp")
         from tqdm.auto import tqdm
 
         todo = tqdm(todo, desc="component SVDs")
-    with _single_thread():
-        return [build_component(view, kind, layer) for layer, kind in todo]
-
-
-@contextmanager
-def _single_thread():
-    """LAPACK's threaded SVD slows down ~10x when the cores are shared; one thread is steady."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+    return [build_component(view, kind, layer) for layer, kind in todo]
 
 
 def rows_at(out: Tensor, positions: Tensor | None) -> Tensor:
@@ -234,19 +222,23 @@ class Intervention:
         """
         self._check(scales)
         view = self.view
-        with ExitStack() as stack:
-            normalized: dict[int, Tensor] = {}
-            for (layer, site), comps in self._by_site(scales).items():
-                if any(c.kind == "qk" for c in comps) and layer not in normalized:
-                    stack.enter_context(self._stash_normalized(layer, normalized))
-                hook = self._apply_hook(layer, site, comps, scales, positions, reference, normalized)
-                stack.enter_context(_registered(view.site_module(layer, site), hook))
-            yield
+        normalized: dict[int, Tensor] = {}
+        specs = []
+        for (layer, site), comps in self._by_site(scales).items():
+            if any(c.kind == "qk" for c in comps) and site == "q":
+                specs.append(Hook(view.block(layer), self._stash_normalized(layer, normalized), "pre"))
+            hook = self._apply_hook(layer, site, comps, scales, positions, reference, normalized)
+            specs.append(Hook(view.site_module(layer, site), hook, "post"))
+        try:
+            with hooks(*specs):
+                yield
+        finally:
+            normalized.clear()
 
     def _apply_hook(self, layer, site, comps, scales, positions, reference, normalized):
         view = self.view
 
-        def hook(module, args, out):
+        def hook(module, args, kwargs, out):
             for c in comps:
                 lam = scales[c.name].to(out.dtype)
                 if c.kind == "qk":
@@ -255,7 +247,7 @@ class Intervention:
                 rows = rows_at(out, positions)
                 ref = None if reference is None else reference[c.name]
                 if c.kind == "ov":
-                    coef = c.coefficients(rows_at(args[0], positions))
+                    coef = c.coefficients(rows_at(first_input(args, kwargs), positions))
                     delta = c.write((coef if ref is None else coef - ref) * (lam - 1))
                     out = put_rows_at(out, positions, rows + delta)
                 else:
@@ -278,20 +270,14 @@ class Intervention:
             proj = torch.nn.functional.pad(proj, (0, d_head - proj.shape[-1]))
         return proj.flatten(-2).to(out.dtype)
 
-    @contextmanager
     def _stash_normalized(self, layer: int, store: dict[int, Tensor]):
+        """A pre-hook on ``layer``'s block keeping its attention input, normalized, in ``store[layer]``."""
         view = self.view
 
         def pre(module, args, kwargs):
-            resid = args[0] if args else kwargs["hidden_states"]
-            store[layer] = view.normalized("attn", layer, resid)
+            store[layer] = view.normalized("attn", layer, first_input(args, kwargs))
 
-        handle = view.block(layer).register_forward_pre_hook(pre, with_kwargs=True)
-        try:
-            yield
-        finally:
-            handle.remove()
-            store.pop(layer, None)
+        return pre
 
     @contextmanager
     def record(self, names: Sequence[str] | None = None, *, positions: Tensor | None = None) -> Iterator[dict]:
@@ -300,25 +286,17 @@ class Intervention:
         names = list(self.components) if names is None else list(names)
         store: dict[str, Tensor] = {}
         view = self.view
-        with ExitStack() as stack:
-            for (layer, site), comps in self._by_site(names).items():
-                comps = [c for c in comps if c.kind != "qk"]  # joint QK masks only zero-ablate
-                if not comps:
-                    continue
+        specs = []
+        for (layer, site), comps in self._by_site(names).items():
+            comps = [c for c in comps if c.kind != "qk"]  # joint QK masks only zero-ablate
+            if not comps:
+                continue
 
-                def hook(module, args, out, layer=layer, site=site, comps=comps):
-                    for c in comps:
-                        src = args[0] if c.kind == "ov" else view.site_output(layer, site, out)
-                        store[c.name] = c.coefficients(rows_at(src, positions)).detach()
+            def hook(module, args, kwargs, out, layer=layer, site=site, comps=comps):
+                for c in comps:
+                    src = first_input(args, kwargs) if c.kind == "ov" else view.site_output(layer, site, out)
+                    store[c.name] = c.coefficients(rows_at(src, positions)).detach()
 
-                stack.enter_context(_registered(view.site_module(layer, site), hook))
+            specs.append(Hook(view.site_module(layer, site), hook, "post"))
+        with hooks(*specs):
             yield store
-
-
-@contextmanager
-def _registered(module: torch.nn.Module, hook):
-    handle = module.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()

@@ -22,35 +22,12 @@ class LlamaView(ModelView):
     model_type = "llama"
     norm_kind = "rmsnorm"
     gated_mlp = True
-
-    def __init__(self, model: nn.Module, fold_norms: bool = True):
-        super().__init__(model, fold_norms)
-        cfg = self.config
-        self.n_layers = cfg.num_hidden_layers
-        self.n_heads = cfg.num_attention_heads
-        self.n_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.n_heads
-        self.d_model = cfg.hidden_size
-        self.d_head = getattr(cfg, "head_dim", None) or self.d_model // self.n_heads
-        self.d_mlp = cfg.intermediate_size
-        self.vocab_size = cfg.vocab_size
-        self.rotary_dim = self.d_head
+    layers_path = "model.layers"
+    norm_paths = ("input_layernorm", "post_attention_layernorm", "model.norm")
 
     @property
-    def _layers(self) -> nn.ModuleList:
-        return self.model.model.layers
-
-    def block(self, layer: int) -> nn.Module:
-        return self._layers[self.check_layer(layer)]
-
-    def norm_module(self, point, layer):
-        self._check_point(point, layer)
-        if point == "final":
-            return self.model.model.norm
-        blk = self._layers[layer]
-        return blk.input_layernorm if point == "attn" else self._mlp_norm(blk)
-
-    def _mlp_norm(self, blk: nn.Module) -> nn.Module:
-        return blk.post_attention_layernorm
+    def rotary_dim(self) -> int:  # RoPE on every feature of a head
+        return self.d_head
 
     def _rotary_module(self):
         return self.model.model.rotary_emb

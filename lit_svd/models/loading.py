@@ -64,20 +64,60 @@ def load_causal_lm(name_or_path: str, *, gguf_file: str | None = None, revision:
         raise ModelUnavailableError(f"local model directory {name_or_path!r} does not exist; give an existing"
                                     " directory, a .gguf file, a hub name or an offline alias"
                                     f" ({', '.join(OFFLINE_ALIASES)})")
+    offline = not Path(name_or_path).expanduser().exists() and hub_offline()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, revision=revision, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, revision=revision, dtype=dtype,
+                                                     local_files_only=offline)
     except (OSError, ValueError) as err:
-        local = Path(name_or_path).exists()
-        raise ModelUnavailableError(
-            f"could not load {name_or_path!r}"
-            + (f" (revision {revision!r})" if revision else "")
-            + (" from the local directory" if local else " from the Hugging Face hub (is it reachable? set HF_HUB_OFFLINE=0"
-               " and check the name), or pass a local directory or a .gguf file;"
-               " offline aliases: " + ", ".join(OFFLINE_ALIASES))
-            + f": {str(err).splitlines()[0]}"
-        ) from err
+        raise _unavailable("model", name_or_path, revision, offline, err) from err
     return _finish(model, tokenizer)
+
+
+def hub_offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` is set or huggingface.co does not answer within 1.5 s: then only local
+    files and the local Hugging Face cache are read (no network retries)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return True
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=1.5).close()
+    except OSError:
+        return True
+    return False
+
+
+def check_available(name: str, what: str = "model", revision: str | None = None) -> None:
+    """Fail at once, before anything loads, for a name that cannot be had: a missing local path, or (offline)
+    a hub name that is not in the local Hugging Face cache. Other names pass (they may still fail to load)."""
+    if name in OFFLINE_ALIASES or Path(name).expanduser().exists():
+        return
+    if name.endswith(".gguf") or _looks_local(name):
+        raise ModelUnavailableError(f"{what}={name!r}: no such file or directory\n"
+                                    "offline aliases: " + ", ".join(f"{a} ({f})" for a, (_, f) in OFFLINE_ALIASES.items()))
+    if not hub_offline():
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(name, "config.json" if what == "model" else "tokenizer_config.json",
+                                             revision=revision), str):
+        raise _unavailable(what, name, revision, True, FileNotFoundError("not in the local cache"))
+
+
+def _unavailable(what: str, name: str, revision: str | None, offline: bool, err: Exception) -> ModelUnavailableError:
+    """Two lines: why ``name`` could not be had, then the offline aliases (one line of their own)."""
+    rev = f" (revision {revision!r})" if revision else ""
+    if Path(name).exists():
+        reason = f"the local directory does not hold a loadable {what}: {str(err).splitlines()[0][:200]}"
+    elif offline:
+        source = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") else "the hub is unreachable"
+        reason = (f"not an offline alias, a local folder, a .gguf file or a model in the local Hugging Face cache,"
+                  f" and {source}")
+    else:
+        reason = f"not found on the Hugging Face hub: {str(err).splitlines()[0][:200]}"
+    return ModelUnavailableError(f"{what}={name!r}{rev}: {reason}\n"
+                                 "offline aliases: " + ", ".join(f"{a} ({f})" for a, (_, f) in OFFLINE_ALIASES.items()))
 
 
 def _gguf_path(name_or_path: str, gguf_file: str | None) -> Path | None:
@@ -117,13 +157,11 @@ def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None, revision:
             return load_causal_lm(name_or_path, gguf_file=gguf_file)[1]
         tokenizer = AutoTokenizer.from_pretrained(cached)
         return _finish(None, tokenizer)[1]
+    offline = not Path(name_or_path).expanduser().exists() and hub_offline()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision, local_files_only=offline)
     except (OSError, ValueError) as err:
-        raise ModelUnavailableError(
-            f"could not load the tokenizer of {name_or_path!r} (hub unreachable or no such path); pass a local"
-            f" directory, a .gguf file or an offline alias ({', '.join(OFFLINE_ALIASES)})"
-        ) from err
+        raise _unavailable("tokenizer", name_or_path, revision, offline, err) from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

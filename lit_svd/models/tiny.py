@@ -56,3 +56,34 @@ def tiny_causal_lm(arch: str, seed: int = 0, vocab_size: int = 49152, **override
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.05)
     return model.eval()
+
+
+def scratch_config(arch: str, vocab_size: int, n_layers: int, d_model: int, n_heads: int, d_mlp: int,
+                   max_positions: int, rotary_pct: float):
+    """The HF config of a small dropout-free ``gpt2`` or ``gpt_neox`` model to train from scratch."""
+    from transformers import GPT2Config, GPTNeoXConfig
+
+    if arch == "gpt2":
+        cfg = GPT2Config(vocab_size=vocab_size, n_positions=max_positions, n_embd=d_model, n_layer=n_layers,
+                         n_head=n_heads, n_inner=d_mlp, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                         bos_token_id=None, eos_token_id=None)
+    elif arch == "gpt_neox":
+        cfg = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=d_model, num_hidden_layers=n_layers,
+                            num_attention_heads=n_heads, intermediate_size=d_mlp, max_position_embeddings=max_positions,
+                            rotary_pct=rotary_pct, use_parallel_residual=True, attention_dropout=0.0,
+                            hidden_dropout=0.0, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
+    else:
+        raise ValueError(f"arch={arch!r}: choose gpt2 or gpt_neox")
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def scratch_causal_lm(arch: str, vocab_size: int, n_layers: int, d_model: int, n_heads: int, d_mlp: int,
+                      max_positions: int, rotary_pct: float, seed: int):
+    """A freshly initialised (HF default init, seeded without touching the global RNG) model to train."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = scratch_config(arch, vocab_size, n_layers, d_model, n_heads, d_mlp, max_positions, rotary_pct)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")

@@ -10,7 +10,7 @@ of optimiser steps affordable on two CPU cores is far below the paper's 480 (see
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -25,13 +25,21 @@ SCORES = ("metric", "correct", "agree", "kl")
 
 
 class DirectionMaskModule(PretrainedLMModule):
-    """Args:
-        model, gguf_file, revision, fold_norms: the frozen model (see ``PretrainedLMModule``).
+    """Learn a mask over the singular directions of a frozen model's components (KL + alpha * L1).
+
+    Args:
+        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file of the frozen model.
+        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
+        revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
+        fold_norms: fold the norms' weights into the views' matrices.
         components: component types (``qk``, ``ov``, ``mlp`` or explicit ``q``, ``k``, ``mlp_in``,
             ``mlp_gate``, ``mlp_out``; see ``lit_svd.models.intervene``).
         layers: layers to mask (default all).
         alpha: L1 weight on sum(lambda) (>= 0).
-        lr, eps, weight_decay, grad_clip: AdamW and clipping.
+        lr: AdamW learning rate.
+        eps: AdamW epsilon.
+        weight_decay: AdamW weight decay.
+        grad_clip: gradient-norm clipping (0: none).
         lr_min: None keeps ``lr`` constant; a number decays it to ``lr_min`` over the trainer's
             ``max_steps`` (cosine), so that the hard masks settle instead of flipping directions in and
             out around the threshold at the end of the run.
@@ -49,17 +57,15 @@ class DirectionMaskModule(PretrainedLMModule):
         soft_steps: with ``straight_through``, train the soft masks for this many optimiser steps first
             (a warm-up: at the full model the straight-through KL gradient is zero, so without it every
             lambda falls at the same rate until one step cuts them all at once).
-        num_threads: torch CPU threads for this process (None: leave as is). On shared cores one
-            thread per process is several times faster than two that contend (docs/masks.md).
     """
 
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
                  fold_norms: bool = True, components: Sequence[str] = ("qk", "ov", "mlp"),
                  layers: Sequence[int] | None = None, alpha: float = 2e-4, lr: float = 2e-2, eps: float = 1e-7,
                  weight_decay: float = 0.0, grad_clip: float = 1.0, lr_min: float | None = None,
-                 init: float = 0.99, ablation: str = "zero",
-                 positions: str = "answer", threshold: float = 1e-3, steps_per_batch: int = 1,
-                 straight_through: bool = False, soft_steps: int = 0, num_threads: int | None = None):
+                 init: float = 0.99, ablation: Literal["zero", "patch"] = "zero",
+                 positions: Literal["answer", "all"] = "answer", threshold: float = 1e-3, steps_per_batch: int = 1,
+                 straight_through: bool = False, soft_steps: int = 0):
         check_mask_config(alpha, init, threshold, ablation, positions)
         if steps_per_batch < 1:
             raise ValueError(f"steps_per_batch={steps_per_batch} is invalid; give an integer >= 1")
@@ -67,10 +73,6 @@ class DirectionMaskModule(PretrainedLMModule):
             raise ValueError(f"lr_min={lr_min} is invalid; give a number in [0, lr={lr}] or null")
         if soft_steps < 0:
             raise ValueError(f"soft_steps={soft_steps} is invalid; give an integer >= 0")
-        if num_threads is not None:
-            if num_threads < 1:
-                raise ValueError(f"num_threads={num_threads} is invalid; give an integer >= 1 or null")
-            torch.set_num_threads(num_threads)
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=fold_norms)
         self.save_hyperparameters()
         self.automatic_optimization = False
@@ -196,11 +198,14 @@ class DirectionMaskModule(PretrainedLMModule):
                 self.eval_metrics[f"{setting}_{name}"].update(values)
 
     @torch.no_grad()
-    def evaluate(self, loader) -> dict[str, float]:
-        """Full / soft / hard scores over every batch of ``loader`` (synced means, see ``compute_eval``)."""
+    def evaluate(self, loader, progress: bool = False) -> dict[str, float]:
+        """Full / soft / hard scores over every batch of ``loader`` (synced means, see ``compute_eval``);
+        ``progress``: a progress bar over the batches."""
+        from tqdm.auto import tqdm
+
         self.task = getattr(loader.dataset, "task", self.task)
         self.components_to_device()
-        for batch in loader:
+        for batch in tqdm(loader, desc="final evaluation", disable=not progress):
             self.evaluate_batch({k: v.to(self.device) for k, v in batch.items()})
         return self.compute_eval()
 

@@ -6,29 +6,13 @@ is a plain Hugging Face causal LM, so ``self.view`` (``lit_svd.models.view``) re
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
 ARCHS = ("gpt2", "gpt_neox")
-
-
-def lm_config(arch: str, vocab_size: int, n_layers: int, d_model: int, n_heads: int, d_mlp: int,
-              max_positions: int, rotary_pct: float):
-    """The HF config of a small dropout-free model of ``arch``."""
-    from transformers import GPT2Config, GPTNeoXConfig
-
-    if arch == "gpt2":
-        cfg = GPT2Config(vocab_size=vocab_size, n_positions=max_positions, n_embd=d_model, n_layer=n_layers,
-                         n_head=n_heads, n_inner=d_mlp, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                         bos_token_id=None, eos_token_id=None)
-    else:
-        cfg = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=d_model, num_hidden_layers=n_layers,
-                            num_attention_heads=n_heads, intermediate_size=d_mlp, max_position_embeddings=max_positions,
-                            rotary_pct=rotary_pct, use_parallel_residual=True, attention_dropout=0.0,
-                            hidden_dropout=0.0, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
-    cfg._attn_implementation = "eager"
-    return cfg
 
 
 def top_k_id_map(loader, full_vocab: int, k: int) -> Tensor:
@@ -51,19 +35,25 @@ class LanguageModelModule(pl.LightningModule):
 
     Args:
         arch: "gpt2" (learned positions, LayerNorm) or "gpt_neox" (rotary on ``rotary_pct`` of each head).
-        n_layers, d_model, n_heads: sizes (``d_model`` divisible by ``n_heads``); d_mlp: default 4 * d_model.
+        n_layers: transformer blocks.
+        d_model: residual width (divisible by ``n_heads``).
+        n_heads: attention heads per layer.
+        d_mlp: MLP width (null: 4 * d_model).
         max_positions: the longest sequence the model accepts.
+        rotary_pct: gpt_neox only: the fraction of each head's dimensions that is rotated.
         vocab_size: give it to use token ids as they are; null (default): built from the datamodule, see
             ``vocab_top_k``.
         vocab_top_k: with ``vocab_size`` null, the model's vocabulary is the ``vocab_top_k`` most frequent
             training tokens plus one bucket for all others (ids are mapped by ``map_ids``; the output layer
             over SmolLM2's 49,152 ids would cost ~7x the rest of a 2-layer model's step); null: all of
             ``len(datamodule.tokenizer)``.
-        lr, weight_decay, warmup_steps: AdamW with linear warm-up, then constant.
+        lr: AdamW learning rate (after a linear warm-up, constant).
+        weight_decay: AdamW weight decay.
+        warmup_steps: steps of the linear warm-up.
         seed: initialisation seed.
     """
 
-    def __init__(self, arch: str = "gpt2", n_layers: int = 2, d_model: int = 128, n_heads: int = 4,
+    def __init__(self, arch: Literal["gpt2", "gpt_neox"] = "gpt2", n_layers: int = 2, d_model: int = 128, n_heads: int = 4,
                  d_mlp: int | None = None, max_positions: int = 256, vocab_size: int | None = None,
                  vocab_top_k: int | None = 4096, rotary_pct: float = 0.25, lr: float = 1e-3,
                  weight_decay: float = 0.01, warmup_steps: int = 100, seed: int = 0):
@@ -93,14 +83,11 @@ class LanguageModelModule(pl.LightningModule):
             self._build(vocab_size)
 
     def _build(self, vocab_size: int) -> None:
-        from transformers import AutoModelForCausalLM
+        from lit_svd.models.tiny import scratch_causal_lm
 
         hp = self.hparams
-        cfg = lm_config(hp.arch, vocab_size, hp.n_layers, hp.d_model, hp.n_heads, hp.d_mlp or 4 * hp.d_model,
-                        hp.max_positions, hp.rotary_pct)
-        with torch.random.fork_rng():
-            torch.manual_seed(hp.seed)
-            self.lm = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+        self.lm = scratch_causal_lm(hp.arch, vocab_size, hp.n_layers, hp.d_model, hp.n_heads,
+                                    hp.d_mlp or 4 * hp.d_model, hp.max_positions, hp.rotary_pct, hp.seed)
 
     def configure_model(self) -> None:
         if self.lm is not None:

@@ -80,11 +80,32 @@ class MountsAnalysisModule(PretrainedLMModule):
     requested site-layer, with the data ceiling and the structureless null beside them; the results
     (``self.rows``) are written by ``lit_svd.callbacks.MountsReport``.
 
-    ``tile_widths``: ``"scaled"`` (the paper's number of tiles per site for this model's input sizes,
-    ``lit_svd.analysis.mounts.scaled_tile_width``), ``"fixed"`` (the paper's absolute Gemma-2-2B widths)
-    or a dict of widths per site (sites left out: the fixed width).
-    ``null_control``: score the structureless null too; ``null_stride``: it sees every so many-th token of the
-    same stream (1: every token)."""
+    Args:
+        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file of the frozen model.
+        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
+        revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
+        sites: linear sites among q, k, v, o, gate, up, down (null: all the model has).
+        layers: layers to score (null: every layer).
+        tile_widths: column-tile width per site: "scaled" (the paper's number of tiles per site for this
+            model's input sizes, ``lit_svd.analysis.mounts.scaled_tile_width``), "fixed" (the paper's
+            absolute Gemma-2-2B widths) or a dict of widths per site (sites left out: the fixed width).
+        modes_per_tile: singular modes kept per tile (k).
+        modes_sweep: mode counts of the coverage-saturation sweep.
+        k_active: atoms per token fitted by least squares in the coverage score.
+        seed: seeds column sampling, random mounts (seed, seed + 1) and random dictionaries (seed + 2).
+        effective_paths: score up on diag(mean gate) W_up and v through a ridge map to the mixed value.
+        fit_fraction: fraction of the batches that fits the effective maps (the rest scores them).
+        v_ridge: ridge strength of the v map, relative to trace(X^T X) / d.
+        steer_alpha: steering strength alpha (u added with alpha times the residual norm scale).
+        steer_mounts: tiled mounts of highest tile-local lift steered per residual site-layer.
+        steer_texts: text windows used for steering (the first ones of the stream).
+        steer_tokens: tokens of each steering window.
+        steer_positions: "last" (alpha * u at the read-out token, prefix cached) or "all" (every position).
+        rules: thresholds of the pass rule (null: the paper's values; see configs/mounts/*.yaml).
+        null_control: also score each site-layer's structureless null (same singular values, Haar-random
+            singular vectors) by the same rules, steering included.
+        null_stride: the null sees every so many-th token of the same stream (1: every token).
+    """
 
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
                  sites: list[str] | None = None, layers: list[int] | None = None,

@@ -7,6 +7,8 @@ heatmap (``sad_heatmap.png``) and the N_recon histograms (``sad_n_recon.png``).
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 from torchmetrics import Metric
@@ -83,8 +85,12 @@ class SADAnalysisModule(PretrainedLMModule):
     """Sparse attention decomposition of a pretrained model's heads over the test prompts.
 
     Args:
-        model, gguf_file, revision, fold_norms: as ``PretrainedLMModule`` (``revision`` picks a Pythia checkpoint).
-        layers: analyse every head of these layers; heads: or these ``[layer, head]`` pairs; neither: all heads.
+        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file of the frozen model.
+        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
+        revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
+        fold_norms: fold the norms' weights into the views' matrices.
+        layers: analyse every head of these layers (neither ``layers`` nor ``heads``: all heads).
+        heads: or these ``[layer, head]`` pairs.
         threshold: a pair is analysed when the head's attention weight is >= threshold (in [0, 1]); null
             (default): the uniform level 1 / (number of visible sources). Relative attention must be > 0.
         recon_tol: N_recon counts directions until the running sum reaches l~ - recon_tol * sum_k |c_k|.
@@ -97,7 +103,7 @@ class SADAnalysisModule(PretrainedLMModule):
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
                  fold_norms: bool = True, layers: list[int] | None = None, heads: list[list[int]] | None = None,
                  threshold: float | None = None, recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0,
-                 min_pairs: int = 20, input_key: str = "clean_ids", dtype: str = "float32"):
+                 min_pairs: int = 20, input_key: str = "clean_ids", dtype: Literal["float32", "float64"] = "float32"):
         check_threshold(threshold, "model.threshold")
         check_tolerance(recon_tol, "model.recon_tol")
         if dtype not in DTYPES:

@@ -55,19 +55,23 @@ class ToyAlignmentModule(pl.LightningModule):
     """Batched ensemble of toy models; see the module docstring for the model.
 
     Args:
-        n_features: N.  d_model: D.  d_head: H, one value or one per instance (the largest is allocated,
-            rows beyond an instance's H are masked to zero).
+        n_features: N, the number of sparse features.
+        d_model: D, the embedding width.
+        d_head: H, one value or one per instance (the largest is allocated, rows beyond an instance's H are
+            masked to zero).
         template: attention template spec (``toy_templates.build_template``).
         lambda_attn: weight of L_attn, one value or one per instance.
         temperature: tau of the target softmax.
         n_instances: ensemble size (else inferred from the per-instance lists, else 1).
         seed: instance i is initialised from ``seed + i`` unless ``seeds`` lists them.
+        seeds: one initialisation seed per instance (overrides ``seed``).
         importance_decay: reconstruction weight of feature n is ``importance_decay ** n`` (1 = uniform).
-        frozen_features: fix W at initialisation with ``interference`` (one value or one per instance).
+        frozen_features: fix W at initialisation with ``interference``.
+        interference: with ``frozen_features``, the target ||E_X||_2 of the fixed features (one value or one
+            per instance).
         init_scale: std of W_Q, W_K at initialisation is ``init_scale / sqrt(D)``.
-        lr, weight_decay: AdamW; weight decay applies to W_Q, W_K only.
-        num_threads: torch intra-op threads set at setup (None leaves torch's default). The toy tensors are
-            too small to gain from threads, and on a shared machine extra threads only spin.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay, on W_Q and W_K only.
     """
 
     def __init__(self, n_features: int = 20, d_model: int = 10, d_head: int | list[int] = 10,
@@ -75,7 +79,7 @@ class ToyAlignmentModule(pl.LightningModule):
                  temperature: float = 0.1, n_instances: int | None = None, seed: int = 0,
                  seeds: list[int] | None = None, importance_decay: float = 1.0, frozen_features: bool = False,
                  interference: float | list[float] | None = None, init_scale: float = 0.1, lr: float = 1e-3,
-                 weight_decay: float = 0.0, num_threads: int | None = 1):
+                 weight_decay: float = 0.0):
         super().__init__()
         self.save_hyperparameters()
         _positive_int("n_features", n_features)
@@ -91,8 +95,6 @@ class ToyAlignmentModule(pl.LightningModule):
         for name, v in (("temperature", temperature), ("lr", lr), ("init_scale", init_scale)):
             if not v > 0:
                 raise ValueError(f"{name}={v!r}: must be > 0")
-        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-            raise ValueError(f"num_threads={num_threads!r}: must be a positive integer or null")
         if weight_decay < 0:
             raise ValueError(f"weight_decay={weight_decay!r}: must be >= 0")
         if not 0 < importance_decay <= 1:
@@ -171,8 +173,6 @@ class ToyAlignmentModule(pl.LightningModule):
                              f"1 + n_keys, n_features={self.n_features}]; match the datamodule to the model")
 
     def setup(self, stage: str) -> None:
-        if self.hparams.num_threads is not None:
-            torch.set_num_threads(self.hparams.num_threads)
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         for key in ("n_features", "n_instances"):
             if dm is not None and hasattr(dm, key) and getattr(dm, key) != getattr(self, key):

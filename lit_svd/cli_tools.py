@@ -1,0 +1,148 @@
+"""Command-line tools beside the LightningCLI (``cli.py``), each a subcommand of
+
+    python -m lit_svd.cli_tools evaluate --task ioi gp gt --n-test 256 [--figure tasks.png]
+    python -m lit_svd.cli_tools mask-curve runs/masks_a* [--out curve.png]
+
+``evaluate`` runs a model on the test split of one or more tasks (``TaskDataModule``) and prints each
+task's clean and corrupted metrics as JSON (``lit_svd.metrics.evaluate_task``). ``mask-curve`` reads the
+results.json of several direction-mask runs (e.g. one per alpha), prints one row per run (alpha, kept
+fraction, hard and soft KL, task metric and accuracy with hard masks) sorted by alpha, and draws the
+final hard-mask points with each run's trajectory behind them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+COLUMNS = ("alpha", "kept_fraction", "kl_hard", "kl_soft", "logit_diff_hard", "accuracy_hard", "steps")
+
+
+def load_runs(paths: Sequence[str | Path]) -> list[dict]:
+    """The results.json of each run folder (searched recursively; a results.json path also works),
+    labelled by folder and sorted by alpha. Runs of another experiment fail in one line."""
+    runs = []
+    for path in map(Path, paths):
+        if path.is_file() and path.suffix != ".json":
+            raise ValueError(f"{path}: not a run folder or a results.json")
+        found = [path] if path.is_file() else sorted(path.rglob("results.json"))
+        if not found:
+            raise FileNotFoundError(f"{path}: no results.json (has the run finished?)")
+        for file in found:
+            res = json.loads(file.read_text())
+            if res.get("experiment") != "direction_mask":
+                raise ValueError(f"{file}: experiment is {res.get('experiment')!r}, not 'direction_mask'")
+            runs.append({"label": str(path), **res})
+    return sorted(runs, key=lambda r: (r["alpha"], r["label"]))
+
+
+def table(runs: Sequence[dict]) -> str:
+    """A plain-text table of ``COLUMNS`` per run."""
+    rows = ["run  " + "  ".join(f"{c:>15}" for c in COLUMNS)]
+    for r in runs:
+        rows.append(f"{r['label']}\n     " + "  ".join(f"{r.get(c, float('nan')):>15.4g}" for c in COLUMNS))
+    return "\n".join(rows)
+
+
+def plot(runs: Sequence[dict], out: str | Path, target: tuple[float, float] | None = (0.10, 0.25)):
+    """Hard-mask KL against kept fraction: trajectories (hard KL on one validation batch) as lines,
+    the final evaluation as labelled points, and the target box (kept <= 10 %, KL <= 0.25)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for r in runs:
+        traj = [p for p in r.get("trajectory", []) if p["kept_fraction"] < 1]
+        line, = ax.plot([100 * p["kept_fraction"] for p in traj], [p["kl_hard"] for p in traj], lw=0.8, alpha=0.5)
+        ax.plot(100 * r["kept_fraction"], r["kl_hard"], "o", color=line.get_color(),
+                label=f"{Path(r['label']).name} (alpha {r['alpha']:g}): {100 * r['kept_fraction']:.1f} %, KL {r['kl_hard']:.2f}")
+    if target:
+        ax.fill_between([0, 100 * target[0]], 0, target[1], color="tab:green", alpha=0.12, label="target")
+    ax.set_xscale("log")
+    ax.set_xlabel("kept directions (%), hard masks")
+    ax.set_ylabel("KL(full || hard-masked)")
+    ax.set_ylim(0, max(0.5, 1.5 * max(r["kl_hard"] for r in runs)))  # early trajectory spikes run off the top
+    ax.set_title(f"sparsity-KL, {runs[0].get('task', '')} on {runs[0].get('model', '')}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_distributions(values: dict[str, dict[str, list[Tensor]]], path: str) -> None:
+    """One histogram panel per task: the headline per-example value on clean vs corrupted prompts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(values), figsize=(4 * len(values), 3), squeeze=False)
+    for ax, (task, per) in zip(axes[0], values.items()):
+        for kind, color in (("clean", "tab:blue"), ("corrupt", "tab:orange")):
+            v = torch.cat(per[kind]).numpy()
+            ax.hist(v, bins=30, alpha=0.6, color=color, label=f"{kind} (mean {v.mean():.2f})")
+        ax.set_title(task.upper())
+        ax.set_xlabel("probability difference" if task == "gt" else "logit difference (correct - wrong)")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("prompts")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def evaluate(args: argparse.Namespace) -> list[dict]:
+    """Evaluate a model on the test split of one or more tasks through ``TaskDataModule``; print JSON."""
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.metrics import evaluate_task
+    from lit_svd.models.loading import load_causal_lm
+
+    model, tokenizer = load_causal_lm(args.model)
+    results, values = [], {}
+    for task in args.task:
+        dm = TaskDataModule(task, tokenizer, n_train=0, n_val=0, n_test=args.n_test,
+                            batch_size=args.batch_size, seed=args.seed)
+        values[task] = {}
+        results.append({"task": task, "model": args.model, "n_test": args.n_test, "seed": args.seed,
+                        **evaluate_task(model, dm.test_dataloader(), task, per_example=values[task])})
+        print(json.dumps(results[-1], indent=2), flush=True)
+    if args.figure:
+        plot_distributions(values, args.figure)
+    return results
+
+
+def mask_curve(args: argparse.Namespace) -> list[dict]:
+    """Tabulate and plot the sparsity-KL curve of several direction-mask runs."""
+    runs = load_runs(args.runs)
+    print(table(runs))
+    print(f"figure: {plot(runs, args.out)}")
+    return runs
+
+
+def main(argv: Sequence[str] | None = None):
+    parser = argparse.ArgumentParser(prog="python -m lit_svd.cli_tools", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ev = sub.add_parser("evaluate", help=evaluate.__doc__)
+    ev.add_argument("--task", nargs="+", default=["ioi"])
+    ev.add_argument("--model", default="smollm2-135m")
+    ev.add_argument("--n-test", type=int, default=256)
+    ev.add_argument("--batch-size", type=int, default=32)
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--figure", default=None, help="PNG path: per-example value histograms, clean vs corrupt")
+    ev.set_defaults(run=evaluate)
+    mc = sub.add_parser("mask-curve", help=mask_curve.__doc__)
+    mc.add_argument("runs", nargs="+", help="run folders (or results.json files)")
+    mc.add_argument("--out", default="masks_sparsity_kl.png", help="figure path")
+    mc.set_defaults(run=mask_curve)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    main()
