@@ -258,7 +258,6 @@ DDP_KW = dict(tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], steer_texts=4, stee
 DDP_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     import lightning.pytorch as pl
-import numpy as np
     from lit_svd.modules.mounts import MountsAnalysisModule
     model_dir, out = sys.argv[1], sys.argv[2]
     g = torch.Generator().manual_seed(0)
