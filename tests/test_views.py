@@ -2,9 +2,10 @@
 
 What is compared (tolerance: max |ours - model| <= 1e-4 * max(1, max |model|), float32):
 * scores: the model's own pre-softmax scores, captured as the input of ``torch.nn.functional.softmax``
-  inside HF's eager attention (Gemma-2: after its soft-cap, so we cap ours), at causal positions, against
+  inside HF's eager attention (Gemma-2: after its soft-cap, so we cap ours), at visible positions (causal,
+  within the sliding window), against
   ``[1, x_i] M(j - i) [1, x_j]^T`` from ``view.qk`` with x the view's ``normalized`` residual (itself
-  computed from the residual captured at the norm's input);
+  computed from the residual captured at the norm's input; Gemma-3: times ``view.qk_factors``);
 * attention output: ``sum_h A_h [1, X] M_h + b_O`` via ``view.ov`` against the output of the model's
   o projection, with A the model's own softmax output; per head against ``z_h W_O[h]`` with z the o
   projection's captured input and W_O the module's own weight slice;
@@ -96,7 +97,12 @@ def check_layer_exact(v, rec, layer: int) -> None:
     x = v.normalized("attn", layer, rec[("attn_in", layer)][0])
     T = x.shape[0]
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    if v.window(layer) is not None:  # sliding layers: keys at most window - 1 back
+        causal &= ~torch.tril(causal, diagonal=-v.window(layer))
     ours = scores_from_view(v, layer, x)
+    factors = v.qk_factors(layer, x)  # Gemma-3's per-token 1 / rms of each head's query and key
+    if factors is not None:
+        ours = ours * factors[0][:, :, None] * factors[1][:, None, :]
     if v.attn_softcap:
         ours = v.attn_softcap * torch.tanh(ours / v.attn_softcap)
     ref = rec["softmax_in"][layer][0]

@@ -74,10 +74,12 @@ def cosine(a: Tensor, b: Tensor) -> float:
 def theorem1_report(svd: SVD, X: Tensor, Y: Tensor, i: int, j: int) -> dict:
     """Top singular vectors of one instance against Theorem 1's prediction and against the raw features.
 
-    ``svd`` is one instance's Omega SVD, ``X`` / ``Y`` the query / key feature matrices ``[D, N]``.
+    ``svd`` is one instance's Omega SVD, ``X`` / ``Y`` the query / key feature matrices ``[D, N]``. Every
+    cosine is of singular index 0 (``u_1``, ``v_1``, the theorem's claim), recorded as ``singular_index``.
     """
     u1, v1 = svd.U[:, 0], svd.V[:, 0]
-    return {"cos_u1_prediction": cosine(u1, whitened_feature(X, i)), "cos_u1_raw": cosine(u1, X[:, i]),
+    return {"singular_index": 0, "query_feature": i, "key_feature": j,
+            "cos_u1_prediction": cosine(u1, whitened_feature(X, i)), "cos_u1_raw": cosine(u1, X[:, i]),
             "cos_v1_prediction": cosine(v1, whitened_feature(Y, j)), "cos_v1_raw": cosine(v1, Y[:, j])}
 
 
@@ -89,12 +91,19 @@ def least_squares_omega(X: Tensor, Y: Tensor, T: Tensor) -> Tensor:
 
 
 def prediction_cosines(svd: SVD, X: Tensor, Y: Tensor, T: Tensor, matched: list[dict]) -> list[dict]:
-    """Per matched pair at singular index k: |cos| of the learnt u_k, v_k with the k-th singular vectors
-    of the least-squares optimum (meaningful where the optimum's spectrum is not degenerate)."""
-    opt = svd_dense(least_squares_omega(X, Y, T))
-    return [{"cos_query_prediction": cosine(svd.U[:, m["singular_index"]], opt.U[:, m["singular_index"]]),
-             "cos_key_prediction": cosine(svd.V[:, m["singular_index"]], opt.V[:, m["singular_index"]])}
-            for m in matched]
+    """Per matched pair: the least-squares optimum's own index for the pair (``prediction_index``, the same
+    matching rule on the optimum's SVD, restricted to its rank(T) non-zero directions) and |cos| of the learnt
+    ``u_k, v_k`` at the pair's recorded ``singular_index`` k with the optimum's at ``prediction_index``. Comparing index k of
+    both would pair unrelated directions once the learnt order differs from the optimum's."""
+    opt = svd_dense(least_squares_omega(X, Y, T)).truncate(int(torch.linalg.matrix_rank(T.double())))  # rank of T
+    cos_u, cos_v = feature_singular_cosines(X, opt)
+    pairs = [(m["query_feature"], m["key_feature"], m["target"]) for m in matched]
+    out = []
+    for m, o in zip(matched, match_pairs(cos_u, cos_v, pairs)):
+        k, j = m["singular_index"], o["singular_index"]
+        out.append({"prediction_index": j, "cos_query_prediction": cosine(svd.U[:, k], opt.U[:, j]),
+                    "cos_key_prediction": cosine(svd.V[:, k], opt.V[:, j])})
+    return out
 
 
 def attended_orthogonality(W: Tensor, attended: list[int]) -> dict:
@@ -119,9 +128,9 @@ def alignment_report(W: Tensor, W_Q: Tensor, W_K: Tensor, T: Tensor, pairs: list
     """Everything the toy experiment reports, per instance of ``W: [I, D, N]``, ``W_Q, W_K: [I, H, D]``.
 
     Per instance: singular values, each pair's singular index and |cos| (``match_pairs``), their summary
-    (``pair_summary``), sigma_1 / sigma_2, Theorem 3 orthogonality and, when ``frozen`` (features fixed, so
-    the theory's feature matrix is known exactly), Theorem 1 for the first pair plus per-pair cosines with
-    the least-squares optimum's singular vectors.
+    (``pair_summary``), sigma_1 / sigma_2, Theorem 3 orthogonality, Theorem 1 for the first pair (with the
+    features as they are: fixed when ``frozen``, learnt otherwise) and, when ``frozen``, per-pair cosines
+    with the least-squares optimum's singular vectors.
     """
     svd = omega_svd(W_Q, W_K)
     cos_u, cos_v = feature_singular_cosines(W, svd)
@@ -137,7 +146,26 @@ def alignment_report(W: Tensor, W_Q: Tensor, W_K: Tensor, T: Tensor, pairs: list
         if frozen:
             for m, pred in zip(matched, prediction_cosines(one, W[n], W[n], T, matched)):
                 m.update(pred)
-            i, j, _ = pairs[0]
-            rep["theorem1"] = theorem1_report(one, W[n], W[n], i, j)
+        i, j, _ = pairs[0]
+        rep["theorem1"] = theorem1_report(one, W[n], W[n], i, j)
         reports.append(rep)
     return reports
+
+
+def theorem1_groups(instances: list[dict]) -> list[dict]:
+    """Theorem 1 over seeds: instances grouped by ``(d_model, interference_target)``; per group the seed
+    count, the mean reached ``||E_X||_2`` and the mean and worst (smallest) |cos(u_1, whitened prediction)|
+    and |cos(u_1, x_1)|."""
+    groups: dict[tuple, list[dict]] = {}
+    for inst in instances:
+        groups.setdefault((inst.get("d_model"), inst.get("interference_target")), []).append(inst)
+    rows = []
+    for (d, target), members in groups.items():
+        pred = [m["theorem1"]["cos_u1_prediction"] for m in members]
+        raw = [m["theorem1"]["cos_u1_raw"] for m in members]
+        reached = [m["interference"] for m in members if m.get("interference") is not None]
+        rows.append({"d_model": d, "interference_target": target, "n_seeds": len(members),
+                     "interference_mean": sum(reached) / len(reached) if reached else None,
+                     "cos_u1_prediction_mean": sum(pred) / len(pred), "cos_u1_prediction_worst": min(pred),
+                     "cos_u1_raw_mean": sum(raw) / len(raw), "cos_u1_raw_worst": min(raw)})
+    return rows

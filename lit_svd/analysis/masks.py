@@ -125,19 +125,28 @@ def most_effective_direction(metric_of: Callable[[dict[str, Tensor]], Tensor], h
 
 
 @torch.no_grad()
+def write_readings(view: ModelView, point: str, layer: int, V: Tensor) -> Tensor:
+    """``[n, vocab]``: how the unembedding reads directions ``V: [n, d_model]`` written by the attention
+    (``point="attn"``) or MLP (``"mlp"``) of ``layer``: through what follows the write in the model (Gemma's
+    post-attention / post-feed-forward norm, ``view.post_norm``), then the final norm and ``W_U``."""
+    W_U, _ = view.unembed()
+    written = view.post_norm(point, layer, V.to(W_U.dtype))
+    return view.normalized("final", None, written) @ W_U
+
+
+@torch.no_grad()
 def logit_receptors(view: ModelView, component: Component, keep: Tensor, tokenizer, top_k: int = 8) -> list[dict]:
-    """For each kept OV direction, its write direction ``v_k`` read through the final norm and the
-    unembedding: the ``top_k`` tokens it promotes (``+v``) and those it promotes with the opposite sign
-    (``-v``). (The final norm's scale and centring are applied; its data-dependent RMS only rescales.)"""
+    """For each kept OV direction, its write direction ``v_k`` read through what follows it (``write_readings``:
+    Gemma's post-attention norm, the final norm, the unembedding): the ``top_k`` tokens it promotes (``+v``)
+    and those it promotes with the opposite sign (``-v``). (The norms' gains and centring are applied; their
+    data-dependent RMS only rescales.)"""
     if component.kind != "ov":
         raise ValueError(f"logit receptors are read from OV components; got {component.kind!r}")
-    W_U, _ = view.unembed()
     out = []
     heads, dirs = torch.nonzero(keep, as_tuple=True)
     if len(heads) == 0:
         return out
-    V = component.V[heads, :, dirs].to(W_U.dtype)  # [n, d_model]
-    logits = view.normalized("final", None, V) @ W_U  # [n, vocab]
+    logits = write_readings(view, "attn", component.layer, component.V[heads, :, dirs])  # [n, vocab]
     pos, neg = logits.topk(top_k, dim=-1).indices, (-logits).topk(top_k, dim=-1).indices
     for i, (h, k) in enumerate(zip(heads.tolist(), dirs.tolist())):
         out.append({"layer": component.layer, "head": h, "direction": k, "sigma": float(component.S[h, k]),

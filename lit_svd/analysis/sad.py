@@ -19,6 +19,13 @@ augmented residual inputs ``x~ = [1, x]`` (bias row first, as in ``ModelView.qk`
 * control: the same decomposition in the rotated basis ``U Q`` with ``Q`` Haar-random ``[k, k]``
   (a rotation *within* the head's singular subspace, so the terms still sum exactly to ``l~``).
 
+Heads with query / key norms (Gemma-3 ``q_norm`` / ``k_norm``): the model's score is
+``l(d, s) = f_q(d) f_k(s) rope(x~_d A_q, d) . rope(x~_s A_k, s)`` with the norms' gains folded into
+``A_q, A_k`` and the per-token positive factors ``f = 1 / rms(x~ B)`` of the raw query and key maps
+``B_q, B_k`` (``QKHeads.head_norm``). Every term carries the factors of its own pair,
+``t_k(d, s) = f_q(d) f_k(s) (x~_d . u_k)(u_k^T Omega(delta) x~_s)``, so ``sum_k t_k = l`` and
+``sum_k c_k = l~`` stay exact; the basis ``U`` is that of the weights alone.
+
 Pair selection (which ``(d, s)`` are analysed): ``d`` sees at least two sources, ``l~(d, s) > 0``, and
 the head's attention weight ``a(d, s) >= threshold``; ``threshold=None`` means the uniform level
 ``1 / (number of visible sources of d)`` (the earlier code's rule).
@@ -28,12 +35,16 @@ Everything is batched over prompts, heads, destinations, directions and sources 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from lit_svd.linalg import haar_orthogonal, rolls_tovee_sparsity, svd_factored
+from lit_svd.models.base import augment_inputs  # [1, x]
+from lit_svd.models.hooks import capture
 
 DEFAULT_RECON_TOL = 1e-4
 
@@ -61,13 +72,16 @@ class QKHeads:
     ``A_q, A_k: [h, D, d_head]`` act on augmented inputs ``[1, x]`` (``D = d_model + 1``), the score
     scale folded into ``A_q``. ``rotate(x [..., pos, d_head], positions [pos])`` is the model's rotary
     embedding (``None``: absolute positions). ``softcap``: Gemma-2's ``cap * tanh(l / cap)`` applied to
-    the score before the softmax (the decomposition is of the uncapped score ``l``).
+    the score before the softmax (the decomposition is of the uncapped score ``l``). ``head_norm``:
+    ``(B_q, B_k, eps)`` for per-head query / key RMSNorms (Gemma-3): raw maps ``[h, D, d_head]`` whose
+    per-token RMS divides every score (``factors``).
     """
 
     A_q: Tensor
     A_k: Tensor
     rotate: Rotate | None = None
     softcap: float | None = None
+    head_norm: tuple[Tensor, Tensor, float] | None = None
 
     def __post_init__(self) -> None:
         if self.A_q.shape != self.A_k.shape or self.A_q.dim() != 3:
@@ -80,10 +94,28 @@ class QKHeads:
 
     def select(self, heads: Tensor | list[int]) -> "QKHeads":
         idx = torch.as_tensor(heads, dtype=torch.long, device=self.A_q.device)
-        return QKHeads(self.A_q[idx], self.A_k[idx], self.rotate, self.softcap)
+        hn = None if self.head_norm is None else (self.head_norm[0][idx], self.head_norm[1][idx], self.head_norm[2])
+        return QKHeads(self.A_q[idx], self.A_k[idx], self.rotate, self.softcap, hn)
 
     def to(self, dtype: torch.dtype) -> "QKHeads":
-        return QKHeads(self.A_q.to(dtype), self.A_k.to(dtype), self.rotate, self.softcap)
+        hn = None if self.head_norm is None else (self.head_norm[0].to(dtype), self.head_norm[1].to(dtype),
+                                                  self.head_norm[2])
+        return QKHeads(self.A_q.to(dtype), self.A_k.to(dtype), self.rotate, self.softcap, hn)
+
+    def token_factors(self, xq: Tensor, xk: Tensor) -> tuple[Tensor, Tensor] | None:
+        """``(f_q [B, h, T_d], f_k [B, h, T_s])``: 1 / RMS of each head's raw query and key (None without
+        head norms)."""
+        if self.head_norm is None:
+            return None
+        B_q, B_k, eps = self.head_norm
+        f_q = torch.rsqrt(torch.einsum("bqD,hDc->bhqc", xq, B_q).pow(2).mean(-1) + eps)
+        f_k = torch.rsqrt(torch.einsum("bsD,hDc->bhsc", xk, B_k).pow(2).mean(-1) + eps)
+        return f_q, f_k
+
+    def pair_factors(self, xq: Tensor, xk: Tensor) -> Tensor | None:
+        """``f_q(d) f_k(s)`` as ``[B, h, T_d, T_s]`` (None without head norms)."""
+        f = self.token_factors(xq, xk)
+        return None if f is None else f[0].unsqueeze(-1) * f[1].unsqueeze(-2)
 
     def basis(self) -> Tensor:
         """``U: [h, D, k]``, left singular vectors of ``Omega(0) = A_q A_k^T`` (descending sigma)."""
@@ -95,17 +127,13 @@ def qk_heads_from_view(view, layer: int) -> QKHeads:
     w = view.attn(view.check_layer(layer))
     A_q = torch.cat([w.b_Q.unsqueeze(1), w.W_Q], dim=1) * w.scale
     A_k = torch.cat([w.b_K.unsqueeze(1), w.W_K], dim=1)
-    return QKHeads(A_q, A_k, view.rotate if view.rotary_dim else None, view.attn_softcap)
+    rotate = partial(view.rotate, layer=layer) if view.rotary_dim else None
+    return QKHeads(A_q, A_k, rotate, view.attn_softcap, view.head_norm_maps(layer))
 
 
 def attention_window(view, layer: int) -> int | None:
     """The sliding window of ``layer`` (Gemma-2 / Gemma-3 sliding layers), None for full attention."""
     return view.window(layer)
-
-
-def augment_inputs(x: Tensor) -> Tensor:
-    """``[..., d] -> [..., 1 + d]`` with a leading constant 1 (the bias coordinate)."""
-    return torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)
 
 
 def rotated_bases(U: Tensor, seed: int = 0, head_ids: list[int] | None = None) -> Tensor:
@@ -141,7 +169,8 @@ def scores(xq: Tensor, xk: Tensor, qk: QKHeads) -> Tensor:
     if qk.rotate is not None:
         q = qk.rotate(q, _positions(xq.shape[1], xq.device))
         k = qk.rotate(k, _positions(xk.shape[1], xk.device))
-    return q @ k.mT
+    f = qk.pair_factors(xq, xk)
+    return q @ k.mT if f is None else (q @ k.mT) * f
 
 
 def direction_terms(xq: Tensor, xk: Tensor, qk: QKHeads, U: Tensor) -> Tensor:
@@ -156,7 +185,9 @@ def direction_terms(xq: Tensor, xk: Tensor, qk: QKHeads, U: Tensor) -> Tensor:
         Pq = qk.rotate(P.unsqueeze(2).expand(-1, -1, Tq, -1), _positions(Tq, xq.device))  # [h, k, T_d, c]
         kr = qk.rotate(kap, _positions(xk.shape[1], xk.device))
         b = torch.einsum("hkqc,bhsc->bhqks", Pq, kr)
-    return a.unsqueeze(-1) * b
+    f = qk.pair_factors(xq, xk)
+    terms = a.unsqueeze(-1) * b
+    return terms if f is None else terms * f.unsqueeze(-2)
 
 
 def relative(x: Tensor, visible: Tensor) -> Tensor:
@@ -193,15 +224,140 @@ def select_pairs(probs: Tensor, rel: Tensor, visible: Tensor, threshold: float |
     return visible[:, None] & (n >= 2) & (rel > 0) & (probs >= level)
 
 
+def sort_descending(c: Tensor) -> Tensor:
+    """Values of ``c`` sorted in decreasing order along the last axis (numpy's vectorised sort on CPU,
+    ~15x faster than torch's for many short rows)."""
+    if c.device.type != "cpu" or c.requires_grad:
+        return c.sort(dim=-1, descending=True).values
+    return torch.from_numpy(np.ascontiguousarray(np.sort(c.contiguous().numpy(), axis=-1)[..., ::-1]))
+
+
 def n_recon(c: Tensor, rel: Tensor, tol: float = DEFAULT_RECON_TOL) -> Tensor:
     """Fewest directions, largest contribution first, whose running sum reaches ``rel - tol * sum|c|``.
 
     ``c: [..., k]``, ``rel: [...]`` -> integer ``[...]`` in ``1..k``.
     """
-    cum = c.sort(dim=-1, descending=True).values.cumsum(-1)
+    cum = sort_descending(c).cumsum(-1)
     reach = cum >= (rel - tol * c.abs().sum(-1)).unsqueeze(-1)
     first = reach.to(torch.int8).argmax(-1) + 1
     return torch.where(reach.any(-1), first, torch.full_like(first, c.shape[-1]))
+
+
+def contributions_at(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, pairs: Tensor) -> Tensor:
+    """Relative contributions ``c_k`` of the selected ``pairs [B, h, T_d, T_s]`` -> ``[P, k]``, from the full
+    term tensor (the reference for ``pair_contributions``)."""
+    c = relative(direction_terms(xq, xk, qk, U), visible)  # [B, h, T_d, k, T_s]
+    return c.transpose(-1, -2)[pairs]
+
+
+Pairs = tuple[Tensor, Tensor, Tensor, Tensor]  # (batch, head, dest, src) indices, each [P]
+
+
+def pair_contributions(a: Tensor, P: Tensor, keys: Tensor, visible: Tensor, pairs: Pairs,
+                       rotate: Rotate | None = None) -> Tensor:
+    """Relative contributions ``c_k(d, s)`` of the listed pairs only -> ``[..., P, k]``.
+
+    ``a: [..., B, h or 1, T_d, k]`` query coordinates ``x~_d . u_k``; ``P: [h, k, c]`` the directions as query
+    vectors (``U^T A_q``); ``keys: [..., B, h, T_s, c]`` unrotated keys ``x~_s A_k``; leading ``...`` axes
+    (null draws) broadcast. Uses ``c_k = a_k(d) n/(n-1) (p_k(d) . (kappa_s - mean_{s' visible} kappa_s'))``
+    (``n`` visible sources, ``p_k(d)``, ``kappa`` rotated to their positions), so each pair costs one
+    ``k x c`` product instead of a row over every source (pairs grouped by head and destination).
+    """
+    b, h, d, s = pairs
+    Td, Ts = a.shape[-2], keys.shape[-2]
+    Pd = P.unsqueeze(2)  # [h, k, 1, c]: the same query vectors at every destination
+    if rotate is not None:
+        keys = rotate(keys, _positions(Ts, keys.device))
+        Pd = rotate(P.unsqueeze(2).expand(-1, -1, Td, -1), _positions(Td, P.device))  # [h, k, T_d, c]
+    n = visible.sum(-1).to(keys.dtype)  # [B, T_d]
+    keys = keys.masked_fill(~visible.any(1)[:, None, :, None], 0.0)  # padding may hold NaN: 0 * NaN is NaN
+    mean_keys = torch.einsum("bqs,...bhsc->...bhqc", visible.to(keys.dtype), keys) / n.clamp_min(1)[:, None, :, None]
+    diff = _rows(keys, b, h, s) - _rows(mean_keys, b, h, d)  # [..., P, c]
+    # one [c, k] matrix per (head, destination): group the pairs, multiply, put back
+    group = h * Pd.shape[2] + (d if Pd.shape[2] > 1 else torch.zeros_like(d))
+    order = torch.argsort(group, stable=True)
+    keys_g, counts = torch.unique_consecutive(group[order], return_counts=True)
+    parts = diff[..., order, :].split(counts.tolist(), dim=-2)
+    out = torch.cat([x @ Pd[g // Pd.shape[2], :, g % Pd.shape[2]].mT for x, g in zip(parts, keys_g.tolist())], dim=-2)
+    out = out[..., torch.argsort(order), :]
+    nd = n[b, d]
+    return _rows(a, b, h, d) * out * (nd / (nd - 1)).unsqueeze(-1)
+
+
+def _rows(t: Tensor, b: Tensor, h: Tensor, q: Tensor) -> Tensor:
+    """``t[..., b, h, q, :]`` for ``t: [..., B, H, T, c]`` (``H = 1``: shared by every head) -> ``[..., P, c]``."""
+    B, H, T, c = t.shape[-4:]
+    flat = (b * H + (h if H > 1 else 0)) * T + q
+    return t.reshape(*t.shape[:-4], B * H * T, c).index_select(-2, flat)
+
+
+def haar_frames(D: int, k: int, n: int, generator: torch.Generator, dtype=torch.float32) -> Tensor:
+    """``n`` Haar-random orthonormal frames ``[n, D, k]`` (reduced QR of a Gaussian, sign-fixed)."""
+    Q, R = torch.linalg.qr(torch.randn(n, D, k, generator=generator, dtype=torch.float64))
+    return (Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)).to(dtype)
+
+
+@dataclass
+class NullHeads:
+    """Matched-spectrum null: per head ``i`` and draw ``j`` the random head ``A_q' = U'_ij C_q[i]``,
+    ``A_k' = V'_ij C_k[i]`` with ``C_q = U^T A_q``, ``C_k = V^T A_k`` (``C_q C_k^T = diag(sigma)``).
+
+    Its ``Omega'(delta) = U'_ij C_q R(delta) C_k^T V'_ij^T`` has the head's exact singular values at *every*
+    offset (``U'``, ``V'`` are isometries; the head's own rotary map ``R``), its singular vectors at
+    ``delta = 0`` are ``U'_ij``, ``V'_ij``: Haar-random frames, so they carry no feature. The frames are
+    drawn per head from ``(seed, head id)`` alone (as the rotated control), independently across heads.
+    """
+
+    U: Tensor  # [h, n, D, k]
+    V: Tensor  # [h, n, D, k]
+    C_q: Tensor  # [h, k, c]
+    C_k: Tensor  # [h, k, c]
+
+    @property
+    def n_draws(self) -> int:
+        return self.U.shape[1]
+
+    def head(self, draw: int, qk: "QKHeads") -> "QKHeads":
+        """Draw ``draw`` as explicit factors (for tests and figures): ``A_q' = U'C_q``, ``A_k' = V'C_k``."""
+        return QKHeads(self.U[:, draw] @ self.C_q, self.V[:, draw] @ self.C_k, qk.rotate, qk.softcap, qk.head_norm)
+
+
+def null_heads(qk: QKHeads, svd, n_draws: int, seed: int, head_ids: list[int] | None = None) -> NullHeads:
+    """``n_draws`` matched-spectrum null heads of every head in ``qk`` (``svd``: ``svd_factored(A_q, A_k)``);
+    head ``i``'s frames come from ``(seed, head_ids[i])`` alone, the same on every rank and selection."""
+    head_ids = list(range(qk.n_heads)) if head_ids is None else list(head_ids)
+    D, k = svd.U.shape[-2:]
+    F = torch.stack([haar_frames(D, k, 2 * n_draws, torch.Generator().manual_seed(seed * 1_000_003 + h),
+                                 qk.A_q.dtype) for h in head_ids]).to(qk.A_q.device)  # [h, 2n, D, k]
+    return NullHeads(F[:, :n_draws], F[:, n_draws:], svd.U.mT @ qk.A_q, svd.V.mT @ qk.A_k)
+
+
+def signed(c: Tensor, rel: Tensor) -> tuple[Tensor, Tensor]:
+    """Flip pairs with ``l~ < 0`` so that the total to rebuild is positive (N_recon of ``-c`` reaching ``-l~``:
+    the directions that carry the *avoidance*); Rolls–Tovee sparsity is unchanged by the sign."""
+    sgn = torch.where(rel < 0, -1.0, 1.0).to(c.dtype)
+    return c * sgn.unsqueeze(-1), rel * sgn
+
+
+@dataclass
+class NullStats:
+    """Matched-spectrum null: one entry per pair a null head attends to, flattened to ``[P']``."""
+
+    draw: Tensor
+    head: Tensor  # index into the heads given (0..h-1)
+    sparsity: Tensor
+    n_recon: Tensor
+
+
+@dataclass
+class UnattendedStats:
+    """Pair null: the real head, in its singular basis, on the visible pairs it does *not* attend to
+    (weight below the threshold, ``l~ != 0``; signs flipped by ``signed``), flattened to ``[Q]``."""
+
+    head: Tensor
+    rel: Tensor  # |l~|
+    sparsity: Tensor
+    n_recon: Tensor
 
 
 @dataclass
@@ -218,24 +374,49 @@ class PairStats:
     sparsity_rotated: Tensor
     n_recon_rotated: Tensor
     contributions: Tensor | None = None  # [P, k] when asked for
+    null: NullStats | None = None
+    unattended: UnattendedStats | None = None
 
     def __len__(self) -> int:
         return self.head.numel()
 
 
-def contributions_at(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, pairs: Tensor) -> Tensor:
-    """Relative contributions ``c_k`` of the selected ``pairs [B, h, T_d, T_s]`` -> ``[P, k]``."""
-    c = relative(direction_terms(xq, xk, qk, U), visible)  # [B, h, T_d, k, T_s]
-    return c.transpose(-1, -2)[pairs]
+def null_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, null: NullHeads,
+               threshold: float | None = None, tol: float = DEFAULT_RECON_TOL) -> NullStats:
+    """Decompose the matched-spectrum null heads on the same inputs, each on the pairs *it* attends to by
+    the same rule (``select_pairs`` on its own scores); draws are stacked along the batch axis."""
+    n, B = null.n_draws, xq.shape[0]
+    a = torch.einsum("bqD,hnDk->nbhqk", xq, null.U)
+    keys = torch.einsum("nbhsk,hkc->nbhsc", torch.einsum("bsD,hnDk->nbhsk", xk, null.V), null.C_k)
+    f = qk.token_factors(xq, xk)  # Gemma-3: the model's own per-token q_norm / k_norm factors, kept
+    if f is not None:
+        a, keys = a * f[0].unsqueeze(-1), keys * f[1].unsqueeze(-1)
+    q = torch.einsum("nbhqk,hkc->nbhqc", a, null.C_q).flatten(0, 1)  # [n B, h, T_d, c]
+    keys = keys.flatten(0, 1)
+    kr = keys
+    if qk.rotate is not None:
+        q = qk.rotate(q, _positions(q.shape[-2], q.device))
+        kr = qk.rotate(keys, _positions(keys.shape[-2], keys.device))
+    vis = visible.repeat(n, 1, 1)
+    l = q @ kr.mT
+    rel = relative(l, vis)
+    pairs = select_pairs(attention_probs(l, vis, qk.softcap), rel, vis, threshold)
+    idx = pairs.nonzero(as_tuple=True)
+    a = a.flatten(0, 1)
+    c = pair_contributions(a, null.C_q, keys, vis, idx, qk.rotate)
+    r = rel[pairs]
+    return NullStats(idx[0] // B, idx[1], rolls_tovee_sparsity(c), n_recon(c, r, tol))
 
 
 def sad_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, U_rot: Tensor,
               threshold: float | None = None, tol: float = DEFAULT_RECON_TOL,
-              keep_contributions: bool = False) -> PairStats:
+              keep_contributions: bool = False, null: NullHeads | None = None,
+              unattended: bool = False) -> PairStats:
     """Decompose every analysed pair of ``h`` heads over a batch of prompts.
 
     ``xq: [B, T_d, D]``, ``xk: [B, T_s, D]`` augmented inputs (``augment_inputs``; the same tensor for self-attention),
-    ``visible: [B, T_d, T_s]``, ``U, U_rot: [h, D, k]`` (``qk.basis()`` and ``rotated_bases(U)``).
+    ``visible: [B, T_d, T_s]``, ``U, U_rot: [h, D, k]`` (``qk.basis()`` and ``rotated_bases(U)``). ``null``: also
+    decompose the matched-spectrum null heads (``null_pairs``); ``unattended``: also the pair null.
     """
     if xq.shape[0] == 0:
         raise ValueError("sad_pairs got an empty batch (0 prompts); give at least one prompt")
@@ -243,16 +424,35 @@ def sad_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, U
     check_tolerance(tol)
     l = scores(xq, xk, qk)
     rel = relative(l, visible)
-    pairs = select_pairs(attention_probs(l, visible, qk.softcap), rel, visible, threshold)
-    b, h, d, s = pairs.nonzero(as_tuple=True)
+    probs = attention_probs(l, visible, qk.softcap)
+    pairs = select_pairs(probs, rel, visible, threshold)
+    idx = pairs.nonzero(as_tuple=True)
     r = rel[pairs]
-    c = contributions_at(xq, xk, visible, qk, U, pairs)
-    c_rot = contributions_at(xq, xk, visible, qk, U_rot, pairs)
-    return PairStats(b, h, d, s, r, rolls_tovee_sparsity(c), n_recon(c, r, tol),
-                     rolls_tovee_sparsity(c_rot), n_recon(c_rot, r, tol), c if keep_contributions else None)
+    keys = torch.einsum("bsD,hDc->bhsc", xk, qk.A_k)
+
+    def decompose(basis: Tensor, where: Pairs) -> Tensor:
+        a = torch.einsum("bqD,hDk->bhqk", xq, basis)
+        return pair_contributions(a, basis.mT @ qk.A_q, keys, visible, where, qk.rotate)
+
+    c, c_rot = decompose(U, idx), decompose(U_rot, idx)
+    stats = PairStats(*idx, r, rolls_tovee_sparsity(c), n_recon(c, r, tol), rolls_tovee_sparsity(c_rot),
+                      n_recon(c_rot, r, tol), c if keep_contributions else None)
+    if null is not None:
+        stats.null = null_pairs(xq, xk, visible, qk, null, threshold, tol)
+    if unattended:
+        n_vis = visible.sum(-1)[:, None, :, None]
+        level = 1.0 / n_vis.clamp_min(1) if threshold is None else torch.full_like(probs, threshold)
+        other = visible[:, None] & (n_vis >= 2) & (rel != 0) & (probs < level)
+        oidx = other.nonzero(as_tuple=True)
+        cu, ru = signed(decompose(U, oidx), rel[other])
+        stats.unattended = UnattendedStats(oidx[1], ru, rolls_tovee_sparsity(cu), n_recon(cu, ru, tol))
+    return stats
 
 
 # --- on a model view -------------------------------------------------------------------------------
+DEFAULT_NULL_DRAWS = 16
+
+
 @dataclass
 class LayerBases:
     """What the decomposition of one layer's heads needs, computed once per layer."""
@@ -263,49 +463,117 @@ class LayerBases:
     U: Tensor  # [h, D, k]
     U_rot: Tensor  # [h, D, k]
     window: int | None
+    null: NullHeads | None = None
 
 
 def layer_bases(view, layer: int, heads: list[int] | None = None, seed: int = 0,
-                dtype: torch.dtype = torch.float32) -> LayerBases:
-    """Bases of ``heads`` (default all) of ``layer``; the control rotation is seeded by ``(seed, layer)``."""
+                dtype: torch.dtype = torch.float32, null_draws: int = 0) -> LayerBases:
+    """Bases of ``heads`` (default all) of ``layer``; the control rotation and the ``null_draws``
+    matched-spectrum null heads are seeded by ``(seed, layer)`` (and the head, for the rotation)."""
     view.check_layer(layer)
     heads = list(range(view.n_heads)) if heads is None else [view.check_head(h) for h in heads]
     qk = qk_heads_from_view(view, layer).select(heads).to(dtype)
-    U = qk.basis()
-    return LayerBases(layer, torch.tensor(heads), qk, U, rotated_bases(U, seed * 100_003 + layer, heads),
-                      attention_window(view, layer))
+    svd = svd_factored(qk.A_q, qk.A_k)
+    null = null_heads(qk, svd, null_draws, seed * 100_003 + layer + 7_919_000, heads) if null_draws else None
+    return LayerBases(layer, torch.tensor(heads), qk, svd.U, rotated_bases(svd.U, seed * 100_003 + layer, heads),
+                      attention_window(view, layer), null)
 
 
 @torch.no_grad()
 def attention_inputs(view, input_ids: Tensor, attention_mask: Tensor, layers: list[int]) -> dict[int, Tensor]:
     """Run the model once; per layer the augmented input ``[B, T, d_model + 1]`` its attention reads
     (``[1, view.normalized("attn", layer, resid)]``)."""
-    captured: dict[int, Tensor] = {}
-
-    def capture(layer: int):
-        def hook(module, args, kwargs):
-            captured[layer] = (args[0] if args else kwargs["hidden_states"]).detach()
-        return hook
-
-    handles = [view.block(view.check_layer(l)).register_forward_pre_hook(capture(l), with_kwargs=True)
-               for l in layers]
-    try:
+    with capture({l: view.block(view.check_layer(l)) for l in layers}, "pre") as got:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-        view.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    finally:
-        for h in handles:
-            h.remove()
-    return {l: augment_inputs(view.normalized("attn", l, captured[l])) for l in layers}
+        view.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   logits_to_keep=1)  # the logits are not needed (262k-word vocabularies)
+    return {l: augment_inputs(view.normalized("attn", l, got[l])) for l in layers}
 
 
 def decompose_layer(bases: LayerBases, x: Tensor, attention_mask: Tensor, threshold: float | None = None,
-                    tol: float = DEFAULT_RECON_TOL, keep_contributions: bool = False) -> PairStats:
-    """All analysed pairs of one layer's heads over a batch; ``PairStats.head`` holds model head indices."""
+                    tol: float = DEFAULT_RECON_TOL, keep_contributions: bool = False,
+                    unattended: bool = False) -> PairStats:
+    """All analysed pairs of one layer's heads over a batch (with the nulls the bases carry, and the pair
+    null when ``unattended``); ``PairStats.head`` and ``.unattended.head`` hold model head indices."""
     x = x.to(bases.U.dtype)
     visible = causal_visibility(attention_mask, bases.window)
-    stats = sad_pairs(x, x, visible, bases.qk, bases.U, bases.U_rot, threshold, tol, keep_contributions)
-    stats.head = bases.heads.to(stats.head.device)[stats.head]
+    stats = sad_pairs(x, x, visible, bases.qk, bases.U, bases.U_rot, threshold, tol, keep_contributions,
+                      bases.null, unattended)
+    heads = bases.heads.to(stats.head.device)
+    stats.head = heads[stats.head]
+    for extra in (stats.null, stats.unattended):
+        if extra is not None:
+            extra.head = heads[extra.head]
     return stats
+
+
+def head_means(head: Tensor, values: Tensor, n_heads: int) -> Tensor:
+    """Mean of ``values [..., P]`` per head index ``head [P]`` -> ``[..., n_heads]`` (NaN for heads without pairs)."""
+    v = values.double().cpu()
+    total = torch.zeros(*v.shape[:-1], n_heads, dtype=torch.float64).index_add_(-1, head.cpu(), v)
+    count = torch.zeros(n_heads, dtype=torch.float64).index_add_(0, head.cpu(), torch.ones(len(head), dtype=torch.float64))
+    return total / count
+
+
+def null_head_means(null: NullStats, n_heads: int, n_draws: int | None = None) -> Tensor:
+    """Mean sparsity of each null draw of each head -> ``[n_heads, n_draws]`` (NaN without pairs)."""
+    n_draws = int(null.draw.max().item()) + 1 if n_draws is None else n_draws
+    key = (null.head.cpu() * n_draws + null.draw.cpu())
+    return head_means(key, null.sparsity, n_heads * n_draws).reshape(n_heads, n_draws)
+
+
+def null_quantile(null_means: Tensor, q: float = 0.05) -> Tensor:
+    """The ``q`` quantile of the null draws ``[..., n_draws]`` (linear interpolation, as ``numpy.quantile``)."""
+    return torch.quantile(null_means.double(), q, dim=-1)
+
+
+def head_rows(names: list[str], st: PairStats, n_heads: int) -> dict[str, list]:
+    """Per head of one layer: mean sparsity, its rotated control, the matched null (mean, 5th percentile,
+    whether the head is below it) and the pair count; ``names[h]`` names head ``h``."""
+    sp, rot = head_means(st.head, st.sparsity, n_heads), head_means(st.head, st.sparsity_rotated, n_heads)
+    n = torch.bincount(st.head.cpu(), minlength=n_heads)
+    out = {"name": names, "sparsity": sp.tolist(), "sparsity_rotated": rot.tolist(), "n_pairs": n.tolist()}
+    if st.null is not None:
+        draws = null_head_means(st.null, n_heads)  # [h, n_draws]
+        p05 = null_quantile(draws)
+        out.update(sparsity_null=draws.mean(-1).tolist(), sparsity_null_p05=p05.tolist(),
+                   sparser_than_null=[bool(a < b) for a, b in zip(sp.tolist(), p05.tolist())])
+    return out
+
+
+@torch.no_grad()
+def lm_head_sparsity(view, ids: Tensor, mask: Tensor, threshold: float | None, tol: float, seed: int,
+                     null_draws: int = DEFAULT_NULL_DRAWS) -> dict[str, list]:
+    """Per head (every layer) on one probe batch: see ``head_rows``."""
+    X = attention_inputs(view, ids, mask, list(range(view.n_layers)))
+    out: dict[str, list] = {}
+    for layer in range(view.n_layers):
+        bases = layer_bases(view, layer, seed=seed, null_draws=null_draws)
+        rows = head_rows([f"L{layer}H{h}" for h in range(view.n_heads)],
+                         decompose_layer(bases, X[layer], mask, threshold, tol), view.n_heads)
+        for k, v in rows.items():
+            out.setdefault(k, []).extend(v)
+    return out
+
+
+@torch.no_grad()
+def toy_head_sparsity(W: Tensor, W_Q: Tensor, W_K: Tensor, d_heads: list[int], feats: Tensor,
+                      threshold: float | None, tol: float, seed: int,
+                      null_draws: int = DEFAULT_NULL_DRAWS) -> dict[str, list]:
+    """Per toy instance (``W: [I, D, N]``, ``W_Q, W_K: [I, H, D]``, ``feats: [I, B, 1 + m, N]``): the query
+    token (0) attending over the key tokens, in the instance's own features; see ``head_rows``."""
+    out: dict[str, list] = {}
+    for i, d_head in enumerate(d_heads):
+        x = torch.einsum("btn,dn->btd", feats[i].float(), W[i].float())  # [B, 1 + m, D]
+        qk = QKHeads(W_Q[i, :d_head].T[None].float(), W_K[i, :d_head].T[None].float())
+        svd = svd_factored(qk.A_q, qk.A_k)
+        xq, xk = x[:, :1], x[:, 1:]
+        visible = torch.ones(x.shape[0], 1, xk.shape[1], dtype=torch.bool, device=x.device)
+        null = null_heads(qk, svd, null_draws, seed + i + 7_919_000) if null_draws else None
+        st = sad_pairs(xq, xk, visible, qk, svd.U, rotated_bases(svd.U, seed + i), threshold, tol, null=null)
+        for k, v in head_rows([f"instance{i}"], st, 1).items():
+            out.setdefault(k, []).extend(v)
+    return out
 
 
 # --- per-head summaries from accumulated sums --------------------------------------------------------
@@ -321,47 +589,95 @@ def histogram_median(counts: Tensor) -> float:
     return (lo + hi) / 2
 
 
-def summarise_heads(layers: list[int], heads: list[list[int]], n_pairs: Tensor, sparsity_sum: Tensor,
-                    sparsity_rotated_sum: Tensor, recon_hist: Tensor, recon_hist_rotated: Tensor,
+Z_ONE_SIDED_5 = 1.6448536269514722  # standard normal 95th percentile
+
+
+def _mean(total: float, n: int) -> float | None:
+    return total / n if n else None
+
+
+def _welch_z(m1: float, sq1: float, n1: int, m2: float, sq2: float, n2: int) -> float | None:
+    """``(m2 - m1) / se`` from means and sums of squares (sample variances); None when undefined."""
+    if n1 < 2 or n2 < 2:
+        return None
+    v1 = max(sq1 / n1 - m1 * m1, 0.0) * n1 / (n1 - 1)
+    v2 = max(sq2 / n2 - m2 * m2, 0.0) * n2 / (n2 - 1)
+    se = (v1 / n1 + v2 / n2) ** 0.5
+    return (m2 - m1) / se if se > 0 else None
+
+
+def _fraction_le(hist: Tensor, k: int = 4) -> float:
+    return hist[:k].sum().item() / max(hist.sum().item(), 1.0)
+
+
+def summarise_heads(layers: list[int], heads: list[list[int]], sums: dict[str, Tensor],
                     min_pairs: int = 20) -> tuple[list[dict], dict]:
-    """Rows ``{"layer", "head", "n_pairs", "sparsity", "sparsity_rotated", "n_recon_median", ...}`` for the
-    analysed heads (``heads[i]`` lists the heads of ``layers[i]``; sums are ``[L, H]``, histograms
-    ``[L, H, k]``), and a summary over the heads with at least ``min_pairs`` pairs."""
+    """Per-head rows and a summary over the heads with at least ``min_pairs`` pairs, from the sums of
+    ``SADHeadStats`` (``[L, H]``; histograms ``[L, H, k]``; null pair counts and sparsity ``[L, H, n_draws]``).
+
+    A head is *sparser than* the rotated control when its mean is lower; than the matched-spectrum null
+    when its mean is below the 5th percentile of the null draws' means; than the pair null when the
+    one-sided Welch z of (unattended mean - attended mean) exceeds 1.645 (pairs treated as independent).
+    """
+    has_null = "sparsity_null" in sums and sums["sparsity_null"].shape[-1] > 0
+    has_un = "n_unattended" in sums
     rows = []
     for i, layer in enumerate(layers):
         for h in heads[i]:
-            n = int(n_pairs[i, h].item())
-            rows.append({
-                "layer": layer, "head": h, "n_pairs": n,
-                "sparsity": sparsity_sum[i, h].item() / n if n else None,
-                "sparsity_rotated": sparsity_rotated_sum[i, h].item() / n if n else None,
-                "n_recon_median": histogram_median(recon_hist[i, h]) if n else None,
-                "n_recon_median_rotated": histogram_median(recon_hist_rotated[i, h]) if n else None,
-                "n_recon_hist": [int(v) for v in recon_hist[i, h].tolist()],
-            })
+            n = int(sums["n_pairs"][i, h].item())
+            sp, rot = _mean(sums["sparsity"][i, h].item(), n), _mean(sums["sparsity_rotated"][i, h].item(), n)
+            row = {"layer": layer, "head": h, "n_pairs": n, "sparsity": sp, "sparsity_rotated": rot,
+                   "sparser_than_rotated": bool(n and sp < rot),
+                   "n_recon_median": histogram_median(sums["recon_hist"][i, h]) if n else None,
+                   "n_recon_median_rotated": histogram_median(sums["recon_hist_rotated"][i, h]) if n else None,
+                   "n_recon_hist": [int(v) for v in sums["recon_hist"][i, h].tolist()]}
+            if has_null:
+                draws = sums["sparsity_null"][i, h] / sums["n_pairs_null"][i, h].clamp_min(1)
+                p05 = null_quantile(draws).item()
+                row.update(sparsity_null=draws.mean().item() if n else None, sparsity_null_p05=p05 if n else None,
+                           sparsity_null_draws=draws.tolist() if n else None,
+                           sparser_than_null=bool(n and sp < p05),
+                           null_fraction_below=(draws < sp).double().mean().item() if n else None,
+                           n_recon_median_null=histogram_median(sums["recon_hist_null"][i, h]) if n else None)
+            if has_un:
+                m = int(sums["n_unattended"][i, h].item())
+                su = _mean(sums["sparsity_unattended"][i, h].item(), m)
+                z = _welch_z(sp, sums["sparsity_sq"][i, h].item(), n, su, sums["sparsity_unattended_sq"][i, h].item(),
+                             m) if n and m else None
+                row.update(n_unattended=m, sparsity_unattended=su, z_unattended=z,
+                           sparser_than_unattended=bool(z is not None and z > Z_ONE_SIDED_5),
+                           n_recon_median_unattended=histogram_median(sums["recon_hist_unattended"][i, h]) if m else None)
+            rows.append(row)
     eligible = [r for r in rows if r["n_pairs"] >= min_pairs]
-    mask = torch.zeros_like(n_pairs, dtype=torch.bool)
-    for i, layer in enumerate(layers):
+    mask = torch.zeros_like(sums["n_pairs"], dtype=torch.bool)
+    for i, _ in enumerate(layers):
         for h in heads[i]:
-            mask[i, h] = n_pairs[i, h] >= min_pairs
-    pooled = recon_hist[mask].sum(0)
-    pooled_rot = recon_hist_rotated[mask].sum(0)
-    total = max(int(pooled.sum().item()), 1)
-    summary = {
-        "min_pairs": min_pairs,
-        "n_heads": len(rows),
-        "n_heads_eligible": len(eligible),
-        "n_heads_sparser_than_rotated": sum(r["sparsity"] < r["sparsity_rotated"] for r in eligible),
-        "fraction_sparser_than_rotated": (sum(r["sparsity"] < r["sparsity_rotated"] for r in eligible) / len(eligible)
-                                          if eligible else None),
-        "mean_sparsity": sum(r["sparsity"] for r in eligible) / len(eligible) if eligible else None,
-        "mean_sparsity_rotated": sum(r["sparsity_rotated"] for r in eligible) / len(eligible) if eligible else None,
-        "n_pairs": int(pooled.sum().item()),
-        "n_recon_hist": [int(v) for v in pooled.tolist()],
-        "n_recon_hist_rotated": [int(v) for v in pooled_rot.tolist()],
-        "n_recon_median": histogram_median(pooled),
-        "n_recon_median_rotated": histogram_median(pooled_rot),
-        "n_recon_fraction_le_4": pooled[:4].sum().item() / total,
-        "n_recon_fraction_le_4_rotated": pooled_rot[:4].sum().item() / total,
-    }
+            mask[i, h] = sums["n_pairs"][i, h] >= min_pairs
+    summary = {"min_pairs": min_pairs, "n_heads": len(rows), **_counts(eligible, has_null, has_un)}
+    for suffix, key in [("", "recon_hist"), ("_rotated", "recon_hist_rotated")] + \
+            ([("_null", "recon_hist_null")] if has_null else []) + ([("_unattended", "recon_hist_unattended")] if has_un else []):
+        pooled = sums[key][mask].sum(0)
+        if suffix == "":
+            summary["n_pairs"] = int(pooled.sum().item())
+        summary[f"n_recon_hist{suffix}"] = [int(v) for v in pooled.tolist()]
+        summary[f"n_recon_median{suffix}"] = histogram_median(pooled)
+        summary[f"n_recon_fraction_le_4{suffix}"] = _fraction_le(pooled)
+    summary["per_layer"] = [{"layer": layer, **_counts([r for r in eligible if r["layer"] == layer], has_null, has_un)}
+                            for layer in layers]
     return rows, summary
+
+
+def _counts(eligible: list[dict], has_null: bool, has_un: bool) -> dict:
+    """Head counts sparser than each control and mean sparsities over ``eligible`` rows."""
+    n = len(eligible)
+    out = {"n_heads_eligible": n}
+    kinds = [("rotated", "sparsity_rotated")] + ([("null", "sparsity_null")] if has_null else []) + \
+        ([("unattended", "sparsity_unattended")] if has_un else [])
+    out["mean_sparsity"] = sum(r["sparsity"] for r in eligible) / n if n else None
+    for kind, key in kinds:
+        k = sum(r[f"sparser_than_{kind}"] for r in eligible)
+        vals = [r[key] for r in eligible if r[key] is not None]
+        out[f"n_heads_sparser_than_{kind}"] = k
+        out[f"fraction_sparser_than_{kind}"] = k / n if n else None
+        out[f"mean_{key}"] = sum(vals) / len(vals) if vals else None
+    return out

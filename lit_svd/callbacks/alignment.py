@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lit_svd.analysis.alignment import alignment_report, feature_singular_cosines
+from lit_svd.analysis.alignment import alignment_report, feature_singular_cosines, interference, theorem1_groups
 from lit_svd.linalg import SVD
 from lit_svd.output import save_figure, write_results
 
@@ -102,37 +102,46 @@ class SVDAlignmentCallback(Callback):
         reports = self.report(module)
         dm = trainer.datamodule
         p = dm.p.tolist() if dm is not None and hasattr(dm, "p") else None
+        targets = module.interference_targets
+        W = module.feature_directions()
         instances = []
         for n, r in enumerate(reports):
             inst = {"index": n, "seed": module.seeds[n], "lambda": module.lambdas[n], "d_head": module.d_heads[n],
-                    **({"p": p[n]} if p is not None else {}), **r}
-            if module.frozen_features:
-                inst["interference"] = module.interference[n]
+                    "d_model": module.d_models[n], **({"p": p[n]} if p is not None else {}), **r,
+                    "interference_target": targets[n],
+                    # reached ||E_X||_2: as built (frozen) or of the learnt features at the end
+                    "interference": module.interference[n] if module.frozen_features else float(interference(W[n]))}
             instances.append(inst)
         results = {"experiment": "toy_alignment", "global_step": trainer.global_step,
                    "n_instances": module.n_instances, "frozen_features": module.frozen_features,
                    "template_pairs": [list(pr) for pr in module.pairs], "summary": summarise(instances),
                    "history": [{"step": s, "mean_abs_cos": v} for s, v in self.history], "instances": instances}
+        results["summary"]["theorem1_groups"] = theorem1_groups(instances)
         path = write_results(trainer, results)
-        self.write_figures(trainer, module, reports)
+        self.write_figures(trainer, module, results)
         print(f"[SVDAlignmentCallback] results: {path}")
 
-    def write_figures(self, trainer: pl.Trainer, module, reports: list[dict]) -> None:
+    def write_figures(self, trainer: pl.Trainer, module, results: dict) -> None:
+        """The figures of ``results`` (what results.json holds; the heatmap adds instance 0's full cosines)."""
         from lit_svd.callbacks import alignment_figures as figs  # matplotlib only when writing figures
 
+        instances = results["instances"]
         cos_u, cos_v = feature_singular_cosines(module.feature_directions()[:1], _first(module.omega_svd(), 1))
         save_figure(trainer, figs.heatmaps(cos_u[0], cos_v[0], module.pairs), "heatmap")
         labels = instance_labels(module)
-        save_figure(trainer, figs.spectra([r["singular_values"] for r in reports], labels), "spectra")
+        save_figure(trainer, figs.spectra([i["singular_values"] for i in instances], labels), "spectra")
         save_figure(trainer, figs.dynamics(self.history, labels), "alignment_dynamics")
-        if module.frozen_features and len(set(module.interference)) > 1:
-            save_figure(trainer, figs.interference_sweep(module.interference, reports), "interference_sweep")
+        if len({i["interference"] for i in instances}) > 1 and len({i["d_model"] for i in instances}) == 1:
+            save_figure(trainer, figs.interference_sweep(instances), "interference_sweep")
+        if len({i["d_model"] for i in instances}) > 1:
+            save_figure(trainer, figs.theorem1_superposition(results["summary"]["theorem1_groups"], module.n_features),
+                        "theorem1_superposition")
 
 
 def instance_labels(module) -> list[str]:
     """Each instance named by the settings that differ between instances (seed, lambda, H, ||E_X||_2)."""
     n = module.n_instances
-    settings = {"seed": module.seeds, "lambda": module.lambdas, "H": module.d_heads,
+    settings = {"seed": module.seeds, "lambda": module.lambdas, "D": module.d_models, "H": module.d_heads,
                 "||E_X||_2": getattr(module, "interference", None) if module.frozen_features else None}
     varying = {k: v for k, v in settings.items() if v is not None and len(set(v)) > 1}
     if not varying:

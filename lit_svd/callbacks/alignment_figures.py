@@ -91,16 +91,39 @@ def dynamics(history: list[tuple[int, list[float]]], labels: list[str] | None = 
     return fig
 
 
-def interference_sweep(interference: list[float], reports: list[dict]):
-    """Mean |cos| (raw features) and |cos| with the least-squares prediction against ||E_X||_2."""
+def interference_sweep(instances: list[dict]):
+    """Theorem 1 against ||E_X||_2, read from the instances' results.json records: |cos(u_1, whitened
+    prediction)| and |cos(u_1, x_1)| of each ``theorem1`` record (singular index 0, the theorem's claim), and
+    the mean |cos| over pairs at each pair's recorded ``singular_index`` (``mean_abs_cos``)."""
     fig, ax = plt.subplots(figsize=(5, 3.4))
-    raw = [r["mean_abs_cos"] for r in reports]
-    pred = [sum((m["cos_query_prediction"] + m["cos_key_prediction"]) / 2 for m in r["pairs"]) / len(r["pairs"])
-            for r in reports]
-    ax.plot(interference, raw, "o", label="|cos(feature, singular vector)|")
-    ax.plot(interference, pred, "s", mfc="none", label="|cos(prediction, singular vector)|")
+    x = [i["interference"] for i in instances]
+    ax.plot(x, [i["theorem1"]["cos_u1_prediction"] for i in instances], "s", mfc="none",
+            label="|cos(u_1, Sigma_X^-1 x_1)| (whitened prediction)")
+    ax.plot(x, [i["theorem1"]["cos_u1_raw"] for i in instances], "o", label="|cos(u_1, x_1)| (raw feature)")
+    ax.plot(x, [i["mean_abs_cos"] for i in instances], "x", label="mean |cos| over pairs, matched index")
     ax.set_xlabel("interference ||E_X||_2")
-    ax.set_ylabel("mean |cos| over pairs")
+    ax.set_ylabel("|cos|")
     ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def theorem1_superposition(groups: list[dict], n_features: int):
+    """Theorem 1 across N/D and ||E_X||_2 from ``summary.theorem1_groups``: the mean over seeds (line) and
+    the worst seed (open marker) of |cos(u_1, whitened prediction)| (solid) and |cos(u_1, x_1)| (dashed)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    dims = sorted({g["d_model"] for g in groups}, reverse=True)
+    for color, d in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], dims):
+        rows = sorted((g for g in groups if g["d_model"] == d), key=lambda g: g["interference_mean"])
+        x = [g["interference_mean"] for g in rows]
+        for key, ls, mk, name in (("cos_u1_prediction", "-", "s", "whitened prediction"),
+                                  ("cos_u1_raw", "--", "o", "raw x_1")):
+            ax.plot(x, [g[f"{key}_mean"] for g in rows], ls=ls, marker=mk, color=color,
+                    label=f"N/D = {n_features / d:g}: {name} (mean)")
+            ax.plot(x, [g[f"{key}_worst"] for g in rows], ls="none", marker=mk, mfc="none", color=color, alpha=0.7)
+    ax.set_xlabel("interference ||E_X||_2 (mean over seeds)")
+    ax.set_ylabel("|cos(u_1, .)|  (open markers: worst seed)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"Theorem 1 in superposition (N = {n_features}, {groups[0]['n_seeds']} seeds per point)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower left")
     return fig

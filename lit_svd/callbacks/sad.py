@@ -1,27 +1,32 @@
-"""SAD during training (``SADCallback``) and the SAD figures.
+"""SAD reports: ``SADReport`` (results.json and figures of a ``SADAnalysisModule`` test run) and
+``SADCallback`` (SAD during training), with the SAD figures.
 
 ``SADCallback`` measures, every ``every_n_steps`` optimiser steps (and before the first and after the
-last), the mean Rolls–Tovee sparsity of each head's analysed pairs in its singular basis and in its
-Haar-rotated control basis, on a fixed probe set:
+last), the mean Rolls–Tovee sparsity of each head's analysed pairs in its singular basis, in its
+Haar-rotated control basis and in ``null_draws`` matched-spectrum null heads (same spectrum, random
+singular vectors, same inputs and pairs), on a fixed probe set:
 
 * language models (a module with a ``view``: ``LanguageModelModule``, ``PretrainedLMModule``): the first
   ``n_probe`` sequences of the validation loader (training loader if there is none), every head;
 * the toy model (``ToyAlignmentModule``): the first ``n_probe`` samples of the current batch, one head
   per ensemble instance (query token 0 attending over the key tokens).
 
-Scalars go to TensorBoard as ``sad/<head>/sparsity`` and ``sad/<head>/sparsity_rotated`` (plus their
-means); at the end of fit rank zero writes ``results.json`` (``"experiment": "sad_training"``; the toy:
-``sad_results.json``) and ``sad_training.png``.
+Scalars go to TensorBoard as ``sad/<head>/sparsity``, ``sad/<head>/sparsity_rotated``,
+``sad/<head>/sparsity_null`` (mean over draws) and ``sad/<head>/sparsity_null_p05``, plus the means over
+heads and ``sad/fraction_sparser_than_null``; at the end of fit rank zero writes ``results.json``
+(``"experiment": "sad_training"``; the toy: ``sad_results.json``) and ``sad_training.png``.
 """
 from __future__ import annotations
 
 import lightning.pytorch as pl
+import matplotlib.pyplot as plt
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from lit_svd.analysis.sad import (DEFAULT_RECON_TOL, QKHeads, attention_inputs, check_threshold,
-                                  check_tolerance, decompose_layer, layer_bases, rotated_bases, sad_pairs)
+from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, check_threshold, check_tolerance,
+                                  lm_head_sparsity, toy_head_sparsity)
 from lit_svd.output import save_figure, write_results
 
 
@@ -36,48 +41,31 @@ def nan_to_none(obj):
     return obj
 
 
-def head_means(head: Tensor, values: Tensor, n_heads: int) -> Tensor:
-    """Mean of ``values`` per head index (NaN for heads without pairs)."""
-    total = torch.zeros(n_heads, dtype=torch.float64).index_add_(0, head.cpu(), values.double().cpu())
-    count = torch.zeros(n_heads, dtype=torch.float64).index_add_(0, head.cpu(), torch.ones(len(head), dtype=torch.float64))
-    return total / count
+class SADReport(Callback):
+    """Writes a ``SADAnalysisModule`` test run: ``results.json`` (keys in docs/sad.md), ``sad_heatmap.png``
+    (layer x head maps against the matched null, the pair null and the rotated control) and
+    ``sad_n_recon.png`` (N_recon histograms). ``results()`` syncs the metric states, so it runs on every
+    rank; only rank zero writes."""
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
+        results = pl_module.results()
+        write_results(trainer, results)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(report_scalars(results), step=0)
+            plot_head_heatmap(trainer, results)
+            plot_n_recon(trainer, results)
 
 
-@torch.no_grad()
-def lm_head_sparsity(view, ids: Tensor, mask: Tensor, threshold: float | None, tol: float, seed: int) -> dict[str, list]:
-    """Per head (every layer) mean sparsity, rotated control and pair count on one probe batch."""
-    X = attention_inputs(view, ids, mask, list(range(view.n_layers)))
-    out = {"name": [], "sparsity": [], "sparsity_rotated": [], "n_pairs": []}
-    for layer in range(view.n_layers):
-        st = decompose_layer(layer_bases(view, layer, seed=seed), X[layer], mask, threshold, tol)
-        sp, rot = head_means(st.head, st.sparsity, view.n_heads), head_means(st.head, st.sparsity_rotated, view.n_heads)
-        n = torch.bincount(st.head.cpu(), minlength=view.n_heads)
-        for h in range(view.n_heads):
-            out["name"].append(f"L{layer}H{h}")
-            out["sparsity"].append(sp[h].item())
-            out["sparsity_rotated"].append(rot[h].item())
-            out["n_pairs"].append(int(n[h]))
-    return out
-
-
-@torch.no_grad()
-def toy_head_sparsity(module, feats: Tensor, threshold: float | None, tol: float, seed: int) -> dict[str, list]:
-    """Per toy instance: the query token (0) attending over the key tokens, in the instance's own features."""
-    W_Q, W_K = module.head_weights()  # [I, H, D]
-    W = module.W.detach()
-    out = {"name": [], "sparsity": [], "sparsity_rotated": [], "n_pairs": []}
-    for i, d_head in enumerate(module.d_heads):
-        x = torch.einsum("btn,dn->btd", feats[i].float(), W[i].float())  # [B, 1 + m, D]
-        qk = QKHeads(W_Q[i, :d_head].T[None].float(), W_K[i, :d_head].T[None].float())
-        U = qk.basis()
-        xq, xk = x[:, :1], x[:, 1:]
-        visible = torch.ones(x.shape[0], 1, xk.shape[1], dtype=torch.bool, device=x.device)
-        st = sad_pairs(xq, xk, visible, qk, U, rotated_bases(U, seed + i), threshold, tol)
-        n = len(st)
-        out["name"].append(f"instance{i}")
-        out["sparsity"].append(st.sparsity.mean().item() if n else float("nan"))
-        out["sparsity_rotated"].append(st.sparsity_rotated.mean().item() if n else float("nan"))
-        out["n_pairs"].append(n)
+def report_scalars(results: dict) -> dict[str, float]:
+    """TensorBoard scalars of a SAD test run: the summary counts and means, and per head its sparsity, the
+    matched null's mean and 5th percentile, the pair null and the rotated control."""
+    out = {f"sad/{k}": float(v) for k, v in results["summary"].items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
+    for r in results["heads"]:
+        for key in ("sparsity", "sparsity_null", "sparsity_null_p05", "sparsity_unattended", "sparsity_rotated"):
+            if r.get(key) is not None:
+                out[f"sad/L{r['layer']}H{r['head']}/{key}"] = float(r[key])
     return out
 
 
@@ -90,7 +78,8 @@ class SADCallback(Callback):
         n_probe: probe sequences (LM) or samples (toy).
         threshold: attention-weight threshold of an analysed pair, as ``SADAnalysisModule``.
         recon_tol: N_recon tolerance, as ``SADAnalysisModule``.
-        seed: seeds the Haar rotation of the control basis.
+        seed: seeds the Haar rotation of the control basis and the matched-null draws.
+        null_draws: matched-spectrum null heads per head (0: none), as ``SADAnalysisModule``.
         write_results: write the results and ``sad_training.png`` at the end of fit.
         results_name: the results file; default ``results.json`` for language models and
             ``sad_results.json`` for the toy model (whose own alignment callback writes ``results.json``).
@@ -98,11 +87,14 @@ class SADCallback(Callback):
 
     def __init__(self, every_n_steps: int = 100, n_probe: int = 16, threshold: float | None = None,
                  recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0, log_spaced: bool = True,
-                 write_results: bool = True, results_name: str | None = None):
+                 write_results: bool = True, results_name: str | None = None, null_draws: int = DEFAULT_NULL_DRAWS):
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps={every_n_steps!r} must be a positive integer")
         if not isinstance(n_probe, int) or n_probe < 1:
             raise ValueError(f"n_probe={n_probe!r} must be a positive integer")
+        if not isinstance(null_draws, int) or isinstance(null_draws, bool) or null_draws < 0 or null_draws == 1:
+            raise ValueError(f"null_draws={null_draws!r}: must be 0 (no matched null) or an integer >= 2")
+        self.null_draws = null_draws
         self.every_n_steps, self.n_probe = every_n_steps, n_probe
         self.threshold = check_threshold(threshold)
         self.recon_tol = check_tolerance(recon_tol)
@@ -156,20 +148,22 @@ class SADCallback(Callback):
                 ids, mask = (t.to(module.device) for t in self.probe)
                 if hasattr(module, "map_ids"):  # a model trained on a compacted vocabulary
                     ids = module.map_ids(ids)
-                res = lm_head_sparsity(module.view, ids, mask, self.threshold, self.recon_tol, self.seed)
+                res = lm_head_sparsity(module.view, ids, mask, self.threshold, self.recon_tol, self.seed,
+                                       self.null_draws)
             else:
                 if feats is None:
                     return
-                res = toy_head_sparsity(module, feats[:, : self.n_probe], self.threshold, self.recon_tol, self.seed)
+                W_Q, W_K = module.head_weights()
+                res = toy_head_sparsity(module.features().detach(), W_Q, W_K, module.d_heads, feats[:, : self.n_probe],
+                                        self.threshold, self.recon_tol, self.seed, self.null_draws)
         finally:
             module.train(was_training)
-        sp, rot = torch.tensor(res["sparsity"]), torch.tensor(res["sparsity_rotated"])
-        entry = {"step": step, **res, "mean_sparsity": sp.nanmean().item(), "mean_sparsity_rotated": rot.nanmean().item()}
+        entry = {"step": step, **res, **history_means(res)}
         self.history.append(entry)
-        scalars = {"sad/mean_sparsity": entry["mean_sparsity"], "sad/mean_sparsity_rotated": entry["mean_sparsity_rotated"]}
-        for name, s, r in zip(res["name"], res["sparsity"], res["sparsity_rotated"]):
-            scalars[f"sad/{name}/sparsity"] = s
-            scalars[f"sad/{name}/sparsity_rotated"] = r
+        scalars = {f"sad/{k}": v for k, v in history_means(res).items()}
+        for key in ("sparsity", "sparsity_rotated", "sparsity_null", "sparsity_null_p05"):
+            for name, v in zip(res["name"], res.get(key, [])):
+                scalars[f"sad/{name}/{key}"] = v
         for logger in trainer.loggers:
             logger.log_metrics({k: v for k, v in scalars.items() if v == v}, step=step)
 
@@ -195,97 +189,139 @@ class SADCallback(Callback):
         if not self.write or not self.history:
             return
         first, last = self.history[0], self.history[-1]
+        summary = {"first_step": first["step"], "last_step": last["step"]}
+        for key in history_means(first):
+            summary[f"{key}_first"], summary[f"{key}_last"] = first[key], last[key]
         results = {"experiment": "sad_training", "threshold": self.threshold, "recon_tol": self.recon_tol,
-                   "seed": self.seed, "n_probe": self.n_probe,
-                   "summary": {"first_step": first["step"], "last_step": last["step"],
-                               "mean_sparsity_first": first["mean_sparsity"], "mean_sparsity_last": last["mean_sparsity"],
-                               "mean_sparsity_rotated_first": first["mean_sparsity_rotated"],
-                               "mean_sparsity_rotated_last": last["mean_sparsity_rotated"]},
-                   "history": nan_to_none(self.history)}
+                   "seed": self.seed, "n_probe": self.n_probe, "null_draws": self.null_draws,
+                   "summary": nan_to_none(summary), "history": nan_to_none(self.history)}
         name = self.results_name or ("results.json" if self._is_lm(pl_module) else "sad_results.json")
         write_results(trainer, results, name)
         if trainer.is_global_zero:
             plot_training(trainer, self.history)
 
 
+def history_means(res: dict) -> dict[str, float]:
+    """Means over heads (with pairs) of one measurement, and the fraction of them sparser than their null."""
+    out = {}
+    for key in ("sparsity", "sparsity_rotated", "sparsity_null", "sparsity_null_p05"):
+        if key in res:
+            out[f"mean_{key}"] = torch.tensor(res[key], dtype=torch.float64).nanmean().item()
+    if "sparser_than_null" in res:
+        has = [n > 0 for n in res["n_pairs"]]
+        below = [b for b, h in zip(res["sparser_than_null"], has) if h]
+        out["fraction_sparser_than_null"] = sum(below) / len(below) if below else float("nan")
+    return out
+
+
 # --- figures ------------------------------------------------------------------------------------------
 def plot_training(trainer: pl.Trainer, history: list[dict], name: str = "sad_training") -> None:
-    """Mean sparsity and rotated control against the step, per head thin and averaged thick."""
-    import matplotlib.pyplot as plt
-
+    """Sparsity against the step: the heads (thin) and their mean (thick) in the singular basis, the
+    matched-spectrum null (mean over draws, and its 5th percentile dashed) and the Haar-rotated control;
+    below, the fraction of heads sparser than their null."""
     steps = [h["step"] for h in history]
-    sp = torch.tensor([h["sparsity"] for h in history])
-    rot = torch.tensor([h["sparsity_rotated"] for h in history])
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for j in range(sp.shape[1]):
-        ax.plot(steps, sp[:, j], color="tab:blue", alpha=0.25, lw=0.8)
-        ax.plot(steps, rot[:, j], color="tab:orange", alpha=0.25, lw=0.8)
-    ax.plot(steps, sp.nanmean(1), color="tab:blue", lw=2.5, label="singular basis (mean over heads)")
-    ax.plot(steps, rot.nanmean(1), color="tab:orange", lw=2.5, label="Haar-rotated control")
+    series = [("sparsity", "tab:blue", "singular basis"), ("sparsity_null", "tab:green", "matched-spectrum null (mean)"),
+              ("sparsity_rotated", "tab:orange", "Haar-rotated control (secondary)")]
+    has_null = "sparsity_null" in history[0]
+    fig, axes = plt.subplots(2 if has_null else 1, 1, figsize=(6.4, 6.0 if has_null else 4.0), sharex=True,
+                             squeeze=False, gridspec_kw={"height_ratios": [3, 1]} if has_null else None)
+    ax = axes[0, 0]
+    for key, color, label in series:
+        if key not in history[0]:
+            continue
+        v = torch.tensor([h[key] for h in history], dtype=torch.float64)
+        for j in range(v.shape[1]):
+            ax.plot(steps, v[:, j], color=color, alpha=0.2, lw=0.7)
+        ax.plot(steps, v.nanmean(1), color=color, lw=2.5, label=f"{label}, mean over heads")
+    if has_null:
+        p05 = torch.tensor([h["sparsity_null_p05"] for h in history], dtype=torch.float64).nanmean(1)
+        ax.plot(steps, p05, color="tab:green", lw=1.5, ls="--", label="null 5th percentile, mean over heads")
     ax.set_xscale("symlog", linthresh=10)
-    ax.set_xlabel("training step (linear below 10, log above)")
     ax.set_ylabel("Rolls–Tovee sparsity (lower = sparser)")
     ax.set_title("SAD sparsity of every head during training")
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="best", fontsize=7)
+    if has_null:
+        b = axes[1, 0]
+        b.plot(steps, [h["fraction_sparser_than_null"] for h in history], color="black", marker=".")
+        b.set_ylim(-0.02, 1.02)
+        b.set_ylabel("fraction of heads\nbelow null p05", fontsize=8)
+    axes[-1, 0].set_xlabel("training step (linear below 10, log above)")
     save_figure(trainer, fig, name)
 
 
-def plot_head_heatmap(trainer: pl.Trainer, results: dict, n_layers: int, n_heads: int,
-                      name: str = "sad_heatmap") -> None:
-    """Layer x head maps of mean sparsity, its rotated control, and their difference."""
-    import matplotlib.pyplot as plt
-
-    import numpy as np
-
-    grids = {k: np.full((n_layers, n_heads), np.nan) for k in ("sparsity", "sparsity_rotated")}
+def _grid(results: dict, key: str) -> np.ndarray:
+    s = results["summary"]
+    grid = np.full((results["n_layers"], results["n_heads_per_layer"]), np.nan)
     for r in results["heads"]:
-        if r["n_pairs"] >= results["summary"]["min_pairs"]:
-            for k in grids:
-                grids[k][r["layer"], r["head"]] = r[k]
-    diff = grids["sparsity_rotated"] - grids["sparsity"]
-    fig, axes = plt.subplots(1, 3, figsize=(3 + 1.1 * n_heads, 0.6 + 0.22 * n_layers), sharey=True)
-    both = np.concatenate([grids["sparsity"], grids["sparsity_rotated"]])
-    lo, hi = np.nanmin(both), np.nanmax(both)
+        if r["n_pairs"] >= s["min_pairs"] and r.get(key) is not None:
+            grid[r["layer"], r["head"]] = r[key]
+    return grid
+
+
+def plot_head_heatmap(trainer: pl.Trainer, results: dict, name: str = "sad_heatmap") -> None:
+    """Layer x head maps: sparsity in the singular basis, the matched-spectrum null's 5th percentile, the pair
+    null and the rotated control (one colour scale), then null p05 - sparsity (> 0: sparser than the null)."""
+    panels = [("sparsity", "singular basis")]
+    if "sparsity_null_p05" in results["heads"][0]:
+        panels.append(("sparsity_null_p05", "matched null, 5th pct"))
+    if "sparsity_unattended" in results["heads"][0]:
+        panels.append(("sparsity_unattended", "pair null (unattended)"))
+    panels.append(("sparsity_rotated", "rotated control"))
+    grids = [_grid(results, k) for k, _ in panels]
+    diff = grids[1] - grids[0] if panels[1][0] == "sparsity_null_p05" else grids[-1] - grids[0]
+    n_layers, n_heads = grids[0].shape
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(2.4 + 0.9 * n_heads * (len(panels) + 1) / 2,
+                                                           0.8 + 0.2 * n_layers), sharey=True)
+    lo, hi = np.nanmin(np.stack(grids)), np.nanmax(np.stack(grids))
     span = np.nanmax(np.abs(diff))
-    for ax, (title, grid, kw) in zip(axes, [
-            ("sparsity (singular basis)", grids["sparsity"], dict(cmap="viridis", vmin=lo, vmax=hi)),
-            ("sparsity (rotated control)", grids["sparsity_rotated"], dict(cmap="viridis", vmin=lo, vmax=hi)),
-            ("rotated - singular (> 0: sparser)", diff, dict(cmap="RdBu", vmin=-span, vmax=span))]):
-        im = ax.imshow(grid, aspect="auto", origin="upper", **kw)
-        ax.set_title(title, fontsize=9)
+    for ax, grid, (_, title) in zip(axes, grids, panels):
+        im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=lo, vmax=hi)
+        ax.set_title(title, fontsize=8)
+    fig.colorbar(im, ax=axes[len(panels) - 1], fraction=0.05)
+    im = axes[-1].imshow(diff, aspect="auto", cmap="RdBu", vmin=-span, vmax=span)
+    axes[-1].set_title(f"{'null p05' if len(panels) > 2 else 'rotated'} - singular (> 0: sparser)", fontsize=8)
+    fig.colorbar(im, ax=axes[-1], fraction=0.05)
+    for ax in axes:
         ax.set_xlabel("head")
-        fig.colorbar(im, ax=ax, fraction=0.05)
+        ax.set_xticks(range(n_heads))
+        ax.tick_params(labelsize=6)
     axes[0].set_ylabel("layer")
     s = results["summary"]
-    frac = s["fraction_sparser_than_rotated"]
-    fig.suptitle(f"{results['model']}: {s['n_heads_sparser_than_rotated']}/{s['n_heads_eligible']} heads"
-                 f" sparser than control ({100 * frac:.0f}%)" if frac is not None else results["model"], fontsize=10)
+    parts = [f"{s[f'n_heads_sparser_than_{k}']}/{s['n_heads_eligible']} sparser than {label}"
+             for k, label in (("null", "matched null"), ("unattended", "pair null"), ("rotated", "rotated"))
+             if f"n_heads_sparser_than_{k}" in s]
+    fig.suptitle(f"{results['model']}: " + "; ".join(parts), fontsize=9)
     save_figure(trainer, fig, name)
 
 
 def plot_n_recon(trainer: pl.Trainer, results: dict, name: str = "sad_n_recon") -> None:
-    """Pooled N_recon histograms (singular basis vs rotated control) and the per-head medians."""
-    import matplotlib.pyplot as plt
-
+    """Pooled N_recon distributions (singular basis, matched null over all draws, pair null, rotated) and
+    the per-head medians."""
     s = results["summary"]
-    hist, hist_rot = torch.tensor(s["n_recon_hist"], dtype=torch.float64), torch.tensor(s["n_recon_hist_rotated"], dtype=torch.float64)
-    k = len(hist)
-    x = torch.arange(1, k + 1)
-    total = max(hist.sum().item(), 1.0)
+    kinds = [(suffix, label) for suffix, label in (("", "singular basis"), ("_null", "matched null"),
+                                                   ("_unattended", "pair null"), ("_rotated", "rotated control"))
+             if f"n_recon_hist{suffix}" in s]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-    a.bar(x - 0.2, hist / total, width=0.4, label=f"singular basis (median {s['n_recon_median']:g})")
-    a.bar(x + 0.2, hist_rot / total, width=0.4, label=f"rotated control (median {s['n_recon_median_rotated']:g})")
+    width = 0.8 / len(kinds)
+    k = len(s["n_recon_hist"])
+    x = np.arange(1, k + 1)
+    for j, (suffix, label) in enumerate(kinds):
+        hist = np.asarray(s[f"n_recon_hist{suffix}"], dtype=float)
+        a.bar(x - 0.4 + width * (j + 0.5), hist / max(hist.sum(), 1.0), width=width,
+              label=f"{label} (median {s[f'n_recon_median{suffix}']:g})")
     a.set_xlim(0.3, min(k, 32) + 0.7)
     a.set_xlabel("N_recon (directions needed to reach l~)")
-    a.set_ylabel("fraction of analysed pairs")
-    a.legend(fontsize=8)
-    a.set_title(f"{s['n_pairs']} pairs, {s['n_heads_eligible']} heads", fontsize=9)
-    med = [r["n_recon_median"] for r in results["heads"] if r["n_pairs"] >= s["min_pairs"]]
-    med_rot = [r["n_recon_median_rotated"] for r in results["heads"] if r["n_pairs"] >= s["min_pairs"]]
-    bins = torch.arange(0.5, max(med + med_rot + [1]) + 1.5, 1.0).numpy()
-    b.hist(med, bins=bins, alpha=0.7, label="singular basis")
-    b.hist(med_rot, bins=bins, alpha=0.7, label="rotated control")
+    a.set_ylabel("fraction of pairs")
+    a.legend(fontsize=7)
+    a.set_title(f"{s['n_pairs']} attended pairs, {s['n_heads_eligible']} heads", fontsize=9)
+    eligible = [r for r in results["heads"] if r["n_pairs"] >= s["min_pairs"]]
+    meds = {label: [r[f"n_recon_median{suffix}"] for r in eligible if r.get(f"n_recon_median{suffix}") is not None]
+            for suffix, label in kinds}
+    top = max([1.0] + [max(v) for v in meds.values() if v])
+    bins = np.arange(0.5, top + 1.5, 1.0)
+    for label, v in meds.items():
+        b.hist(v, bins=bins, histtype="step", lw=1.5, label=label)
     b.set_xlabel("median N_recon of a head")
     b.set_ylabel("heads")
-    b.legend(fontsize=8)
+    b.legend(fontsize=7)
     save_figure(trainer, fig, name)

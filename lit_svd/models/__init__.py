@@ -9,11 +9,13 @@ from lit_svd.models.loading import ModelUnavailableError, load_causal_lm, load_t
 
 def _registry() -> dict[str, type[ModelView]]:
     from lit_svd.models.gemma2 import Gemma2View
+    from lit_svd.models.gemma3 import Gemma3View
     from lit_svd.models.gpt2 import GPT2View
     from lit_svd.models.gpt_neox import GPTNeoXView
     from lit_svd.models.llama import LlamaView
 
-    return {"gpt2": GPT2View, "gpt_neox": GPTNeoXView, "llama": LlamaView, "gemma2": Gemma2View}
+    return {"gpt2": GPT2View, "gpt_neox": GPTNeoXView, "llama": LlamaView, "gemma2": Gemma2View,
+            "gemma3_text": Gemma3View}
 
 
 def view(model: nn.Module, fold_norms: bool = True) -> ModelView:

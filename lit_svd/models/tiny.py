@@ -8,12 +8,14 @@ from __future__ import annotations
 import torch
 
 ARCHITECTURES = ("gpt2", "gpt_neox", "llama", "gemma2")
+# also built here, tested by tests/test_gemma3.py: per-head query / key norms, two rotary bases, sliding windows
+HEAD_NORM_ARCHITECTURES = ("gemma3",)
 
 
 def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
     """A small HF config of ``arch`` (2 layers, d_model 64, 4 heads of 16). The default vocabulary
     size is SmolLM2's, so its offline tokenizer drives tiny models too."""
-    from transformers import Gemma2Config, GPT2Config, GPTNeoXConfig, LlamaConfig
+    from transformers import Gemma2Config, Gemma3TextConfig, GPT2Config, GPTNeoXConfig, LlamaConfig
 
     if arch == "gpt2":
         cfg = GPT2Config(vocab_size=vocab_size, n_positions=128, n_embd=64, n_layer=2, n_head=4,
@@ -31,8 +33,16 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
         cfg = Gemma2Config(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=128,
                            query_pre_attn_scalar=16, sliding_window=64)
+    elif arch == "gemma3":  # layer 0 slides over 4 keys with the local rotary base, layer 1 is global
+        cfg = Gemma3TextConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=1, head_dim=16, intermediate_size=128,
+                               max_position_embeddings=128, query_pre_attn_scalar=16, sliding_window=4,
+                               layer_types=["sliding_attention", "full_attention"],
+                               rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+                                                "full_attention": {"rope_type": "default", "rope_theta": 10000.0}})
     else:
-        raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
+        raise ValueError(f"unknown architecture {arch!r}; choose one of"
+                         f" {', '.join(ARCHITECTURES + HEAD_NORM_ARCHITECTURES)}")
     for key, value in overrides.items():
         setattr(cfg, key, value)
     cfg._attn_implementation = "eager"

@@ -144,7 +144,7 @@ class DirectionMaskModule(PretrainedLMModule):
             return None
         at = batch["answer_pos"] if self.positions == "answer" else None
         with self.intervention.record(positions=at) as store:
-            self.lm(input_ids=batch["corrupt_ids"], attention_mask=batch["attention_mask"])
+            self.lm(input_ids=batch["corrupt_ids"], attention_mask=batch["attention_mask"], logits_to_keep=1)
         return dict(store)
 
     # --- training -------------------------------------------------------------------------------

@@ -333,7 +333,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         if batch_idx == 0:
             self.first_ids = ids[: self.hparams.steer_texts, : self.hparams.steer_tokens].clone()
         with torch.no_grad(), hooks(*self._taps(mask, fitting)):
-            self.lm(input_ids=ids, attention_mask=attn)
+            self.lm(input_ids=ids, attention_mask=attn, logits_to_keep=1)  # only the taps are read
 
     def on_test_epoch_start(self) -> None:
         self._effective_built = False
@@ -385,7 +385,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         only the last position, so the prefix is the same for every mount), and the unsteered logits."""
         cache = None
         if self.hparams.steer_positions == "last":
-            cache = self.lm(input_ids=texts[:, :-1], use_cache=True).past_key_values
+            cache = self.lm(input_ids=texts[:, :-1], use_cache=True, logits_to_keep=1).past_key_values
         return SteerContext(texts, cache, last_logits(self.lm, texts, cache))
 
     @torch.no_grad()
@@ -398,7 +398,8 @@ class MountsAnalysisModule(PretrainedLMModule):
         where = where or figures
         top = torch.tensor(figures["tile_lift"]).argsort(descending=True)[: hp.steer_mounts]
         U = plan.strategies["tiled"].U[:, top].mT.float()  # [m, d_model]
-        read = unembed_reading(self.view, U.double(), W_U)
+        point = "attn" if where["site"] == "o" else "mlp"  # read through what follows the write (Gemma's post norms)
+        read = unembed_reading(self.view, self.view.post_norm(point, where["layer"], U.double()), W_U)
         rhos, jacs = [], []
         for j in range(U.shape[0]):
             with steering(self.view, where["layer"], where["site"], hp.steer_alpha * U[j].to(self.device)):
@@ -435,31 +436,17 @@ def unembed_reading(view, U: Tensor, W_U: Tensor | None = None) -> Tensor:
 
 @contextmanager
 def steering(view, layer: int, site: str, add: Tensor):
-    """Add ``add: [d_model]`` (or ``[batch, d_model]``) to the residual stream right after ``site``'s
-    sub-layer of ``layer`` (``o``: after attention; ``down``: after the MLP), whatever the norms.
-
-    After the MLP: the block output. After attention (sequential blocks): the MLP's pre-norm reads
-    ``h + add`` and the block output gains ``add`` too, which is exactly the residual ``h + add`` carried
-    on; parallel-residual blocks (GPT-NeoX) add attention and MLP to the same input, so the block output
-    is the place."""
+    """Add ``add: [d_model]`` (or ``[batch, d_model]``) to the write of ``site``'s sub-layer of ``layer``
+    (``o``: the attention output, ``down``: the MLP output), before whatever the model applies to that
+    write (Gemma's post-attention / post-feed-forward norm), so that it reaches the residual stream as
+    the sub-layer's own writes do. Without post norms this is adding it to the residual right after the
+    sub-layer (the MLP's norm and every later layer see it)."""
     if site not in RESIDUAL_SITES:
         raise ValueError(f"steering site {site!r} is not a residual write; allowed: {', '.join(RESIDUAL_SITES)}")
     add3 = add if add.dim() == 1 else add.unsqueeze(1)
 
     def out_hook(mod, args, kwargs, out):
-        if isinstance(out, tuple):
-            return (out[0] + add3.to(out[0].dtype),) + tuple(out[1:])
         return out + add3.to(out.dtype)
 
-    def pre_hook(mod, args, kwargs):
-        x = first_input(args, kwargs)
-        if args:
-            return (x + add3.to(x.dtype),) + tuple(args[1:]), kwargs
-        key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
-        return args, {**kwargs, key: x + add3.to(x.dtype)}
-
-    specs = [Hook(view.block(layer), out_hook, "post")]
-    if site == "o" and not view.parallel_residual:
-        specs.append(Hook(view.norm_module("mlp", layer), pre_hook, "pre"))
-    with hooks(*specs):
+    with hooks(Hook(view.site_module(layer, site), out_hook, "post")):
         yield

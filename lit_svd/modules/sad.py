@@ -1,9 +1,10 @@
 """SAD over a frozen pretrained model: ``python -m lit_svd test --config configs/sad/smollm2_ioi.yaml``.
 
-Every analysed head's pairs are decomposed batch by batch (all heads of a layer at once) and reduced to
-per-head sums in ``SADHeadStats`` (torchmetrics states, summed over DDP ranks), so two processes give the
-results of one. At the end rank zero writes ``results.json`` (keys in ``docs/sad.md``), a layer x head
-heatmap (``sad_heatmap.png``) and the N_recon histograms (``sad_n_recon.png``).
+Every analysed head's pairs are decomposed batch by batch (all heads of a layer at once, with the rotated
+control, the matched-spectrum null draws and the pair null) and reduced to per-head sums in
+``SADHeadStats`` (named torchmetrics states, summed over DDP ranks), so two processes give the results of
+one. ``results()`` turns the sums into rows; ``lit_svd.callbacks.sad.SADReport`` writes ``results.json``
+(keys in ``docs/sad.md``) and the figures.
 """
 from __future__ import annotations
 
@@ -14,46 +15,72 @@ from torch import Tensor
 from torchmetrics import Metric
 from tqdm.auto import tqdm
 
-from lit_svd.analysis.sad import (DEFAULT_RECON_TOL, PairStats, attention_inputs, check_threshold, check_tolerance,
-                                  decompose_layer, layer_bases, summarise_heads)
+from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, PairStats, attention_inputs, check_threshold,
+                                  check_tolerance, decompose_layer, layer_bases, summarise_heads)
 from lit_svd.modules.pretrained import PretrainedLMModule
-from lit_svd.output import write_results
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 class SADHeadStats(Metric):
-    """Per (layer, head) sums over analysed pairs: counts, sparsity sums, N_recon histograms (float64)."""
+    """Per (layer, head) sums over analysed pairs (float64): counts, sparsity sums (and squares), N_recon
+    histograms; the matched null's pair count and sparsity sum per draw and its pooled histogram; the pair
+    null's sums."""
 
     full_state_update = False
+    SUMS = ("n_pairs", "sparsity", "sparsity_sq", "sparsity_rotated", "n_unattended", "sparsity_unattended",
+            "sparsity_unattended_sq")
+    HISTS = ("recon_hist", "recon_hist_rotated", "recon_hist_null", "recon_hist_unattended")
 
-    def __init__(self, n_layers: int, n_heads: int, n_directions: int):
+    def __init__(self, n_layers: int, n_heads: int, n_directions: int, null_draws: int = 0):
         super().__init__()
         z = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
-        self.add_state("n_pairs", z(n_layers, n_heads), dist_reduce_fx="sum")
-        self.add_state("sparsity", z(n_layers, n_heads), dist_reduce_fx="sum")
-        self.add_state("sparsity_rotated", z(n_layers, n_heads), dist_reduce_fx="sum")
-        self.add_state("recon_hist", z(n_layers, n_heads, n_directions), dist_reduce_fx="sum")
-        self.add_state("recon_hist_rotated", z(n_layers, n_heads, n_directions), dist_reduce_fx="sum")
+        for name in self.SUMS:
+            self.add_state(name, z(n_layers, n_heads), dist_reduce_fx="sum")
+        for name in self.HISTS:
+            self.add_state(name, z(n_layers, n_heads, n_directions), dist_reduce_fx="sum")
+        self.add_state("n_pairs_null", z(n_layers, n_heads, null_draws), dist_reduce_fx="sum")
+        self.add_state("sparsity_null", z(n_layers, n_heads, null_draws), dist_reduce_fx="sum")
         self.add_state("n_prompts", z(()), dist_reduce_fx="sum")
+
+    def _add(self, name: str, row: int, head: Tensor, values: Tensor) -> None:
+        getattr(self, name)[row].index_add_(0, head, values.to(torch.float64))
+
+    def _hist(self, name: str, row: int, head: Tensor, n_recon: Tensor) -> None:
+        hist = getattr(self, name)[row]
+        k = hist.shape[-1]
+        flat = (head.unsqueeze(0) * k + n_recon.long().reshape(-1, head.numel()) - 1).reshape(-1)
+        hist.view(-1).index_add_(0, flat, torch.ones(flat.numel(), dtype=torch.float64, device=hist.device))
 
     def update(self, row: int, stats: PairStats) -> None:
         """Add one layer's pairs (``row`` indexes the analysed layers)."""
         h = stats.head.long().to(self.n_pairs.device)
-        one = torch.ones_like(h, dtype=torch.float64)
-        self.n_pairs[row].index_add_(0, h, one)
-        self.sparsity[row].index_add_(0, h, stats.sparsity.to(self.sparsity))
-        self.sparsity_rotated[row].index_add_(0, h, stats.sparsity_rotated.to(self.sparsity))
-        k = self.recon_hist.shape[-1]
-        self.recon_hist[row].view(-1).index_add_(0, h * k + stats.n_recon.long() - 1, one)
-        self.recon_hist_rotated[row].view(-1).index_add_(0, h * k + stats.n_recon_rotated.long() - 1, one)
+        self._add("n_pairs", row, h, torch.ones_like(h, dtype=torch.float64))
+        self._add("sparsity", row, h, stats.sparsity)
+        self._add("sparsity_sq", row, h, stats.sparsity.double() ** 2)
+        self._add("sparsity_rotated", row, h, stats.sparsity_rotated)
+        self._hist("recon_hist", row, h, stats.n_recon)
+        self._hist("recon_hist_rotated", row, h, stats.n_recon_rotated)
+        if stats.null is not None:
+            nl = stats.null
+            hn = nl.head.long().to(h.device)
+            key = hn * self.sparsity_null.shape[-1] + nl.draw.long().to(h.device)
+            self.n_pairs_null[row].view(-1).index_add_(0, key, torch.ones_like(key, dtype=torch.float64))
+            self.sparsity_null[row].view(-1).index_add_(0, key, nl.sparsity.to(torch.float64))
+            self._hist("recon_hist_null", row, hn, nl.n_recon)
+        if stats.unattended is not None:
+            u = stats.unattended
+            hu = u.head.long().to(h.device)
+            self._add("n_unattended", row, hu, torch.ones_like(hu, dtype=torch.float64))
+            self._add("sparsity_unattended", row, hu, u.sparsity)
+            self._add("sparsity_unattended_sq", row, hu, u.sparsity.double() ** 2)
+            self._hist("recon_hist_unattended", row, hu, u.n_recon)
 
     def add_prompts(self, n: int) -> None:
         self.n_prompts += n
 
     def compute(self) -> dict[str, Tensor]:
-        return {k: getattr(self, k) for k in ("n_pairs", "sparsity", "sparsity_rotated", "recon_hist",
-                                              "recon_hist_rotated", "n_prompts")}
+        return {k: getattr(self, k) for k in (*self.SUMS, *self.HISTS, "n_pairs_null", "sparsity_null", "n_prompts")}
 
 
 def parse_head_selection(view, layers: list[int] | None, heads: list[list[int]] | None) -> dict[int, list[int]]:
@@ -94,7 +121,11 @@ class SADAnalysisModule(PretrainedLMModule):
         threshold: a pair is analysed when the head's attention weight is >= threshold (in [0, 1]); null
             (default): the uniform level 1 / (number of visible sources). Relative attention must be > 0.
         recon_tol: N_recon counts directions until the running sum reaches l~ - recon_tol * sum_k |c_k|.
-        seed: seeds the Haar rotation of each head's control basis.
+        seed: seeds the Haar rotation of each head's control basis and the matched-spectrum null draws.
+        null_draws: random heads with each head's exact spectrum (through its rotary map) per head, fed the
+            same inputs and scored on the same pairs; a head is sparser than this null below the draws'
+            5th percentile (0: no matched null).
+        pair_null: also decompose each head on the visible pairs it does not attend to (the pair null).
         min_pairs: heads with fewer analysed pairs are left out of the summary.
         input_key: the batch key holding token ids (``clean_ids`` for task prompts; ``input_ids`` as fallback).
         dtype: "float32" or "float64" for the model and the decomposition.
@@ -103,20 +134,23 @@ class SADAnalysisModule(PretrainedLMModule):
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
                  fold_norms: bool = True, layers: list[int] | None = None, heads: list[list[int]] | None = None,
                  threshold: float | None = None, recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0,
-                 min_pairs: int = 20, input_key: str = "clean_ids", dtype: Literal["float32", "float64"] = "float32"):
+                 min_pairs: int = 20, input_key: str = "clean_ids", dtype: Literal["float32", "float64"] = "float32",
+                 null_draws: int = DEFAULT_NULL_DRAWS, pair_null: bool = True):
         check_threshold(threshold, "model.threshold")
         check_tolerance(recon_tol, "model.recon_tol")
         if dtype not in DTYPES:
             raise ValueError(f"model.dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if not isinstance(min_pairs, int) or min_pairs < 1:
             raise ValueError(f"model.min_pairs={min_pairs!r} must be a positive integer")
+        if not isinstance(null_draws, int) or isinstance(null_draws, bool) or null_draws < 0 or null_draws == 1:
+            raise ValueError(f"model.null_draws={null_draws!r}: must be 0 (no matched null) or an integer >= 2")
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=fold_norms)
         self.save_hyperparameters()
         self.lm.to(DTYPES[dtype])
         self.selection = parse_head_selection(self.view, layers, heads)
         self.layer_list = list(self.selection)
         k = min(self.view.d_head, self.view.d_model + 1)
-        self.stats = SADHeadStats(len(self.layer_list), self.view.n_heads, k)
+        self.stats = SADHeadStats(len(self.layer_list), self.view.n_heads, k, null_draws)
         self.bases: dict[int, object] = {}
 
     def _is_zero(self) -> bool:
@@ -136,7 +170,7 @@ class SADAnalysisModule(PretrainedLMModule):
 
     def on_test_start(self) -> None:
         dtype = DTYPES[self.hparams.dtype]
-        self.bases = {l: layer_bases(self.view, l, self.selection[l], self.hparams.seed, dtype)
+        self.bases = {l: layer_bases(self.view, l, self.selection[l], self.hparams.seed, dtype, self.hparams.null_draws)
                       for l in tqdm(self.layer_list, desc="SAD bases", disable=not self._is_zero())}
 
     def _unpack(self, batch) -> tuple[Tensor, Tensor]:
@@ -159,7 +193,7 @@ class SADAnalysisModule(PretrainedLMModule):
         out = {}
         for row, layer in enumerate(tqdm(self.layer_list, desc="SAD layers", leave=False, disable=not self._is_zero())):
             out[layer] = decompose_layer(self.bases[layer], X.pop(layer), mask, self.hparams.threshold,
-                                         self.hparams.recon_tol)
+                                         self.hparams.recon_tol, unattended=self.hparams.pair_null)
             self.stats.update(row, out[layer])
         self.stats.add_prompts(ids.shape[0])
         return out
@@ -176,20 +210,14 @@ class SADAnalysisModule(PretrainedLMModule):
         sums = {k: v.cpu() for k, v in self.stats.compute().items()}
         if int(sums["n_prompts"].item()) == 0:
             raise ValueError("the prompt set is empty: no prompt was analysed; give at least one test prompt")
-        rows, summary = summarise_heads(self.layer_list, [self.selection[l] for l in self.layer_list],
-                                        sums["n_pairs"], sums["sparsity"], sums["sparsity_rotated"],
-                                        sums["recon_hist"], sums["recon_hist_rotated"], self.hparams.min_pairs)
+        if not self.hparams.pair_null:
+            sums = {k: v for k, v in sums.items() if "unattended" not in k}
+        rows, summary = summarise_heads(self.layer_list, [self.selection[l] for l in self.layer_list], sums,
+                                        self.hparams.min_pairs)
         hp = self.hparams
         return {"experiment": "sad", "model": hp.model, "revision": hp.revision, "model_type": self.view.model_type,
                 "n_prompts": int(sums["n_prompts"].item()), "n_directions": self.stats.recon_hist.shape[-1],
                 "threshold": hp.threshold, "threshold_rule": "uniform 1/n_visible" if hp.threshold is None else "fixed",
-                "recon_tol": hp.recon_tol, "seed": hp.seed, "dtype": hp.dtype, "summary": summary, "heads": rows}
-
-    def on_test_epoch_end(self) -> None:
-        from lit_svd.callbacks.sad import plot_head_heatmap, plot_n_recon
-
-        results = self.results()
-        write_results(self.trainer, results)
-        if self.trainer.is_global_zero:
-            plot_head_heatmap(self.trainer, results, self.view.n_layers, self.view.n_heads)
-            plot_n_recon(self.trainer, results)
+                "recon_tol": hp.recon_tol, "seed": hp.seed, "dtype": hp.dtype, "null_draws": hp.null_draws,
+                "pair_null": hp.pair_null, "n_layers": self.view.n_layers, "n_heads_per_layer": self.view.n_heads,
+                "summary": summary, "heads": rows}

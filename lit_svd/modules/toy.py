@@ -13,6 +13,7 @@ chosen interference ||E_X||_2 (``toy_features``) and only W_Q, W_K train (the lo
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import lightning.pytorch as pl
@@ -40,6 +41,26 @@ def per_instance(name: str, value: Any, n: int) -> list:
     return [value] * n
 
 
+GRID_KEYS = ("d_model", "d_head", "interference", "lambda_attn")
+
+
+def expand_grid(grid: dict[str, list], n_seeds: int, seed: int) -> dict[str, list]:
+    """Per-instance lists for every combination of the ``grid`` values (first key slowest), each repeated
+    for ``n_seeds`` seeds ``seed .. seed + n_seeds - 1`` (the same seeds in every cell)."""
+    bad = set(grid) - set(GRID_KEYS)
+    if bad:
+        raise ValueError(f"grid keys {sorted(bad)}: allowed are {', '.join(GRID_KEYS)}")
+    _positive_int("grid_seeds", n_seeds)
+    keys = list(grid)
+    for k in keys:
+        if not isinstance(grid[k], (list, tuple)) or not grid[k]:
+            raise ValueError(f"grid.{k}={grid[k]!r}: must be a non-empty list")
+    cells = list(itertools.product(*(grid[k] for k in keys)))
+    out = {k: [c[i] for c in cells for _ in range(n_seeds)] for i, k in enumerate(keys)}
+    out["seeds"] = [seed + j for _ in cells for j in range(n_seeds)]
+    return out
+
+
 def infer_n_instances(n_instances: int | None, **lists: Any) -> int:
     """``n_instances`` if given, else the length of the per-instance lists (which must agree), else 1."""
     lengths = {k: len(v) for k, v in lists.items() if isinstance(v, (list, tuple))}
@@ -56,9 +77,13 @@ class ToyAlignmentModule(pl.LightningModule):
 
     Args:
         n_features: N, the number of sparse features.
-        d_model: D, the embedding width.
+        d_model: D, the embedding width, one value or one per instance (sweeps N/D in one ensemble: the
+            largest is allocated, dimensions beyond an instance's D are masked to zero).
         d_head: H, one value or one per instance (the largest is allocated, rows beyond an instance's H are
-            masked to zero).
+            masked to zero); null: H = D per instance.
+        grid: a sweep as ``{key: [values]}`` over d_model, d_head, interference, lambda_attn, expanded to one
+            instance per combination and seed; the keys it sets must not also be given as lists.
+        grid_seeds: seeds per grid cell (``seed .. seed + grid_seeds - 1``, the same in every cell).
         template: attention template spec (``toy_templates.build_template``).
         lambda_attn: weight of L_attn, one value or one per instance.
         temperature: tau of the target softmax.
@@ -68,27 +93,41 @@ class ToyAlignmentModule(pl.LightningModule):
         importance_decay: reconstruction weight of feature n is ``importance_decay ** n`` (1 = uniform).
         frozen_features: fix W at initialisation with ``interference``.
         interference: with ``frozen_features``, the target ||E_X||_2 of the fixed features (one value or one
-            per instance).
+            per instance; null: the base directions as drawn, orthonormal for N <= D, random unit vectors
+            otherwise).
         init_scale: std of W_Q, W_K at initialisation is ``init_scale / sqrt(D)``.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay, on W_Q and W_K only.
     """
 
-    def __init__(self, n_features: int = 20, d_model: int = 10, d_head: int | list[int] = 10,
+    def __init__(self, n_features: int = 20, d_model: int | list[int] = 10, d_head: int | list[int] | None = 10,
                  template: dict[str, Any] | None = None, lambda_attn: float | list[float] = 1.0,
                  temperature: float = 0.1, n_instances: int | None = None, seed: int = 0,
                  seeds: list[int] | None = None, importance_decay: float = 1.0, frozen_features: bool = False,
-                 interference: float | list[float] | None = None, init_scale: float = 0.1, lr: float = 1e-3,
-                 weight_decay: float = 0.0):
+                 interference: float | list[float | None] | None = None, init_scale: float = 0.1, lr: float = 1e-3,
+                 weight_decay: float = 0.0, grid: dict[str, list] | None = None, grid_seeds: int = 1):
         super().__init__()
         self.save_hyperparameters()
         _positive_int("n_features", n_features)
-        _positive_int("d_model", d_model)
-        n = infer_n_instances(n_instances, d_head=d_head, lambda_attn=lambda_attn, seeds=seeds,
+        if grid is not None:
+            given = {"d_model": d_model, "d_head": d_head, "interference": interference, "lambda_attn": lambda_attn,
+                     "seeds": seeds}
+            expanded = expand_grid(grid, grid_seeds, seed)
+            for k in expanded:
+                if isinstance(given[k], (list, tuple)):
+                    raise ValueError(f"{k} is given as a list and by grid; give it in one place")
+            d_model = expanded.get("d_model", d_model)
+            d_head = expanded.get("d_head", d_head)
+            interference = expanded.get("interference", interference)
+            lambda_attn = expanded.get("lambda_attn", lambda_attn)
+            seeds, n_instances = expanded["seeds"], len(expanded["seeds"])
+        n = infer_n_instances(n_instances, d_model=d_model, d_head=d_head, lambda_attn=lambda_attn, seeds=seeds,
                               interference=interference)
-        heads = per_instance("d_head", d_head, n)
-        for h in heads:
-            _positive_int("d_head", h)
+        dims = per_instance("d_model", d_model, n)
+        heads = list(dims) if d_head is None else per_instance("d_head", d_head, n)
+        for name, values in (("d_model", dims), ("d_head", heads)):
+            for v in values:
+                _positive_int(name, v)
         lambdas = [float(v) for v in per_instance("lambda_attn", lambda_attn, n)]
         if any(v < 0 for v in lambdas):
             raise ValueError(f"lambda_attn={lambda_attn!r}: must be >= 0")
@@ -105,7 +144,7 @@ class ToyAlignmentModule(pl.LightningModule):
             raise ValueError(f"interference={interference!r}: only allowed with frozen_features=True")
         T = build_template(template if template is not None else {"pair": [0, 1, 1.0]}, n_features)
 
-        self.n_instances, self.n_features, self.d_model = n, n_features, d_model
+        self.n_instances, self.n_features, self.d_model, self.d_models = n, n_features, max(dims), dims
         self.frozen_features, self.temperature = frozen_features, float(temperature)
         self.seeds = list(seeds) if seeds is not None else [seed + i for i in range(n)]
         self.d_heads, self.lambdas = heads, lambdas
@@ -113,23 +152,26 @@ class ToyAlignmentModule(pl.LightningModule):
         self.register_buffer("template", T)
         self.register_buffer("lambda_attn", torch.tensor(lambdas))
         self.register_buffer("importance", importance_decay ** torch.arange(n_features, dtype=torch.float32))
-        h_max = max(heads)
+        h_max, d_max = max(heads), max(dims)
         self.register_buffer("head_mask", (torch.arange(h_max)[None, :] < torch.tensor(heads)[:, None]).float())
+        self.register_buffer("model_mask", (torch.arange(d_max)[None, :] < torch.tensor(dims)[:, None]).float())
 
         W, W_Q, W_K, reached = [], [], [], []
         targets = per_instance("interference", interference, n)
         for i, s in enumerate(self.seeds):
-            g = torch.Generator().manual_seed(int(s))
+            g, D = torch.Generator().manual_seed(int(s)), dims[i]
             if frozen_features:
-                X, e = features_with_interference(n_features, d_model, float(targets[i]), g)
-                W.append(X)
+                target = None if targets[i] is None else float(targets[i])
+                X, e = features_with_interference(n_features, D, target, g)
                 reached.append(e)
             else:  # Xavier-normal feature directions
-                W.append(torch.randn(d_model, n_features, generator=g) * (2.0 / (d_model + n_features)) ** 0.5)
-            for head in (W_Q, W_K):  # drawn at the instance's own H, so its init is the same in any ensemble
-                w = torch.randn(heads[i], d_model, generator=g) * init_scale / d_model ** 0.5
-                head.append(F.pad(w, (0, 0, 0, h_max - heads[i])))
+                X = torch.randn(D, n_features, generator=g) * (2.0 / (D + n_features)) ** 0.5
+            W.append(F.pad(X, (0, 0, 0, d_max - D)))
+            for head in (W_Q, W_K):  # drawn at the instance's own H and D, so its init is the same in any ensemble
+                w = torch.randn(heads[i], D, generator=g) * init_scale / D ** 0.5
+                head.append(F.pad(w, (0, d_max - D, 0, h_max - heads[i])))
         self.interference = reached if frozen_features else None
+        self.interference_targets = targets
         self.W = nn.Parameter(torch.stack(W), requires_grad=not frozen_features)          # [I, D, N]
         self.b = nn.Parameter(torch.zeros(n, n_features), requires_grad=not frozen_features)  # [I, N]
         self.W_Q = nn.Parameter(torch.stack(W_Q) * self.head_mask[..., None])               # [I, H, D]
@@ -138,24 +180,29 @@ class ToyAlignmentModule(pl.LightningModule):
     # ---- the model view the callbacks read -------------------------------------------------------
     def head_weights(self) -> tuple[Tensor, Tensor]:
         """Masked ``W_Q, W_K: [I, H, D]`` (detached)."""
-        m = self.head_mask[..., None]
+        m = self.head_mask[..., None] * self.model_mask[:, None, :]
         return (self.W_Q * m).detach(), (self.W_K * m).detach()
 
     def omega_svd(self) -> SVD:
         """Batched SVD of ``Omega = W_Q^T W_K`` per instance (``U, V: [I, D, k]``, ``S: [I, k]``)."""
         return omega_svd(*(w.float().cpu() for w in self.head_weights()))
 
+    def features(self) -> Tensor:
+        """``W: [I, D, N]`` with the dimensions beyond each instance's D held at zero."""
+        return self.W * self.model_mask[..., None]
+
     def feature_directions(self) -> Tensor:
-        return self.W.detach().float().cpu()
+        return self.features().detach().float().cpu()
 
     # ---- training ----------------------------------------------------------------------------------
     def losses(self, feats: Tensor) -> tuple[Tensor, Tensor]:
         """Per-instance ``(L_recon, L_attn)``, each ``[I]``, for a batch ``[I, B, 1 + m, N]``."""
-        x = torch.einsum("ibtn,idn->ibtd", feats, self.W)
+        W = self.features()
+        x = torch.einsum("ibtn,idn->ibtd", feats, W)
         if self.frozen_features:
             recon = feats.new_zeros(self.n_instances)
         else:
-            f_hat = F.relu(torch.einsum("ibtd,idn->ibtn", x, self.W) + self.b[:, None, None, :])
+            f_hat = F.relu(torch.einsum("ibtd,idn->ibtn", x, W) + self.b[:, None, None, :])
             recon = (self.importance * (f_hat - feats) ** 2).mean(dim=(1, 2, 3))
         W_Q, W_K = self.W_Q * self.head_mask[..., None], self.W_K * self.head_mask[..., None]
         q = torch.einsum("ibd,ihd->ibh", x[:, :, 0], W_Q)

@@ -24,10 +24,13 @@ def base_directions(n_features: int, d_model: int, generator: torch.Generator) -
     return unit_columns(torch.randn(d_model, n_features, generator=generator, dtype=torch.float64))
 
 
-def features_with_interference(n_features: int, d_model: int, target: float, generator: torch.Generator,
+def features_with_interference(n_features: int, d_model: int, target: float | None, generator: torch.Generator,
                                tol: float = 1e-4) -> tuple[Tensor, float]:
-    """Unit feature directions ``[D, N]`` (float32) with ``||E_X||_2 = target``; returns them and the value reached."""
+    """Unit feature directions ``[D, N]`` (float32) with ``||E_X||_2 = target`` (None: the base directions as
+    drawn); returns them and the value reached."""
     base = base_directions(n_features, d_model, generator)
+    if target is None:
+        return base.float(), float(interference(base))
     mean_dir = unit_columns(base.sum(dim=1, keepdim=True))
 
     def make(alpha: float) -> Tensor:
