@@ -12,7 +12,13 @@ Each side runs in its own child process; its peak memory is the kernel's peak RS
 the model is loaded, the mounts planned and one warm-up forward run) above the RSS at that moment.
 Prints tokens/s, peak memory and the ratios; checks that both sides report the same figures.
 
-    .venv/bin/python bench/mounts_bench.py [--tokens 16384] [--layer 10] [--site down]
+With the controls of issue 12 on both sides: the data ceiling (lit_svd: one Gram matrix of the
+normalised outputs per batch; reference: numpy eigen-decomposition of all stored outputs) and the
+structureless null (the same figures for a Haar-rotated matrix with the site's singular values, scored on
+every ``--null-stride``-th token). lit_svd's extra time for the two controls is printed against its
+own scoring time (target: at most +30 %).
+
+    .venv/bin/python bench/mounts_bench.py [--tokens 16384] [--layer 10] [--site down] [--widths scaled]
 """
 from __future__ import annotations
 
@@ -29,10 +35,10 @@ from conditions import report_conditions  # bench/conditions.py
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lit_svd.analysis import mounts as M  # noqa: E402
-from lit_svd.models.hooks import Hook, hooks  # noqa: E402
+from lit_svd.models.hooks import Hook, first_input, hooks  # noqa: E402
 
 WIKITEXT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "wikitext-2", "valid.txt")
-TILES = {"q": 128, "k": 256, "v": 256, "o": 512, "gate": 512, "up": 512, "down": 512}
+NULL_SEED = 20011
 
 
 class _Stop(Exception):
@@ -48,9 +54,13 @@ def _setup(args):
     ids = tokenize_texts(tok, read_local_text(WIKITEXT))
     windows = torch.stack(sample_windows(ids, 128, args.tokens, 0))
     W, _ = v.site_weight(args.layer, args.site)
-    plan = M.plan_site(W.mT, TILES[args.site], 2, [1, 2, 4, 8, 16], 8, 0)
-    next(iter(_batches(model, v, windows[:8], args)))  # warm-up: one-time allocations of the first forward
-    return model, v, windows, plan
+    width = M.scaled_tile_width(args.site, W.shape[0]) if args.widths == "scaled" else M.PAPER_TILE_WIDTHS[args.site]
+    plan = M.plan_site(W.mT, width, 2, [1, 2, 4, 8, 16], 8, 0)
+    null = M.plan_site(M.haar_null(W.mT, NULL_SEED), width, 2, [1, 2, 4, 8, 16], 8, 0)
+    warm = _batches(model, v, windows[:8], args)  # warm-up: one-time allocations of the first forward
+    next(warm)
+    warm.close()  # removes its hook
+    return model, v, windows, plan, null
 
 
 def _reset_peak() -> float:
@@ -74,7 +84,8 @@ def _batches(model, v, windows, args):
     got = {}
 
     def hook(m, a, kw, o):
-        got["io"] = (a[0].reshape(-1, a[0].shape[-1]), v.site_output(args.layer, args.site, o).reshape(-1, o.shape[-1]))
+        x = first_input(a, kw)
+        got["io"] = (x.reshape(-1, x.shape[-1]), v.site_output(args.layer, args.site, o).reshape(-1, o.shape[-1]))
         raise _Stop
 
     with hooks(Hook(mod, hook, "post")):
@@ -88,27 +99,32 @@ def _batches(model, v, windows, args):
 
 
 def run_lit_svd(args, q):
-    model, v, windows, plan = _setup(args)
+    model, v, windows, plan, null = _setup(args)
     base = _reset_peak()
     t = time.perf_counter()
-    sums, scoring = 0, 0.0
+    sums = nsums = gram = None
+    scoring = controls = 0.0
     for x, dh in _batches(model, v, windows, args):
         t0 = time.perf_counter()
-        sums = sums + M.site_sums(plan, x, dh)
-        scoring += time.perf_counter() - t0
-    row = M.summarize(plan, sums)
+        one = M.site_sums(plan, x, dh, ceiling=False)
+        t1 = time.perf_counter()
+        g = M.ceiling_sum(dh)
+        xs = x[:: args.null_stride]
+        none = M.site_sums(null, xs, xs @ null.W.mT, ceiling=False)
+        t2 = time.perf_counter()
+        scoring, controls = scoring + t1 - t0, controls + t2 - t1
+        sums = one if sums is None else M.add_sums(sums, one)
+        nsums = none if nsums is None else M.add_sums(nsums, none)
+        gram = g if gram is None else gram + g
+    row = M.summarize(plan, {**sums, "gram": gram})
+    null_row = M.summarize(null, nsums)
     dt = time.perf_counter() - t
-    q.put(dict(seconds=dt, scoring=scoring, peak_mb=_status_mb("VmHWM") - base,
-               row=_figures(row)))
+    q.put(dict(seconds=dt, scoring=scoring + controls, scoring_base=scoring, controls=controls,
+               peak_mb=_status_mb("VmHWM") - base, row=_figures(row, null_row)))
 
 
-def run_reference(args, q):
-    model, v, windows, plan = _setup(args)
-    base = _reset_peak()
-    t = time.perf_counter()
-    xs, dhs = zip(*[(x.numpy().copy(), dh.numpy().copy()) for x, dh in _batches(model, v, windows, args)])
-    X, D = np.concatenate(xs), np.concatenate(dhs)  # every token's activations
-    t0 = time.perf_counter()
+def _reference_figures(plan, X, D):
+    """The figures by loops over mounts and tokens (numpy, every token's activations in memory)."""
     n2 = (D * D).sum(1) + M.EPS
     ref = plan.ref.numpy().astype(np.float32)
     row = {}
@@ -140,13 +156,30 @@ def run_reference(args, q):
         tl.append(float(np.mean((tw @ tiled.U[:, j].numpy().astype(np.float32)) ** 2 / tn)
                         - np.mean((tw @ ref[:, j]) ** 2 / tn)))
     row["tile_lift"] = tl
+    return row
+
+
+def run_reference(args, q):
+    model, v, windows, plan, null = _setup(args)
+    base = _reset_peak()
+    t = time.perf_counter()
+    xs, dhs = zip(*[(x.numpy().copy(), dh.numpy().copy()) for x, dh in _batches(model, v, windows, args)])
+    X, D = np.concatenate(xs), np.concatenate(dhs)  # every token's activations
+    t0 = time.perf_counter()
+    row = _reference_figures(plan, X, D)
+    Y = D.astype(np.float64) / np.sqrt((D.astype(np.float64) ** 2).sum(1) + M.EPS)[:, None]
+    row["span_ceiling"] = float(np.linalg.eigvalsh(Y.T @ Y)[::-1][: plan.n].sum() / len(Y))
+    Xn = np.concatenate([x[:: args.null_stride] for x in xs])  # the null's tokens: every k-th of each batch
+    null_row = _reference_figures(null, Xn, Xn @ null.W.numpy().astype(np.float32).T)
     dt = time.perf_counter() - t
-    q.put(dict(seconds=dt, scoring=time.perf_counter() - t0, peak_mb=_status_mb("VmHWM") - base, row=row))
+    q.put(dict(seconds=dt, scoring=time.perf_counter() - t0, peak_mb=_status_mb("VmHWM") - base,
+               row=_figures(row, null_row)))
 
 
-def _figures(row):
+def _figures(row, null_row):
     keys = [f"lift_{s}" for s in M.STRATEGIES] + [f"span_{s}" for s in M.STRATEGIES] + ["coverage_lift", "tile_lift"]
-    return {k: row[k] for k in keys}
+    return {**{k: row[k] for k in keys}, "span_ceiling": row["span_ceiling"],
+            **{f"null_{k}": null_row[k] for k in keys}}
 
 
 def _child(fn, args):
@@ -163,10 +196,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--layer", type=int, default=10)
-    ap.add_argument("--site", default="down", choices=sorted(TILES))
+    ap.add_argument("--site", default="down", choices=sorted(M.PAPER_TILE_WIDTHS))
+    ap.add_argument("--widths", default="scaled", choices=["scaled", "fixed"])
+    ap.add_argument("--null-stride", type=int, default=1)
     args = ap.parse_args()
     report_conditions()
-    print(f"SmolLM2 site {args.site} layer {args.layer}, {args.tokens} WikiText-2 tokens, torch threads "
+    print(f"SmolLM2 site {args.site} layer {args.layer} ({args.widths} tile widths, null on every {args.null_stride}"
+          f" token(s)), {args.tokens} WikiText-2 tokens, torch threads "
           f"{torch.get_num_threads()} (shared machine: timings taken under load from other jobs)")
     ours = _child(run_lit_svd, args)
     ref = _child(run_reference, args)
@@ -179,10 +215,13 @@ def main():
               f"{args.tokens / r['scoring']:8.0f} tokens/s scoring only ({r['scoring']:7.2f} s), peak +{r['peak_mb']:7.1f} MB")
     print(f"speed ratio  lit_svd / reference: {ref['seconds'] / ours['seconds']:.1f}x faster with the forward, "
           f"{ref['scoring'] / ours['scoring']:.1f}x scoring only (target >= 3x)")
+    print(f"controls (ceiling + null) add {100 * ours['controls'] / ours['scoring_base']:.0f} % to lit_svd's scoring"
+          f" time ({ours['controls']:.2f} s on {ours['scoring_base']:.2f} s; target <= 30 %)")
     print(f"memory ratio lit_svd / reference: {ours['peak_mb'] / max(ref['peak_mb'], 1e-9):.2f} (target <= 0.5)")
     print(f"largest difference between the two sides' figures: {worst:.2e}")
     print(json.dumps({"tokens": args.tokens, "ours": {k: ours[k] for k in ("seconds", "peak_mb")},
                       "ours_scoring": ours["scoring"], "reference_scoring": ref["scoring"],
+                      "ours_scoring_base": ours["scoring_base"], "ours_controls": ours["controls"],
                       "reference": {k: ref[k] for k in ("seconds", "peak_mb")}, "max_abs_diff": worst}))
 
 

@@ -50,7 +50,9 @@ def runs(repo: Path, tiny: str, tiny_gemma: str) -> dict[str, list[str]]:
                   "--trainer.max_steps", "8", "--trainer.max_time", "null", "--model.init_args.soft_steps", "4",
                   "--model.init_args.steps_per_batch", "2", "--data.init_args.n_train", "16",
                   "--data.init_args.n_val", "8", "--data.init_args.batch_size", "4",
-                  "--trainer.callbacks.init_args.trajectory_every", "2"],
+                  "--trainer.callbacks.init_args.trajectory_every", "2",
+                  # issue 12 adds a test split and reports on it; the comparison keeps the old split and headline
+                  "--data.init_args.n_test", "0", "--trainer.callbacks.init_args.eval_split", "val"],
         "mounts": ["test", *cfg("mounts", "smollm2_wikitext.yaml"), *model(tiny), "--data.init_args.tokenizer", tiny,
                    "--data.init_args.path", str(WIKITEXT), "--data.init_args.seq_len", "32",
                    "--data.init_args.n_tokens", "512", "--data.init_args.batch_size", "4",

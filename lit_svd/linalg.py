@@ -119,9 +119,11 @@ def rolls_tovee_sparsity(c: Tensor, dim: int = -1, eps: float = 1e-30) -> Tensor
 
 
 def haar_orthogonal(n: int, *batch: int, generator: torch.Generator | None = None,
-                    dtype: torch.dtype = torch.float32, device=None) -> Tensor:
-    """Haar-distributed random orthogonal matrices ``[*batch, n, n]`` (QR of a Gaussian, sign-fixed)."""
-    G = torch.randn(*batch, n, n, generator=generator, dtype=torch.float64, device=device)
+                    dtype: torch.dtype = torch.float32, device=None, columns: int | None = None) -> Tensor:
+    """Haar-distributed random orthogonal matrices ``[*batch, n, n]`` (QR of a Gaussian, sign-fixed);
+    ``columns=r`` gives only the first ``r`` columns ``[*batch, n, r]`` (Haar on the Stiefel manifold)."""
+    G = torch.randn(*batch, n, n if columns is None else columns, generator=generator, dtype=torch.float64,
+                    device=device)
     Q, R = torch.linalg.qr(G)
     Q = Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
     return Q.to(dtype)

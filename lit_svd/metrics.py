@@ -127,7 +127,9 @@ def task_metrics(task: str, with_kl: bool = False) -> MetricCollection:
 
 def main_value(task: str, logits: Tensor, batch: dict) -> Tensor:
     """[B]: the task's headline per-example value (GT probability difference, else logit difference)."""
-    if "greater_mask" in batch:
+    from lit_svd.datamodules.tasks import canonical_task
+
+    if canonical_task(task) == "gt":
         return gt_prob_diff(logits, batch["greater_mask"], batch["lesser_mask"])
     return logit_diff(logits, batch["correct_id"], batch["wrong_id"])
 

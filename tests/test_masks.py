@@ -45,8 +45,39 @@ def test_kept_counts_match_brute_force():
     assert {k: v["kept"] for k, v in report["per_kind"].items() if v["kept"]} == per_kind
     hard = hard_masks(lambdas, threshold)
     assert sum(int(h.sum()) for h in hard.values()) == kept
-    # SmolLM2-sized count, stated in docs/masks.md: 30 * (9*64 + 3*64 + 9*64 + 577 + 577 + 576) = 92,220
-    assert 30 * (9 * 64 + 3 * 64 + 9 * 64 + 577 + 577 + 576) == 92220
+    # without the q / k maps: the OV and MLP directions only
+    rest = [c for c in comps if c.kind not in ("q", "k")]
+    assert report["without_qk"]["n_directions"] == sum(c.n_directions for c in rest) < total
+    assert report["without_qk"]["kept"] == sum(int((lambdas[c.name] >= threshold).sum()) for c in rest)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_direction_count_matches_the_models_own_matrices(arch):
+    """Directions per layer counted from the HF modules' weight shapes: one per singular value of each
+    bias-augmented map (min of its two sides), per head / KV head / layer."""
+    model = tiny_causal_lm(arch)
+    cfg = model.config
+    comps = build_components(make_view(model))
+    total = 0
+    if arch == "llama":
+        for blk in model.model.layers:
+            d = blk.self_attn.q_proj.weight.shape[1]
+            dh = blk.self_attn.q_proj.weight.shape[0] // cfg.num_attention_heads
+            n_kv = blk.self_attn.k_proj.weight.shape[0] // dh
+            d_mlp = blk.mlp.up_proj.weight.shape[0]
+            total += cfg.num_attention_heads * min(d + 1, dh)       # q per head
+            total += n_kv * min(d + 1, dh)                          # k per KV head
+            total += cfg.num_attention_heads * min(d + 1, dh, d)    # OV per head: [1, x] -> d_head -> d_model
+            total += 2 * min(d + 1, d_mlp) + min(d_mlp + 1, d)      # up, gate, down
+    else:
+        for blk in model.transformer.h:
+            d = blk.attn.c_attn.weight.shape[0]
+            dh = d // cfg.n_head
+            d_mlp = blk.mlp.c_fc.weight.shape[1]
+            total += cfg.n_head * min(d + 1, dh)                    # joint QK per head: rank <= d_head
+            total += cfg.n_head * min(d + 1, dh, d)                 # OV per head
+            total += min(d + 1, d_mlp) + min(d_mlp + 1, d)          # MLP in, out
+    assert sum(c.n_directions for c in comps) == total
 
 
 def test_mask_loss_is_kl_plus_alpha_l1():
@@ -108,7 +139,7 @@ def test_swap_steer_matches_a_hand_patched_direction():
                 return answer(model(ids).logits)
 
     keep = torch.ones(comp.shape)
-    res = swap_steer(run, batch, dict(coefs), {comp.name: keep}, counts=(1,))
+    res = swap_steer(run, batch, dict(coefs), {comp.name: keep}, counts=(1,), task="gp")
     # brute force: the most separating (head, direction), one at a time
     c = coefs[comp.name]
     best = max(((abs(float(c[:3, h, k].mean() - c[3:, h, k].mean()))
@@ -131,7 +162,7 @@ def test_swap_steer_matches_a_hand_patched_direction():
     metric = (want[rows, batch["correct_id"]] - want[rows, batch["wrong_id"]]).mean()
     assert res["swaps"][0]["metric"] == pytest.approx(float(metric), abs=1e-4)
     assert (want - base).abs().max() > 1e-4  # the swap changed something
-    assert swap_steer(run, {**batch, "correct_id": torch.arange(6)}, dict(coefs), {comp.name: keep}) is None
+    assert swap_steer(run, {**batch, "correct_id": torch.arange(6)}, dict(coefs), {comp.name: keep}, task="gp") is None
 
 
 def _fit(model_dir, tokenizer, tmp_path, **kwargs):
@@ -187,6 +218,110 @@ def test_lr_min_decays_the_learning_rate_over_max_steps(tiny_dirs, tokenizer, tm
     lrs = [g["lr"] for g in module.trainer.optimizers[0].param_groups]
     assert lrs == pytest.approx([0.1])  # cosine from lr 0.5 reaches lr_min after max_steps (4) steps
     assert module.trainer.lr_scheduler_configs[0].scheduler.last_epoch == 4
+
+
+def test_soft_and_hard_evaluation_match_a_rebuilt_weight_forward(tiny_dirs, tokenizer):
+    """Masks on one MLP output map (all positions, zero ablation): the module's soft and hard evaluation
+    equal the HF forward of a copy of the model whose down_proj weight is rebuilt densely as
+    U diag(S * lambda) V^T from its own SVD (soft lambda, and the 0/1 hard mask)."""
+    from transformers import AutoModelForCausalLM
+
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.metrics import kl_divergence, logit_diff
+    from lit_svd.modules import DirectionMaskModule
+
+    module = DirectionMaskModule(model=tiny_dirs["llama"], components=["mlp_out"], layers=[1], positions="all",
+                                 ablation="zero", threshold=0.05)
+    g = torch.Generator().manual_seed(0)
+    lam = torch.rand(module.components[0].shape, generator=g) ** 3  # about a third below the threshold
+    module.theta["L1_mlp_out"].data = torch.logit(lam)
+    dm = TaskDataModule("ioi", tokenizer, n_train=0, n_val=0, n_test=12, batch_size=6)
+    ev = module.evaluate(dm.test_dataloader())
+
+    ref = AutoModelForCausalLM.from_pretrained(tiny_dirs["llama"]).eval()
+    down = ref.model.layers[1].mlp.down_proj
+    W = down.weight.data.clone().double()  # [d_model, d_mlp]
+    U, S, Vh = torch.linalg.svd(W.mT, full_matrices=False)  # the map x @ W^T; directions by singular value
+    keep = lam[0].double()
+    out = {}
+    for setting, scale in (("soft", keep), ("hard", (keep >= 0.05).double())):
+        down.weight.data = ((U * (S * scale)) @ Vh).mT.float()
+        full, masked = [], []
+        for batch in dm.test_dataloader():
+            rows = torch.arange(len(batch["answer_pos"]))
+            with torch.no_grad():
+                masked.append(ref(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits[rows, batch["answer_pos"]])
+        out[setting] = torch.cat(masked)
+    down.weight.data = W.float()
+    with torch.no_grad():
+        full = torch.cat([ref(input_ids=b["clean_ids"], attention_mask=b["attention_mask"]).logits[torch.arange(len(b["answer_pos"])), b["answer_pos"]]
+                          for b in dm.test_dataloader()])
+    ids = {k: torch.cat([b[k] for b in dm.test_dataloader()]) for k in ("correct_id", "wrong_id")}
+    for setting in ("soft", "hard"):
+        assert ev[f"{setting}_kl"] == pytest.approx(float(kl_divergence(out[setting], full).mean()), rel=1e-3, abs=1e-6)
+        assert ev[f"{setting}_metric"] == pytest.approx(float(logit_diff(out[setting], ids["correct_id"], ids["wrong_id"]).mean()), abs=1e-4)
+    assert ev["soft_kl"] > 1e-5 and ev["hard_kl"] > 1e-5 and abs(ev["soft_kl"] - ev["hard_kl"]) > 1e-5  # both act, differently
+
+
+def test_test_split_is_disjoint_and_leaves_train_and_val_as_without_it(tokenizer):
+    from lit_svd.datamodules.tasks import TaskDataModule
+
+    before = TaskDataModule("ioi", tokenizer, n_train=40, n_val=16, n_test=0, seed=3)
+    after = TaskDataModule("ioi", tokenizer, n_train=40, n_val=16, n_test=32, seed=3, test_last=True)
+    text = lambda dm, split: [tuple(e.clean_ids) for e in dm.splits[split].examples]
+    assert text(after, "train") == text(before, "train") and text(after, "val") == text(before, "val")
+    test = set(text(after, "test"))
+    assert len(test) == 32 and not test & (set(text(after, "train")) | set(text(after, "val")))
+    first = TaskDataModule("ioi", tokenizer, n_train=40, n_val=16, n_test=32, seed=3)  # default: test drawn first
+    assert text(first, "val") != text(before, "val")
+
+
+def test_results_report_test_and_validation_and_stopped_early(tiny_dirs, tokenizer, tmp_path):
+    import lightning.pytorch as pl
+
+    from lit_svd.callbacks import DirectionMaskReport
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.modules import DirectionMaskModule
+
+    results = {}
+    for label, limit in (("steps", None), ("time", "00:00:00:01")):
+        module = DirectionMaskModule(model=tiny_dirs["llama"], lr=0.5, alpha=1e-2, init=0.6, threshold=0.3)
+        dm = TaskDataModule("ioi", tokenizer, n_train=16, n_val=8, n_test=12, batch_size=8, test_last=True)
+        trainer = pl.Trainer(max_steps=200 if limit else 4, max_time=limit, accelerator="cpu", devices=1,
+                             default_root_dir=str(tmp_path / label), limit_val_batches=0, num_sanity_val_steps=0,
+                             enable_progress_bar=False, enable_checkpointing=False,
+                             callbacks=[DirectionMaskReport(eval_split="test", steer_component="L1.ov",
+                                                            steer_head=0, steer_direction=0)])
+        trainer.fit(module, dm)
+        results[label] = json.loads((Path(trainer.log_dir) / "results.json").read_text())
+        res = results[label]
+        assert res["splits"]["test"]["n_examples"] == 12 and res["splits"]["val"]["n_examples"] == 8
+        assert res["eval_split"] == "test" and res["kl_hard"] == res["splits"]["test"]["kl_hard"]
+        # an independent evaluation of the final masks on each split gives the same figures
+        for split in ("val", "test"):
+            ev = module.evaluate(getattr(dm, f"{split}_dataloader")())
+            assert res["splits"][split]["kl_soft"] == pytest.approx(ev["soft_kl"], abs=1e-6)
+            assert res["splits"][split]["accuracy_hard"] == pytest.approx(ev["hard_correct"], abs=1e-6)
+        assert res["kept_without_qk"]["n_directions"] == sum(
+            v["n_directions"] for k, v in res["per_kind"].items() if k not in ("q", "k"))
+    assert results["steps"]["stopped_early"] is False and results["steps"]["steps"] == 4
+    assert results["time"]["stopped_early"] is True and results["time"]["steps"] < 200
+
+
+def test_eval_split_without_examples_fails_in_one_line(tiny_dirs, tokenizer, tmp_path):
+    import lightning.pytorch as pl
+
+    from lit_svd.callbacks import DirectionMaskReport
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.modules import DirectionMaskModule
+
+    module = DirectionMaskModule(model=tiny_dirs["llama"])
+    dm = TaskDataModule("ioi", tokenizer, n_train=8, n_val=8, n_test=0, batch_size=8)
+    trainer = pl.Trainer(max_steps=1, accelerator="cpu", devices=1, default_root_dir=str(tmp_path), logger=False,
+                         enable_progress_bar=False, enable_checkpointing=False,
+                         callbacks=[DirectionMaskReport(eval_split="test")])
+    with pytest.raises(ValueError, match=r"eval_split='test' but the data module's test split is empty"):
+        trainer.fit(module, dm)
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in CONFIGS.glob("*.yaml")))

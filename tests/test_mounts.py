@@ -131,8 +131,12 @@ def test_streamed_sums_match_brute_force():
     x, dh = _data(W, T=120)
     plan = M.plan_site(W, 16, 2, [1, 2, 4], k_active=3, seed=0)
     # streaming over two batches equals one pass
-    sums = M.site_sums(plan, x[:50], dh[:50]) + M.site_sums(plan, x[50:], dh[50:])
-    torch.testing.assert_close(sums, M.site_sums(plan, x, dh), rtol=1e-6, atol=1e-6)
+    sums = M.add_sums(M.site_sums(plan, x[:50], dh[:50]), M.site_sums(plan, x[50:], dh[50:]))
+    one = M.site_sums(plan, x, dh)
+    assert sums.keys() == one.keys() == M.sum_shapes(plan.n, 3, 24).keys()
+    for name, shape in M.sum_shapes(plan.n, 3, 24).items():
+        assert tuple(sums[name].shape) == shape, name
+        torch.testing.assert_close(sums[name], one[name], rtol=1e-6, atol=1e-6)
     row = M.summarize(plan, sums)
     ref = _brute(plan, x, dh, 3)
     # float32 projections inside site_sums: agreement to ~1e-6 of quantities of order 0.1-1
@@ -239,3 +243,121 @@ def test_bad_input_fails_with_one_clear_line(call, match):
     with pytest.raises(ValueError, match=match) as err:
         call(_weights(24, 70))
     assert "\n" not in str(err.value)
+
+
+# --- data ceiling, scaled tile widths, structureless null -------------------------------------------
+def test_span_ceiling_is_the_top_principal_subspace_and_bounds_every_strategy():
+    W = _weights(24, 70)
+    x, dh = _data(W, T=200)
+    plan = M.plan_site(W, 16, 2, [1, 2, 4], k_active=3, seed=0)
+    row = M.summarize(plan, M.site_sums(plan, x, dh))
+    # independent: PCA (uncentred) of the normalised outputs in numpy, then the span figure of its top n
+    D = dh.numpy()
+    Y = D / np.sqrt((D ** 2).sum(1) + M.EPS)[:, None]
+    _, _, Vt = np.linalg.svd(Y, full_matrices=False)
+    top = Vt[: plan.n].T
+    want = float(np.mean([np.sum((top.T @ D[t]) ** 2) / ((D[t] ** 2).sum() + M.EPS) for t in range(len(D))]))
+    assert row["span_ceiling"] == pytest.approx(want, abs=2e-6)
+    # no n-dimensional subspace does better on these tokens: random ones and every strategy's span
+    g = np.random.default_rng(0)
+    for _ in range(20):
+        Q, _ = np.linalg.qr(g.standard_normal((24, plan.n)))
+        assert np.mean(((D @ Q) ** 2).sum(1) / ((D ** 2).sum(1) + M.EPS)) <= want + 1e-9
+    for s in M.STRATEGIES:
+        assert row[f"span_{s}"] <= row["span_ceiling"] + 1e-6
+    for s in ("tiled", "whole", "columns"):
+        assert row[f"span_lift_{s}"] <= row["span_lift_ceiling"] + 1e-6
+        assert row[f"ceiling_fraction_{s}"] == pytest.approx(row[f"span_lift_{s}"] / row["span_lift_ceiling"])
+    assert row["ceiling_fraction_whole"] < 1  # dh is not W x alone (noise), so the weights' SVD falls short
+
+
+def test_scaled_tile_widths_give_the_papers_tile_counts():
+    # the paper's own setting (Gemma-2-2B) is reproduced exactly
+    for site, d_in in M.PAPER_D_IN.items():
+        assert M.scaled_tile_width(site, d_in) == M.PAPER_TILE_WIDTHS[site]
+    assert {s: M.paper_tiles(s) for s in M.PAPER_D_IN} == {"q": 18, "k": 9, "v": 9, "o": 4, "gate": 5, "up": 5,
+                                                            "down": 18}
+    # SmolLM2-135M (d_model 576, 9 x 64 heads, d_mlp 1536) and GPT-2 (768, 12 x 64, 3072): same tile counts
+    for d_model, d_o, d_mlp in ((576, 576, 1536), (768, 768, 3072)):
+        d_in = {"q": d_model, "k": d_model, "v": d_model, "o": d_o, "gate": d_model, "up": d_model, "down": d_mlp}
+        for site, d in d_in.items():
+            width = M.scaled_tile_width(site, d)
+            assert len(M.tile_bounds(d, width)) == M.paper_tiles(site), (d_model, site, width)
+    assert [M.scaled_tile_width(s, d) for s, d in (("q", 576), ("k", 576), ("o", 576), ("gate", 576), ("down", 1536))] \
+        == [32, 64, 144, 128, 86]
+
+
+def test_mount_count_matches_the_mounts_built():
+    W = _weights(24, 70)
+    for width, modes in ((16, 2), (16, 9), (70, 3), (7, 7)):
+        assert M.mount_count(70, 24, width, modes) == len(M.tiled_svd_mounts(W, width, modes))
+
+
+def test_haar_null_keeps_the_spectrum_and_loses_the_vectors():
+    W = _weights(24, 70)
+    N = M.haar_null(W, seed=3)
+    torch.testing.assert_close(torch.linalg.svdvals(N), torch.linalg.svdvals(W), rtol=1e-10, atol=1e-10)
+    assert torch.equal(N, M.haar_null(W, seed=3)) and not torch.equal(N, M.haar_null(W, seed=4))
+    u_w = torch.linalg.svd(W)[0][:, 0]
+    u_n = torch.linalg.svd(N)[0][:, 0]
+    assert abs(float(u_w @ u_n)) < 0.6  # W's planted top direction is not the null's (|cos| ~ 1/sqrt(24))
+
+
+def _judged(W, x, dh, seed=0):
+    plan = M.plan_site(W, 16, 2, [1, 2, 4, 8], k_active=3, seed=seed)
+    row = {"layer": 0, **M.summarize(plan, M.site_sums(plan, x, dh))}
+    return M.judge(row, M.MountRules(), residual=False, effective=False)
+
+
+def test_null_of_a_structureless_matrix_is_non_discriminating():
+    """When the 'real' matrix is itself structureless (Haar singular vectors, decaying spectrum, Gaussian
+    inputs), its null passes every check exactly as often: the comparison must call them non-discriminating."""
+    from lit_svd.callbacks.mounts import discrimination
+
+    rows = []
+    for layer in range(6):
+        g = torch.Generator().manual_seed(layer)
+        spectrum = torch.exp(-torch.arange(24, dtype=torch.float64) / 4)
+        from lit_svd.linalg import haar_orthogonal
+
+        U = haar_orthogonal(24, generator=g, dtype=torch.float64)
+        V = haar_orthogonal(70, columns=24, generator=g, dtype=torch.float64)
+        W = (U * spectrum) @ V.mT
+        x = torch.randn(400, 70, generator=g, dtype=torch.float64)
+        N = M.haar_null(W, seed=100 + layer)
+        real, null = _judged(W, x, x @ W.mT), _judged(N, x, x @ N.mT)
+        rows.append({"site": "q", "checks": real, "pass": real["pass"], "null": {"checks": null, "pass": null["pass"]}})
+    verdict = discrimination(rows)
+    assert [rows[i]["checks"]["A1"] for i in range(6)] == [True] * 6  # tiled beats random on both ...
+    assert not any(v for v in verdict["q"].values() if v is not None)  # ... so nothing discriminates
+
+
+def test_discrimination_counts_real_against_null_per_site():
+    from lit_svd.callbacks.mounts import discrimination, pass_table
+
+    def row(site, real, null):
+        mk = lambda p: {c: p for c in ("A1", "A2", "A3", "A4", "B1")} | {"C1": None, "pass": p}
+        return {"site": site, "checks": mk(real), "pass": real, "null": {"checks": mk(null), "pass": null}}
+
+    rows = [row("q", True, False), row("q", True, True), row("o", True, True), row("o", False, True)]
+    assert pass_table(rows)["q"]["A1"] == "2/2" and pass_table(rows, null=True)["q"]["A1"] == "1/2"
+    assert pass_table(rows, null=True)["all"]["pass"] == "3/4"
+    d = discrimination(rows)
+    assert d["q"]["A1"] is True and d["o"]["A1"] is False and d["q"]["C1"] is None
+    assert d["all"]["pass"] is False  # 3 real passes against 3 null passes
+
+
+def test_site_summary_counts_per_site_layer():
+    from lit_svd.callbacks.mounts import site_summary
+
+    def row(layer, tiled, whole, span_t, span_w, ceiling):
+        r = {"site": "o", "layer": layer, "lift_tiled": tiled, "lift_whole": whole, "span_lift_tiled": span_t,
+             "span_lift_whole": span_w, "span_lift_ceiling": ceiling}
+        for s in ("tiled", "whole", "columns"):
+            r[f"ceiling_fraction_{s}"] = r.get(f"span_lift_{s}", 0.0) / ceiling
+        return r
+
+    out = site_summary([row(0, 0.2, 0.1, 0.3, 0.4, 0.5), row(1, 0.05, 0.1, 0.45, 0.4, 0.5)])["o"]
+    assert out["tiled_beats_whole_lift"] == 1 and out["tiled_beats_whole_span"] == 1
+    assert out["ceiling_fraction_tiled"] == {"mean": pytest.approx(0.75), "min": pytest.approx(0.6),
+                                             "max": pytest.approx(0.9)}

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
 
@@ -158,10 +159,10 @@ def test_module_fits_effective_paths_on_held_out_batches_only(tiny_llama_dir):
     X = torch.cat([x for x, _ in cap["v"][fit]]).double()
     Z = torch.cat([z for z, _ in cap["o"][fit]]).double()
     W_v = M.ridge_map(X.mT @ X, X.mT @ Z, module.hparams.v_ridge)
-    torch.testing.assert_close(module.plans["L1_v"].W, W_v, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(module.plans["L1_v"].W, W_v.float(), rtol=1e-6, atol=1e-7)  # plans hold float32
     gate = torch.cat([module.view.mlp(1).act(g) for _, g in cap["gate"][fit]]).double().mean(0)
     W_up = M.gate_weighted(blk.mlp.up_proj.weight.double(), gate)
-    torch.testing.assert_close(module.plans["L1_up"].W, W_up, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(module.plans["L1_up"].W, W_up.float(), rtol=1e-6, atol=1e-7)
     # the effective paths are scored on the other half only, the module sites on everything
     n_tok = sum(b["input_ids"].numel() for b in batches)
     assert rows[("v", 1)]["n_tokens"] == rows[("up", 1)]["n_tokens"] == n_tok // 2
@@ -183,6 +184,46 @@ def test_module_fits_effective_paths_on_held_out_batches_only(tiny_llama_dir):
     assert -1 <= rows[("o", 1)]["steer_rho"] <= 1 and "steer_rho" not in rows[("q", 1)]
 
 
+def test_module_scores_the_null_and_the_ceiling_on_the_same_tokens(tiny_llama_dir):
+    batches = _batches(n=2)
+    module = MountsAnalysisModule(model=tiny_llama_dir, tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], layers=[1],
+                                  sites=["q", "o"], effective_paths=False, null_stride=3, steer_texts=2, steer_mounts=2,
+                                  rules={"c1_min_layer": 0})
+    rows = _run(module, batches)
+    blk = module.lm.model.layers[1]
+    cap = _capture(module.lm, batches, {"q": blk.self_attn.q_proj})
+    x, y = (torch.cat([c[i] for c in cap["q"]]) for i in (0, 1))
+    plan, null = module.plans["L1_q"], module.null_plans["L1_q"]
+    # the null: the real matrix's singular values, other singular vectors, scored on every 3rd token of each batch
+    torch.testing.assert_close(torch.linalg.svdvals(null.W.double()), torch.linalg.svdvals(plan.W.double()),
+                               rtol=1e-5, atol=1e-6)  # float32 storage
+    assert abs(float(torch.linalg.svd(null.W)[0][:, 0] @ torch.linalg.svd(plan.W)[0][:, 0])) < 0.9
+    xs = torch.cat([c[0][::3] for c in cap["q"]])
+    want = M.summarize(null, M.site_sums(null, xs, xs @ null.W.mT, ceiling=False))
+    got = rows[("q", 1)]["null"]
+    assert got["n_tokens"] == len(xs) and got["lift_tiled"] == pytest.approx(want["lift_tiled"], abs=1e-6)
+    assert got["coverage_lift"] == pytest.approx(want["coverage_lift"], abs=1e-6)
+    # the ceiling: the top-n uncentred principal directions of the normalised outputs, by numpy
+    Y = (y / y.norm(dim=1, keepdim=True)).double().numpy()
+    evals = np.linalg.eigvalsh(Y.T @ Y)[::-1]
+    assert rows[("q", 1)]["span_ceiling"] == pytest.approx(evals[: plan.n].sum() / len(Y), abs=1e-5)
+    # judged by the same rules, steering included on the residual write
+    for site in ("q", "o"):
+        assert set(rows[(site, 1)]["null"]["checks"]) == set(rows[(site, 1)]["checks"])
+    assert -1 <= rows[("o", 1)]["null"]["steer_rho"] <= 1 and rows[("o", 1)]["null"]["checks"]["C1"] is not None
+
+
+def test_scaled_tile_widths_on_the_models_own_sizes(tiny_llama_dir):
+    module = MountsAnalysisModule(model=tiny_llama_dir, tile_widths="scaled", modes_per_tile=1, modes_sweep=[1],
+                                  layers=[0])
+    v = module.view
+    d_in = {"q": v.d_model, "k": v.d_model, "v": v.d_model, "o": v.n_heads * v.d_head, "gate": v.d_model,
+            "up": v.d_model, "down": v.d_mlp}
+    assert module.tile_widths == {s: M.scaled_tile_width(s, d) for s, d in d_in.items()}
+    fixed = MountsAnalysisModule(model=tiny_llama_dir, tile_widths={**TINY_TILES, "q": 16}, layers=[0])
+    assert fixed.tile_widths["q"] == 16 and fixed.tile_widths["down"] == TINY_TILES["down"]
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"tile_widths": {**TINY_TILES, "q": 0}}, r"tile_widths\.q=0 is not allowed"),
     ({"tile_widths": {**TINY_TILES, "k": 65}}, r"tile_widths\.k=65 is not allowed"),
@@ -193,6 +234,8 @@ def test_module_fits_effective_paths_on_held_out_batches_only(tiny_llama_dir):
     ({"layers": [5]}, r"layer 5 out of range"),
     ({"fit_fraction": 1.0}, r"fit_fraction=1.0 is not allowed"),
     ({"rules": {"a9": 1}}, r"rules key 'a9' is unknown"),
+    ({"tile_widths": "wide"}, r"tile_widths='wide' is not allowed"),
+    ({"null_stride": 0}, r"null_stride=0 is not allowed"),
 ])
 def test_module_bad_config_fails_at_construction(tiny_llama_dir, kwargs, match):
     with pytest.raises((ValueError, IndexError), match=match) as err:

@@ -123,8 +123,8 @@ def test_mount_rows_equal_the_test_run_on_the_same_batch(fitted, tmp_path, token
     module.lm.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     ids, mask = mounts.probe
-    test_module = MountsAnalysisModule(model=str(folder), effective_paths=False, steer_texts=2, steer_tokens=8,
-                                       steer_mounts=2, **MOUNT_KW)
+    test_module = MountsAnalysisModule(model=str(folder), effective_paths=False, null_control=False, steer_texts=2,
+                                       steer_tokens=8, steer_mounts=2, **MOUNT_KW)
     loader = torch.utils.data.DataLoader([{"input_ids": i, "attention_mask": m} for i, m in zip(ids, mask)],
                                          batch_size=len(ids))
     pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,

@@ -19,6 +19,7 @@ from lit_svd.models.intervene import Component, Intervention
 
 ABLATIONS = ("zero", "patch")
 POSITIONS = ("answer", "all")
+QK_KINDS = ("qk", "q", "k")  # the attention-pattern maps; "without_qk" counts the rest (OV, MLP)
 
 
 def check_mask_config(alpha: float, init: float, threshold: float, ablation: str, positions: str) -> None:
@@ -59,7 +60,8 @@ def mask_loss(masked_logits: Tensor, full_logits: Tensor, lambdas: dict[str, Ten
 
 
 def kept_report(components: Sequence[Component], lambdas: dict[str, Tensor], threshold: float) -> dict:
-    """Kept counts overall, per component type, and per component (per group: head, KV head, layer)."""
+    """Kept counts overall, per component type, per component (per group: head, KV head, layer), and
+    ``without_qk``: over OV and MLP directions only (the q / k or qk maps left out)."""
     per_kind: dict[str, dict[str, int]] = {}
     records = []
     n_total = kept_total = 0
@@ -76,24 +78,50 @@ def kept_report(components: Sequence[Component], lambdas: dict[str, Tensor], thr
                         "kept_per_group": keep.sum(-1).tolist()})
     for slot in per_kind.values():
         slot["kept_fraction"] = slot["kept"] / max(slot["n_directions"], 1)
+    rest = [v for k, v in per_kind.items() if k not in QK_KINDS]
+    n_rest, kept_rest = sum(v["n_directions"] for v in rest), sum(v["kept"] for v in rest)
     return {"n_directions": n_total, "kept": kept_total, "kept_fraction": kept_total / max(n_total, 1),
-            "per_kind": per_kind, "components": records}
+            "per_kind": per_kind, "components": records,
+            "without_qk": {"n_directions": n_rest, "kept": kept_rest, "kept_fraction": kept_rest / max(n_rest, 1)}}
 
 
-def task_scores(logits: Tensor, full_logits: Tensor, batch: dict) -> dict[str, Tensor]:
+def task_scores(logits: Tensor, full_logits: Tensor, batch: dict, task: str) -> dict[str, Tensor]:
     """Per-example task scores at the answer position: ``metric`` (logit difference; GT: probability
     difference greater - lesser), ``correct`` (IOI/GP: arg-max is the answer; GT: metric > 0),
-    ``agree`` (same arg-max as the full model) and ``kl`` (KL(full || this))."""
+    ``agree`` (same arg-max as the full model) and ``kl`` (KL(full || this)). ``task``: "ioi", "gp"
+    or "gt" (the data module's ``task.name``)."""
     from lit_svd.metrics import gt_prob_diff
 
-    if "greater_mask" in batch:
+    if task == "gt":
         metric = gt_prob_diff(logits, batch["greater_mask"], batch["lesser_mask"])
         correct = (metric > 0).float()
-    else:
+    elif task in ("ioi", "gp"):
         metric = logit_diff(logits, batch["correct_id"], batch["wrong_id"])
         correct = top1_correct(logits, batch["correct_id"])
+    else:
+        raise ValueError(f"task={task!r} is unknown to direction masks; expected 'ioi', 'gp' or 'gt'")
     return {"metric": metric, "correct": correct, "agree": (logits.argmax(-1) == full_logits.argmax(-1)).float(),
             "kl": kl_divergence(logits, full_logits)}
+
+
+def most_effective_direction(metric_of: Callable[[dict[str, Tensor]], Tensor], hard: dict[str, Tensor],
+                             names: Sequence[str]) -> tuple[str, int, int] | None:
+    """The kept direction of components ``names`` with the largest ``|d metric / d scale|`` at the hard
+    masks (first order, one backward pass). ``metric_of(scales)`` is the scalar task metric of a forward
+    with ``scales``. Returns ``(component, group, direction)``; None without candidates."""
+    if not names:
+        return None
+    scales = {n: h.clone().requires_grad_(n in names) for n, h in hard.items()}
+    with torch.enable_grad():
+        grads = torch.autograd.grad(metric_of(scales), [scales[n] for n in names])
+    best, best_val = None, 0.0
+    for n, g in zip(names, grads):
+        score = g.abs() * hard[n]
+        val = float(score.max())
+        if val > best_val:
+            idx = int(score.argmax())
+            best, best_val = (n, idx // score.shape[1], idx % score.shape[1]), val
+    return best
 
 
 @torch.no_grad()
@@ -129,28 +157,29 @@ def logit_receptors(view: ModelView, component: Component, keep: Tensor, tokeniz
 
 @torch.no_grad()
 def steer(run: Callable[[dict | None], Tensor], intervention: Intervention, batch: dict, name: str, group: int,
-          direction: int, factors: Sequence[float], base_scales: dict[str, Tensor] | None = None) -> list[dict]:
+          direction: int, factors: Sequence[float], base_scales: dict[str, Tensor] | None = None, *,
+          task: str) -> list[dict]:
     """Scale one direction's coefficient at the answer position by each factor and report the task
     metric. ``run(scales)`` returns answer-position logits ``[B, V]`` with ``scales`` applied at the
     answer positions (None: the unmodified model). ``flipped``: fraction of examples whose preferred
     answer (correct vs wrong; GT: greater vs lesser) changes against the unmodified model."""
     comp = intervention.components[name]
     base = run(None)
-    base_scores = task_scores(base, base, batch)
+    base_scores = task_scores(base, base, batch, task)
     rows = []
     for factor in factors:
         scales = {k: v.clone() for k, v in (base_scales or {}).items()}
         lam = scales.get(name, torch.ones(comp.shape, device=comp.S.device)).clone()
         lam[group, direction] = factor
         scales[name] = lam
-        rows.append({"factor": float(factor), **_effect(run(scales), base, base_scores, batch)})
+        rows.append({"factor": float(factor), **_effect(run(scales), base, base_scores, batch, task)})
     return rows
 
 
-def _effect(logits: Tensor, base: Tensor, base_scores: dict[str, Tensor], batch: dict) -> dict[str, float]:
+def _effect(logits: Tensor, base: Tensor, base_scores: dict[str, Tensor], batch: dict, task: str) -> dict[str, float]:
     """A steered run against the unmodified one: mean task metric, its change, the fraction of examples
     whose preferred answer flips, and the KL from the unmodified model."""
-    scores = task_scores(logits, base, batch)
+    scores = task_scores(logits, base, batch, task)
     return {"metric": float(scores["metric"].mean()),
             "metric_change": float((scores["metric"] - base_scores["metric"]).mean()),
             "flipped": float(((scores["metric"] > 0) != (base_scores["metric"] > 0)).float().mean()),
@@ -159,7 +188,7 @@ def _effect(logits: Tensor, base: Tensor, base_scores: dict[str, Tensor], batch:
 
 @torch.no_grad()
 def swap_steer(run: Callable[[dict | None, dict | None], Tensor], batch: dict, coefficients: dict[str, Tensor],
-               keep: dict[str, Tensor], counts: Sequence[int] = (1, 2, 4, 8)) -> dict | None:
+               keep: dict[str, Tensor], counts: Sequence[int] = (1, 2, 4, 8), *, task: str) -> dict | None:
     """Swap the coefficients of the most class-separating kept directions toward the other class's mean.
 
     For a two-class task (the batch's ``correct_id`` takes two values, e.g. he / she on GP), each kept
@@ -180,7 +209,7 @@ def swap_steer(run: Callable[[dict | None, dict | None], Tensor], batch: dict, c
             ranked.append((float(sep[g, k]), name, int(g), int(k)))
     ranked.sort(reverse=True)
     base = run(None, None)
-    base_scores = task_scores(base, base, batch)
+    base_scores = task_scores(base, base, batch, task)
     rows = []
     for n in [n for n in counts if n <= len(ranked)]:
         scales, reference = {}, {}
@@ -192,6 +221,6 @@ def swap_steer(run: Callable[[dict | None, dict | None], Tensor], batch: dict, c
             other = torch.where(in_a, coef[~in_a, g, k].mean(), coef[in_a, g, k].mean())
             scales[name][g, k] = 0.0
             reference[name][:, g, k] = other
-        rows.append({"n_directions": n, **_effect(run(scales, reference), base, base_scores, batch)})
+        rows.append({"n_directions": n, **_effect(run(scales, reference), base, base_scores, batch, task)})
     return {"classes": classes, "directions": [{"component": name, "head": g, "direction": k, "separation": s}
                                                for s, name, g, k in ranked[: max(counts)]], "swaps": rows}

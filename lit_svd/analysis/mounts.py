@@ -7,19 +7,22 @@ keeps the top ``k`` singular triples of each tile, so ``B_t x_t = sum_j sigma_j 
 up to the dropped modes (the *SVD identity*). Three baselines get the same number of mounts: the
 whole-matrix SVD, norm-weighted column sampling, and random unit directions.
 
-Every data statistic is a *sum over tokens* (``site_sums``), so it streams over batches and
-DDP ranks and is turned into figures only at the end (``summarize``).
+Every data statistic is a *sum over tokens* (``site_sums``: a dict of named sums), so it streams
+over batches and DDP ranks and is turned into figures only at the end (``summarize``). Two controls
+bound what the figures can mean: the *data ceiling* (the span figure of the top-``n`` principal
+directions of the outputs themselves, ``span_ceiling``) and the *structureless null* (``haar_null``:
+the same singular values with Haar-random singular vectors, scored by the same rules).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
 
 from lit_svd import linalg
-from lit_svd.linalg import SVD, svd_dense
+from lit_svd.linalg import SVD, haar_orthogonal, svd_dense
 
 STRATEGIES: tuple[str, ...] = ("tiled", "whole", "columns", "random")
 EPS = 1e-12
@@ -207,30 +210,29 @@ def sparse_explained(c: Tensor, G: Tensor, k_active: int) -> Tensor:
     return total
 
 
-@dataclass
+@dataclass(frozen=True)
 class SitePlan:
-    """Everything fixed by the weights that scoring one site-layer needs."""
+    """Everything fixed by the weights that scoring one site-layer needs, complete at construction
+    (``plan_site`` builds it)."""
 
-    W: Tensor  # [d_out, d_in]: the mount matrix (effective map on effective paths)
+    W: Tensor  # [d_out, d_in] float32: the mount matrix (effective map on effective paths)
     strategies: dict[str, Mounts]
     ref: Tensor  # [d_out, n]
     spans: dict[str, Tensor]
     coverage: list[tuple[int, CoverageDict, CoverageDict]]  # (modes, tiled, random same size)
     tiles: list[tuple[int, int]]
     k_active: int
-    layout: dict[str, int] = field(default_factory=dict)
-    proj: Tensor | None = None  # [d_out, N] float32: every direction dh is projected on, side by side
-    blocks: dict[str, slice] = field(default_factory=dict)  # where each group of directions sits in proj
-    W32: Tensor | None = None
-    V32: Tensor | None = None
+    proj: Tensor  # [d_out, N] float32: every direction dh is projected on, side by side
+    blocks: dict[str, slice]  # where each group of directions sits in proj
+    V32: Tensor  # [d_in, n] float32: sigma_j v_j of the tiled mounts
 
     @property
     def n(self) -> int:
         return len(self.strategies["tiled"])
 
     @property
-    def size(self) -> int:
-        return sum(self.layout.values())
+    def d_out(self) -> int:
+        return self.W.shape[0]
 
 
 def plan_site(W: Tensor, tile_width: int, modes: int, modes_sweep: list[int] | tuple[int, ...], k_active: int,
@@ -251,37 +253,88 @@ def plan_site(W: Tensor, tile_width: int, modes: int, modes_sweep: list[int] | t
     for m in modes_sweep:
         D = mounts_from_tiles(svds, tiles, d_in, m).U
         coverage.append((m, CoverageDict.of(D), CoverageDict.of(random_units(d_out, D.shape[1], seed + 2))))
-    plan = SitePlan(W, strategies, reference_directions(d_out, n),
-                    {s: orthonormal_span(mt.U) for s, mt in strategies.items()}, coverage, tiles, k_active)
-    groups = {**{f"lift_{s}": m.U for s, m in strategies.items()}, "ref": plan.ref,
-              **{f"span_{s}": Q for s, Q in plan.spans.items()},
+    ref = reference_directions(d_out, n)
+    spans = {s: orthonormal_span(mt.U) for s, mt in strategies.items()}
+    groups = {**{f"lift_{s}": m.U for s, m in strategies.items()}, "ref": ref,
+              **{f"span_{s}": Q for s, Q in spans.items()},
               **{f"cov_t{i}": t.D for i, (_, t, _) in enumerate(coverage)},
               **{f"cov_r{i}": r.D for i, (_, _, r) in enumerate(coverage)}}
-    start = 0
+    blocks, start = {}, 0
     for name, D in groups.items():
-        plan.blocks[name] = slice(start, start + D.shape[1])
+        blocks[name] = slice(start, start + D.shape[1])
         start += D.shape[1]
-    plan.proj = torch.cat(list(groups.values()), dim=1).float()
-    plan.W32 = W.float()
-    plan.V32 = (strategies["tiled"].V * strategies["tiled"].S).float()
-    plan.layout = {"tokens": 1, "energy": 1, "lift": len(STRATEGIES) * n, "ref": n, "span": len(STRATEGIES),
-                   "cover_tiled": len(coverage), "cover_random": len(coverage),
-                   "tile_mode": n, "tile_ref": n, "ident_err": n, "ident_norm": n}
-    return plan
+    proj = torch.cat(list(groups.values()), dim=1).float()
+    # the dictionaries keep their float64 Gram matrices; their atoms become views of proj (no second copy)
+    coverage = [(m, CoverageDict(proj[:, blocks[f"cov_t{i}"]], t.G), CoverageDict(proj[:, blocks[f"cov_r{i}"]], r.G))
+                for i, (m, t, r) in enumerate(coverage)]
+    return SitePlan(W.float(), strategies, ref, spans, coverage, tiles, k_active, proj, blocks,
+                    (strategies["tiled"].V * strategies["tiled"].S).float())
 
 
-def site_sums(plan: SitePlan, x: Tensor, dh: Tensor) -> Tensor:
-    """All token sums of one batch, flattened in ``plan.layout`` order (float64).
+# --- tile widths ---------------------------------------------------------------------------------
+# The paper's (Gemma-2-2B) absolute tile widths and the input size of each site in Gemma-2-2B
+# (d_model 2304; o reads 8 heads x 256 = 2048; down reads d_mlp 9216).
+PAPER_TILE_WIDTHS = {"q": 128, "k": 256, "v": 256, "o": 512, "gate": 512, "up": 512, "down": 512}
+PAPER_D_IN = {"q": 2304, "k": 2304, "v": 2304, "o": 2048, "gate": 2304, "up": 2304, "down": 9216}
+
+
+def paper_tiles(site: str) -> int:
+    """Tiles per site in the paper's setting: ``ceil(d_in / width)`` on Gemma-2-2B (q 18, k / v 9,
+    o 4, gate / up 5 (4.5: the last one half wide), down 18)."""
+    return -(-PAPER_D_IN[site] // PAPER_TILE_WIDTHS[site])
+
+
+def scaled_tile_width(site: str, d_in: int) -> int:
+    """The paper's width as the same fraction of the site's input: ``ceil(d_in * w_paper / d_in_paper)``.
+    It is the paper's width on Gemma-2-2B itself and gives the paper's number of tiles
+    (``paper_tiles``) on a smaller model (SmolLM2: q 32, k / v 64, o 144, gate / up 128, down 86)."""
+    return max(1, -(-d_in * PAPER_TILE_WIDTHS[site] // PAPER_D_IN[site]))
+
+
+def mount_count(d_in: int, d_out: int, tile_width: int, modes: int) -> int:
+    """How many tiled mounts ``tiled_svd_mounts`` makes: ``min(modes, tile rank bound)`` per tile."""
+    return sum(min(modes, e - s, d_out) for s, e in tile_bounds(d_in, tile_width))
+
+
+# --- the structureless null ---------------------------------------------------------------------
+def haar_null(W: Tensor, seed: int) -> Tensor:
+    """A matrix with ``W``'s singular values and Haar-random singular vectors (float64):
+    ``U0 diag(S) V0^T`` with ``U0``, ``V0`` the first ``r`` columns of Haar-random orthogonal matrices."""
+    W = W.detach().double().cpu()
+    d_out, d_in = W.shape
+    S = torch.linalg.svdvals(W)
+    g = torch.Generator().manual_seed(seed)
+    U0 = haar_orthogonal(d_out, columns=len(S), generator=g, dtype=torch.float64)
+    V0 = haar_orthogonal(d_in, columns=len(S), generator=g, dtype=torch.float64)
+    return (U0 * S) @ V0.mT
+
+
+# --- streaming statistics: named token sums ------------------------------------------------------
+def sum_shapes(n: int, n_sweep: int, d_out: int, ceiling: bool = True) -> dict[str, tuple[int, ...]]:
+    """Name and shape of every token sum ``site_sums`` returns for a plan with ``n`` mounts, a
+    coverage sweep of ``n_sweep`` points and ``d_out`` outputs (``gram``: the ceiling's statistic)."""
+    shapes = {"tokens": (), "energy": (), "lift": (len(STRATEGIES), n), "ref": (n,), "span": (len(STRATEGIES),),
+              "cover_tiled": (n_sweep,), "cover_random": (n_sweep,), "tile_mode": (n,), "tile_ref": (n,),
+              "ident_err": (n,), "ident_norm": (n,)}
+    if ceiling:
+        shapes["gram"] = (d_out, d_out)
+    return shapes
+
+
+def site_sums(plan: SitePlan, x: Tensor, dh: Tensor, ceiling: bool = True) -> dict[str, Tensor]:
+    """All token sums of one batch, by name (float64; see ``sum_shapes``).
 
     ``x: [T, d_in]`` is the site input (what ``W`` reads), ``dh: [T, d_out]`` the write scored
-    (the site output, or the gated product / mixed value on effective paths)."""
+    (the site output, or the gated product / mixed value on effective paths). ``gram`` (with
+    ``ceiling``) is ``sum_t dh_t dh_t^T / (||dh_t||^2 + eps)``, whose top ``n`` eigenvalues are the
+    data ceiling of the span figure."""
     x, dh = x.float(), dh.float()
     P = dh @ plan.proj  # [T, N]: every projection at once
     norm2 = (dh.double() ** 2).sum(1)
     ratio = (P.double() ** 2 / (norm2 + EPS).unsqueeze(1)).sum(0)  # [N]
     b = plan.blocks
-    out = {"tokens": torch.tensor([float(dh.shape[0])], dtype=torch.float64), "energy": norm2.sum().reshape(1),
-           "lift": torch.cat([ratio[b[f"lift_{s}"]] for s in STRATEGIES]), "ref": ratio[b["ref"]],
+    out = {"tokens": torch.tensor(float(dh.shape[0]), dtype=torch.float64), "energy": norm2.sum(),
+           "lift": torch.stack([ratio[b[f"lift_{s}"]] for s in STRATEGIES]), "ref": ratio[b["ref"]],
            "span": torch.stack([ratio[b[f"span_{s}"]].sum() for s in STRATEGIES]),
            "cover_tiled": torch.stack([sparse_explained(P[:, b[f"cov_t{i}"]], t.G, plan.k_active)
                                        for i, (_, t, _) in enumerate(plan.coverage)]),
@@ -295,7 +348,7 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor) -> Tensor:
     tm, tr, ie, inn = (torch.zeros(plan.n, dtype=torch.float64) for _ in range(4))
     for t, (s, e) in enumerate(plan.tiles):
         j = (tiled.tile == t).nonzero().squeeze(1)
-        tw = x[:, s:e] @ plan.W32[:, s:e].mT
+        tw = x[:, s:e] @ plan.W[:, s:e].mT
         tn2 = (tw.double() ** 2).sum(1).unsqueeze(1) + EPS
         proj, rp = (tw @ U32[:, j]).double(), (tw @ ref32[:, j]).double()
         tm[j] = (proj ** 2 / tn2).sum(0)
@@ -303,23 +356,40 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor) -> Tensor:
         ie[j] = ((proj - trig[:, j]) ** 2).sum(0)
         inn[j] = (proj ** 2).sum(0)
     out.update(tile_mode=tm, tile_ref=tr, ident_err=ie, ident_norm=inn)
-    return torch.cat([out[k].reshape(-1) for k in plan.layout])
+    if ceiling:
+        out["gram"] = ceiling_sum(dh)
+    return out
 
 
-def unflatten(plan: SitePlan, sums: Tensor) -> dict[str, Tensor]:
-    parts = torch.split(sums.double().cpu(), list(plan.layout.values()))
-    return dict(zip(plan.layout, parts))
+def ceiling_sum(dh: Tensor) -> Tensor:
+    """``sum_t dh_t dh_t^T / (||dh_t||^2 + eps)`` ``[d_out, d_out]`` (float64): the ceiling's statistic."""
+    dh = dh.float()
+    y = dh / ((dh.double() ** 2).sum(1) + EPS).sqrt().float().unsqueeze(1)
+    return (y.mT @ y).double()
 
 
-def summarize(plan: SitePlan, sums: Tensor) -> dict:
+def add_sums(a: dict[str, Tensor], b: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Two batches' sums added name by name."""
+    return {k: a[k] + b[k] for k in a}
+
+
+def span_ceiling(gram: Tensor, n: int, tokens: float) -> float:
+    """The largest span figure any ``n``-dimensional subspace reaches on these tokens: the top ``n``
+    eigenvalues of ``gram`` over the token count (Ky Fan), reached by the top ``n`` principal directions
+    of the normalised outputs."""
+    evals = torch.linalg.eigvalsh(gram.double())
+    return (evals[-n:].clamp_min(0).sum() / tokens).item()
+
+
+def summarize(plan: SitePlan, sums: dict[str, Tensor]) -> dict:
     """Turn accumulated sums into the site-layer's figures (plain floats and lists)."""
-    p = unflatten(plan, sums)
+    p = {k: v.double().cpu() for k, v in sums.items()}
     T = p["tokens"].item()
     if T <= 0:
         raise ValueError("no tokens were scored for this site; the token budget or fit_fraction leaves none")
     n = plan.n
     ref = p["ref"] / T
-    per_mount = (p["lift"].reshape(len(STRATEGIES), n) / T - ref)  # full-write lift of each mount
+    per_mount = p["lift"] / T - ref  # [strategy, mount]: full-write lift of each mount
     span = p["span"] / T
     cov_t = p["cover_tiled"] / p["energy"]
     cov_r = p["cover_random"] / p["energy"]
@@ -330,6 +400,11 @@ def summarize(plan: SitePlan, sums: Tensor) -> dict:
     for i, s in enumerate(STRATEGIES):
         row[f"span_{s}"] = span[i].item()
         row[f"span_lift_{s}"] = (span[i] - span[STRATEGIES.index("random")]).item()
+    if "gram" in p:
+        row["span_ceiling"] = span_ceiling(p["gram"], n, T)
+        row["span_lift_ceiling"] = row["span_ceiling"] - row["span_random"]
+        for s in STRATEGIES[:-1]:
+            row[f"ceiling_fraction_{s}"] = row[f"span_lift_{s}"] / max(row["span_lift_ceiling"], EPS)
     row["coverage_modes"] = [m for m, _, _ in plan.coverage]
     row["coverage_tiled"] = cov_t.tolist()
     row["coverage_random"] = cov_r.tolist()

@@ -1,15 +1,20 @@
 """DirectionMaskReport: what a direction-mask run measured, written into the run folder.
 
-At the end of ``fit`` (and of ``test``) it evaluates the masks on the validation (test) split with
-soft and hard masks, and writes (rank zero):
+At the end of ``fit`` it evaluates the masks on the validation and the test split (each that has
+examples) with the full model, soft masks (the paper's evaluation) and hard masks; after ``test`` on
+the test split. It writes (rank zero):
 
 * ``results.json``: ``experiment`` ("direction_mask"), ``task``, ``model``, ``n_directions``, ``kept``,
   ``kept_fraction``, ``kl_soft``, ``kl_hard``, ``logit_diff_full``, ``logit_diff_hard`` (GT: the
   probability difference greater - lesser), ``accuracy_full``, ``accuracy_hard`` (GT: fraction with a
   positive probability difference), plus ``logit_diff_soft``, ``accuracy_soft``, ``agreement_soft``,
-  ``agreement_hard``, ``per_kind`` and ``components`` (kept counts per component and group),
-  ``receptors``, ``steering`` (one direction scaled) and ``steering_swap`` (two-class tasks: the
-  most class-separating kept OV directions swapped toward the other class's mean);
+  ``agreement_hard`` (these flat figures are ``eval_split``'s), ``splits`` (the same figures and
+  ``n_examples`` per split), ``per_kind``, ``kept_without_qk`` and ``components`` (kept counts per
+  component and group), ``steps``, ``max_steps``, ``stopped_early`` (the run ended before
+  ``max_steps``: the ``max_time`` safety net fired), ``train_wall_s``, ``receptors``, ``steering`` (one
+  direction scaled) and ``steering_swap`` (two-class tasks: the most class-separating kept OV
+  directions swapped toward the other class's mean); the trajectory and steering use the validation
+  split, never the test split;
 * ``masks.pt``: ``torch.load`` it for ``{"lambdas": {component: [groups, directions]}, "threshold", ...}``;
 * ``masks_kept_<kind>.png``: kept directions per layer and head (group), also in TensorBoard.
 
@@ -18,13 +23,26 @@ During training it logs the kept fraction per component type to TensorBoard ever
 """
 from __future__ import annotations
 
+import time
 from typing import Literal, Sequence
 
 import lightning.pytorch as pl
 import torch
 
-from lit_svd.analysis.masks import logit_receptors, steer, swap_steer, task_scores
+from lit_svd.analysis.masks import logit_receptors, steer, swap_steer
 from lit_svd.output import run_dir, save_figure, write_results
+
+
+SPLITS = ("val", "test")
+
+
+def _scores(ev: dict) -> dict:
+    """The module's evaluation dict (``{setting}_{score}``) under results.json's names."""
+    out = {"kl_soft": ev["soft_kl"], "kl_hard": ev["hard_kl"]}
+    for key, score in (("logit_diff", "metric"), ("accuracy", "correct")):
+        out.update({f"{key}_{s}": ev[f"{s}_{score}"] for s in ("full", "soft", "hard")})
+    out.update({f"agreement_{s}": ev[f"{s}_agree"] for s in ("soft", "hard")})
+    return out
 
 
 class DirectionMaskReport(pl.Callback):
@@ -39,7 +57,8 @@ class DirectionMaskReport(pl.Callback):
             (first-order, one backward pass).
         steer_head: its head (group) index, e.g. 6.
         steer_direction: its direction index within the head, e.g. 0.
-        eval_split: "val" or "test" for the end-of-fit evaluation.
+        eval_split: "val" or "test": whose figures are the flat (headline) keys of results.json; both
+            splits are evaluated and reported under ``splits``.
         trajectory_every: every so many steps, KL with hard and soft masks and the kept fraction on
             the first validation batch (``results["trajectory"]``: the sparsity-KL path of the run;
             0 turns it off).
@@ -49,7 +68,8 @@ class DirectionMaskReport(pl.Callback):
 
     def __init__(self, log_every: int = 10, receptors_top: int = 12,
                  steer_factors: Sequence[float] = (-2.0, -1.0, 0.0, 2.0, 4.0), steer_component: str | None = None,
-                 steer_head: int | None = None, steer_direction: int | None = None, eval_split: Literal["val", "test"] = "val",
+                 steer_head: int | None = None, steer_direction: int | None = None,
+                 eval_split: Literal["val", "test"] = "val",
                  trajectory_every: int = 10, swap_counts: Sequence[int] = (1, 2, 4, 8, 16)):
         if eval_split not in ("val", "test"):
             raise ValueError(f"eval_split={eval_split!r} is unknown; choose val or test")
@@ -58,6 +78,8 @@ class DirectionMaskReport(pl.Callback):
         self.eval_split = eval_split
         self.swap_counts = list(swap_counts)
         self.trajectory_every, self.trajectory = trajectory_every, []
+        self.train_wall_s = None
+        self.trajectory_split = "val"  # never the test split: nothing is chosen or watched on it
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -70,17 +92,16 @@ class DirectionMaskReport(pl.Callback):
 
     @torch.no_grad()
     def trajectory_point(self, trainer, module) -> dict:
-        """Kept fraction and KL (soft, hard) on the first batch of the evaluation split (this rank's)."""
+        """Kept fraction and KL (soft, hard) on the first validation batch (this rank's)."""
         if not hasattr(self, "_probe"):
-            loader = getattr(trainer.datamodule, f"{self.eval_split}_dataloader")()
-            self._probe = _to(next(iter(loader)), module.device)
+            self._probe = _to(next(iter(self._loader(trainer, self.trajectory_split))), module.device)
         batch = self._probe
         full = module.answer_logits(batch["clean_ids"], batch)
         reference = module.reference(batch)
         point = {"step": trainer.global_step, "kept_fraction": module.kept()["kept_fraction"]}
         for setting, scales in (("soft", {n: l.detach() for n, l in module.lambdas().items()}), ("hard", module.hard())):
             logits = module.answer_logits(batch["clean_ids"], batch, scales, reference)
-            point[f"kl_{setting}"] = float(task_scores(logits, full, batch)["kl"].mean())
+            point[f"kl_{setting}"] = float(module.scores(logits, full, batch)["kl"].mean())
         return point
 
     def state_dict(self) -> dict:
@@ -90,37 +111,55 @@ class DirectionMaskReport(pl.Callback):
     def load_state_dict(self, state: dict) -> None:
         self.trajectory = list(state.get("trajectory", []))
 
-    def on_fit_end(self, trainer, module) -> None:
-        from tqdm.auto import tqdm
+    def on_fit_start(self, trainer, module) -> None:
+        if not len(self._loader(trainer, self.eval_split).dataset):
+            raise ValueError(f"eval_split={self.eval_split!r} but the data module's {self.eval_split} split is empty;"
+                             f" give n_{self.eval_split} > 0")
 
-        loader = getattr(trainer.datamodule, f"{self.eval_split}_dataloader")()
-        module._to_device()
-        for batch in tqdm(loader, desc=f"final evaluation ({self.eval_split})", disable=not trainer.is_global_zero
-                          or not trainer.progress_bar_callback):
-            module.evaluate_batch(_to(batch, module.device))
-        self.report(trainer, module, module.compute_eval(), loader)
+    def on_train_start(self, trainer, module) -> None:
+        self._train_start = time.monotonic()
+
+    def on_train_end(self, trainer, module) -> None:
+        self.train_wall_s = time.monotonic() - self._train_start
+
+    def on_fit_end(self, trainer, module) -> None:
+        show = trainer.is_global_zero and trainer.progress_bar_callback is not None
+        evals = {split: module.evaluate(self._loader(trainer, split), progress=show) for split in SPLITS
+                 if len(self._loader(trainer, split).dataset)}
+        self.report(trainer, module, evals, fit=True)
 
     def on_test_end(self, trainer, module) -> None:
-        loader = trainer.datamodule.test_dataloader()
-        self.report(trainer, module, module.last_eval, loader)
+        self.report(trainer, module, {"test": module.last_eval}, fit=False)
+
+    @staticmethod
+    def _loader(trainer, split: str):
+        return getattr(trainer.datamodule, f"{split}_dataloader")()
 
     # --------------------------------------------------------------------------------------------
-    def report(self, trainer, module, ev: dict, loader) -> None:
+    def report(self, trainer, module, evals: dict[str, dict], fit: bool) -> None:
+        """``evals``: split -> the module's evaluation dict; the headline keys are ``eval_split``'s (test
+        after ``trainer.test``); every evaluated split is also reported under ``splits``."""
         kept = module.kept()
-        first = _to(next(iter(loader)), module.device)
-        gt = "greater_mask" in first
+        headline = self.eval_split if self.eval_split in evals else next(iter(evals))
+        probe_split = "val" if "val" in evals else headline  # steering picks and measures off the test split
+        first = _to(next(iter(self._loader(trainer, probe_split))), module.device)
+        gt = module.task == "gt"
+        max_steps = trainer.max_steps
         results = {
             "experiment": "direction_mask", "task": _task_name(trainer), "model": module.model_name,
             "n_directions": kept["n_directions"], "kept": kept["kept"],
             "kept_fraction": kept["kept_fraction"], "threshold": module.threshold, "alpha": module.alpha,
             "ablation": module.ablation, "positions": module.positions, "steps": trainer.global_step,
             "straight_through": module.hparams.straight_through, "soft_steps": module.hparams.soft_steps,
-            "eval_split": self.eval_split, "metric": "prob_diff" if gt else "logit_diff",
-            "kl_soft": ev["soft_kl"], "kl_hard": ev["hard_kl"],
-            "logit_diff_full": ev["full_metric"], "logit_diff_soft": ev["soft_metric"], "logit_diff_hard": ev["hard_metric"],
-            "accuracy_full": ev["full_correct"], "accuracy_soft": ev["soft_correct"], "accuracy_hard": ev["hard_correct"],
-            "agreement_soft": ev["soft_agree"], "agreement_hard": ev["hard_agree"],
+            "eval_split": headline, "metric": "prob_diff" if gt else "logit_diff",
+            **_scores(evals[headline]),
             "per_kind": kept["per_kind"], "trajectory": self.trajectory, "components": kept["components"],
+            "splits": {split: {"n_examples": len(self._loader(trainer, split).dataset), **_scores(ev)}
+                       for split, ev in evals.items()},
+            "kept_without_qk": kept["without_qk"], "max_steps": max_steps,
+            "stopped_early": fit and max_steps > 0 and trainer.global_step < max_steps,
+            "train_wall_s": self.train_wall_s if fit else None, "trajectory_split": self.trajectory_split,
+            "steering_split": probe_split,
         }
         results["receptors"] = self.receptors(module)
         results["steering"] = self.steering(module, first)
@@ -140,15 +179,14 @@ class DirectionMaskReport(pl.Callback):
         return rows[: self.receptors_top]
 
     def steering(self, module, batch: dict) -> dict | None:
-        hard = module.hard()
         name, head, direction = self.steer_target
         if name is None:
-            picked = _most_effective_ov_direction(module, batch, hard)
+            picked = module.most_effective_ov_direction(batch)
             if picked is None:
                 return None
             name, head, direction = picked
-
-        rows = steer(_steered_run(module, batch), module.intervention, batch, name, head, direction, self.steer_factors)
+        rows = steer(_steered_run(module, batch), module.intervention, batch, name, head, direction, self.steer_factors,
+                     task=module.task)
         return {"component": name, "head": head, "direction": direction, "n_examples": len(batch["answer_pos"]),
                 "factors": rows}
 
@@ -161,7 +199,7 @@ class DirectionMaskReport(pl.Callback):
             module.answer_logits(batch["clean_ids"], batch)
         hard = module.hard()
         return swap_steer(_steered_run(module, batch), batch, dict(coefficients), {n: hard[n] for n in names},
-                          self.swap_counts)
+                          self.swap_counts, task=module.task)
 
     def figures(self, trainer, module, kept: dict) -> None:
         import matplotlib
@@ -202,26 +240,6 @@ def _steered_run(module, batch: dict):
             return module.answer_logits(batch["clean_ids"], batch)
 
     return run
-
-
-def _most_effective_ov_direction(module, batch: dict, hard: dict) -> tuple[str, int, int] | None:
-    """The kept OV direction with the largest |d metric / d scale| at the hard masks (one backward)."""
-    names = [c.name for c in module.components if c.kind == "ov"]
-    if not names:
-        return None
-    scales = {n: h.clone().requires_grad_(n in names) for n, h in hard.items()}
-    with torch.enable_grad():
-        logits = module.answer_logits(batch["clean_ids"], batch, scales, module.reference(batch))
-        metric = task_scores(logits, logits.detach(), batch)["metric"].mean()
-        grads = torch.autograd.grad(metric, [scales[n] for n in names])
-    best, best_val = None, 0.0
-    for n, g in zip(names, grads):
-        score = (g.abs() * hard[n])
-        val = float(score.max())
-        if val > best_val:
-            idx = int(score.argmax())
-            best, best_val = (n, idx // score.shape[1], idx % score.shape[1]), val
-    return best
 
 
 def _task_name(trainer) -> str | None:

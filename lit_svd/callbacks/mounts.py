@@ -1,4 +1,8 @@
-"""Writes a tiled-mounts run: results.json, sites.csv and depth figures (rank zero only)."""
+"""Writes a tiled-mounts run: results.json, sites.csv and depth figures (rank zero only).
+
+The pass table counts each check per site on the real matrices and, where the run scored the
+structureless null, on the nulls beside them; a check that passes on the null at least as often as on
+the real matrices is *non-discriminating* at that site (``discrimination``)."""
 from __future__ import annotations
 
 import csv
@@ -11,18 +15,58 @@ from lit_svd.output import run_dir, save_figure, write_results
 CHECKS = ("A1", "A2", "A3", "A4", "B1", "C1", "pass")
 
 
-def pass_table(rows: list[dict]) -> dict[str, dict[str, str]]:
-    """Per site and check: ``"passed/required"`` over the site's layers (C1 counts required layers only)."""
-    table: dict[str, dict[str, str]] = {}
+def _counts(rows: list[dict], null: bool) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per site (and "all") and check: (passed, required) over the site's layers (C1: required layers only)."""
+    checks = [(r["site"], (r["null"] if null else r)["checks"]) for r in rows]
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for site in [*dict.fromkeys(s for s, _ in checks), "all"]:
+        mine = [c for s, c in checks if site in (s, "all")]
+        out[site] = {}
+        for c in CHECKS:
+            req = [m[c] for m in mine if m[c] is not None]
+            out[site][c] = (sum(req), len(req))
+    return out
+
+
+def pass_table(rows: list[dict], null: bool = False) -> dict[str, dict[str, str]]:
+    """Per site and check: ``"passed/required"`` over the site's layers (C1 counts required layers only);
+    ``"all"`` holds the overall pass count. ``null``: the same for the structureless nulls."""
+    counts = _counts(rows, null)
+    table = {site: {c: f"{p}/{n}" if n else "-" for c, (p, n) in by.items()}
+             for site, by in counts.items() if site != "all"}
+    p, n = counts["all"]["pass"]
+    table["all"] = {"pass": f"{p}/{n}"}
+    return table
+
+
+def discrimination(rows: list[dict]) -> dict[str, dict[str, bool | None]]:
+    """Per site (and "all") and check: True where the real matrices pass more often than their nulls,
+    False where the null passes at least as often (non-discriminating), None where nothing is required."""
+    real, null = _counts(rows, False), _counts(rows, True)
+    return {site: {c: (None if n == 0 else real[site][c][0] > null[site][c][0]) for c, (_, n) in by.items()}
+            for site, by in real.items()}
+
+
+def site_summary(rows: list[dict]) -> dict[str, dict]:
+    """Per site, counted per site-layer (not averaged away): layers where tiled beats the whole-matrix SVD
+    on the per-mount lift and on the span lift, and the span lifts as fractions of the data ceiling
+    (mean, min, max over layers); with the null, the same span comparison for the nulls."""
+    out = {}
     for site in dict.fromkeys(r["site"] for r in rows):
         mine = [r for r in rows if r["site"] == site]
-        table[site] = {}
-        for c in CHECKS:
-            req = [r["checks"][c] for r in mine if r["checks"][c] is not None]
-            table[site][c] = f"{sum(req)}/{len(req)}" if req else "-"
-    total = [r["pass"] for r in rows]
-    table["all"] = {"pass": f"{sum(total)}/{len(total)}"}
-    return table
+        entry = {"n_layers": len(mine),
+                 "tiled_beats_whole_lift": sum(r["lift_tiled"] > r["lift_whole"] for r in mine),
+                 "tiled_beats_whole_span": sum(r["span_lift_tiled"] > r["span_lift_whole"] for r in mine)}
+        for strat in STRATEGIES[:-1]:
+            fr = [r[f"ceiling_fraction_{strat}"] for r in mine if f"ceiling_fraction_{strat}" in r]
+            if fr:
+                entry[f"ceiling_fraction_{strat}"] = {"mean": sum(fr) / len(fr), "min": min(fr), "max": max(fr)}
+        if "null" in mine[0]:
+            entry["null_tiled_beats_whole_lift"] = sum(r["null"]["lift_tiled"] > r["null"]["lift_whole"] for r in mine)
+            entry["null_tiled_beats_whole_span"] = sum(r["null"]["span_lift_tiled"] > r["null"]["span_lift_whole"]
+                                                       for r in mine)
+        out[site] = entry
+    return out
 
 
 def csv_row(row: dict) -> dict:
@@ -31,6 +75,8 @@ def csv_row(row: dict) -> dict:
     for k, v in row.items():
         if k == "checks":
             out.update({f"check_{c}": ("" if x is None else int(x)) for c, x in v.items()})
+        elif isinstance(v, dict):  # the null's figures: null_<key>
+            out.update({f"{k}_{kk}": vv for kk, vv in csv_row(v).items() if kk != "layer"})
         elif isinstance(v, (list, tuple)):
             out[k] = ";".join(f"{x:.6g}" if isinstance(x, float) else str(x) for x in v)
         else:
@@ -50,7 +96,11 @@ class MountsReport(pl.Callback):
         hp = dict(pl_module.hparams)
         results = {"experiment": "tiled_mounts", "model": hp.get("model"), "config": hp,
                    "n_tokens": max(r["n_tokens"] for r in rows), "pass_table": pass_table(rows),
-                   "n_pass": sum(r["pass"] for r in rows), "n_site_layers": len(rows), "sites": rows}
+                   "n_pass": sum(r["pass"] for r in rows), "n_site_layers": len(rows),
+                   "tile_widths": dict(pl_module.tile_widths), "site_summary": site_summary(rows), "sites": rows}
+        if "null" in rows[0]:
+            results.update(pass_table_null=pass_table(rows, null=True), n_pass_null=sum(r["null"]["pass"] for r in rows),
+                           discriminating=discrimination(rows))
         write_results(trainer, results)
         flat = [csv_row(r) for r in rows]
         keys = list(dict.fromkeys(k for r in flat for k in r))
@@ -87,7 +137,16 @@ def depth_figures(rows: list[dict]) -> dict:
         ax.axhline(0.05, color="grey", lw=0.6, ls="--")
         return f"steering {s}"
 
+    def spans(ax, s, L):
+        for strat in STRATEGIES[:-1]:
+            ax.plot(L, [r[f"span_lift_{strat}"] for r in by[s]], label=strat, lw=1.2)
+        ax.plot(L, [r["span_lift_ceiling"] for r in by[s]], label="data ceiling", color="k", lw=1.0, ls="--")
+        if "null" in by[s][0]:
+            ax.plot(L, [r["null"]["span_lift_tiled"] for r in by[s]], label="tiled, null", color="grey", lw=0.8)
+        return s
+
     figs = {"mounts_lift_depth": _depth_panels(sites, by, lifts, "full-write lift", legend_size=7),
+            "mounts_span_depth": _depth_panels(sites, by, spans, "span lift over random", legend_size=6),
             "mounts_coverage_depth": _depth_panels(sites, by, coverage, "coverage lift over random", legend_size=6)}
     steer = [s for s in sites if "steer_rho" in by[s][0]]
     if steer:

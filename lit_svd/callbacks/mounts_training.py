@@ -50,17 +50,22 @@ def score_site_layers(view, lm, ids, mask, keys: list[tuple[int, str]], tile_wid
     plans = {key: M.plan_site(view.site_weight(*key)[0].mT, tile_widths[key[1]], modes, sweep, k_active, seed,
                               f"tile_widths.{key[1]}") for key in keys}
     acts = probe_activations(view, lm, ids, mask, keys) if ids.shape[0] else {}
-    sums = []
-    for key in keys:
-        plan = plans[key]
-        sums.append(M.site_sums(plan, *acts[key]) if key in acts else torch.zeros(plan.size, dtype=torch.float64))
-    total = reduce(torch.cat(sums).double())
-    rows, start = [], 0
-    for key, plan in zip(keys, plans.values()):
+    shapes = {key: M.sum_shapes(plan.n, len(plan.coverage), plan.d_out) for key, plan in plans.items()}
+    flat = []
+    for key, plan in plans.items():  # a rank without probe windows adds zeros
+        sums = M.site_sums(plan, *acts[key]) if key in acts else {}
+        flat += [sums[k].reshape(-1).double() if k in sums else torch.zeros(shape, dtype=torch.float64).reshape(-1)
+                 for k, shape in shapes[key].items()]
+    total, start = reduce(torch.cat(flat)), 0
+    rows = []
+    for key, plan in plans.items():
         layer, site = key
+        sums = {}
+        for k, shape in shapes[key].items():
+            size = math.prod(shape)
+            sums[k], start = total[start: start + size].reshape(shape), start + size
         row = {"site": site, "layer": layer, "residual": site in RESIDUAL_SITES, "path": "module",
-               "tile_width": tile_widths[site], **M.summarize(plan, total[start: start + plan.size])}
-        start += plan.size
+               "tile_width": tile_widths[site], **M.summarize(plan, sums)}
         row["checks"] = M.judge(row, rules, residual=row["residual"], effective=False)
         row["pass"] = row["checks"]["pass"]
         rows.append(row)

@@ -41,7 +41,10 @@ that are ONE token with the leading space in the tokenizer in use):
 
 Splits: each task's examples are points of a finite slot space (template x order x names x ...);
 distinct points are drawn with ``random.Random(seed)``, test first, then validation, then train, so
-the test set does not change when ``n_train`` does. A size beyond the space fails at construction.
+the test set does not change when ``n_train`` does. With ``test_last=True`` the order is validation,
+train, test: validation and train are then those of the same seed without a test split, so a recipe
+tuned on that validation split gets a test split it has never seen. A size beyond the space fails at
+construction.
 """
 from __future__ import annotations
 
@@ -318,8 +321,11 @@ def build_split(task: PromptTask, points: Sequence[int], seed: int, bos: list[in
 
 
 class PromptDataset(Dataset):
-    def __init__(self, examples: list[Encoded]):
-        self.examples = examples
+    """The encoded examples of one split; ``task`` names the task ("ioi", "gp", "gt") so that whoever
+    scores the batches knows what it reads without guessing from the batch keys."""
+
+    def __init__(self, examples: list[Encoded], task: str = ""):
+        self.examples, self.task = examples, task
 
     def __len__(self):
         return len(self.examples)
@@ -369,11 +375,12 @@ class TaskDataModule(ResumableTrainOrder, pl.LightningDataModule):
         seed: seeds the splits and every example's fresh names.
         prepend_bos: put the tokenizer's BOS token first (as TransformerLens does for GPT-2).
         num_workers: DataLoader workers.
+        test_last: draw the test split after validation and train (see the module docstring).
     """
 
     def __init__(self, task: Literal["ioi", "gp", "gt", "gender_pronoun", "greater_than"] = "ioi", tokenizer: Any = "smollm2-135m", n_train: int = 1000,
                  n_val: int = 256, n_test: int = 256, batch_size: int = 64, seed: int = 0,
-                 prepend_bos: bool = False, num_workers: int = 0):
+                 prepend_bos: bool = False, num_workers: int = 0, test_last: bool = False):
         super().__init__()
         for key, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test), ("batch_size", batch_size)):
             if value < 0 or (key == "batch_size" and value < 1):
@@ -390,8 +397,11 @@ class TaskDataModule(ResumableTrainOrder, pl.LightningDataModule):
             if self.tokenizer.bos_token_id is None:
                 raise ValueError("prepend_bos=True but the tokenizer has no BOS token; set prepend_bos=False")
             bos = [self.tokenizer.bos_token_id]
-        test, val, train = draw_points(space, (n_test, n_val, n_train), seed)
-        self.splits = {name: PromptDataset(build_split(self.task, points, seed, bos))
+        if test_last:
+            val, train, test = draw_points(space, (n_val, n_train, n_test), seed)
+        else:
+            test, val, train = draw_points(space, (n_test, n_val, n_train), seed)
+        self.splits = {name: PromptDataset(build_split(self.task, points, seed, bos), self.task.name)
                        for name, points in (("train", train), ("val", val), ("test", test))}
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
 

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from lit_svd.analysis.masks import (check_mask_config, hard_masks, initial_logits, kept_report, mask_loss,
-                                    task_scores)
+                                    most_effective_direction, task_scores)
 from lit_svd.models.intervene import Intervention, build_components
 from lit_svd.modules.pretrained import PretrainedLMModule
 
@@ -83,6 +83,7 @@ class DirectionMaskModule(PretrainedLMModule):
         self.n_directions = sum(c.n_directions for c in self.components)
         self.eval_metrics = nn.ModuleDict({f"{s}_{m}": MeanMetric() for s in ("full", "soft", "hard") for m in SCORES})
         self.last_eval: dict[str, float] = {}
+        self.task: str | None = None  # "ioi" / "gp" / "gt": set from the data (``setup``, ``evaluate``)
 
     # --- masks -----------------------------------------------------------------------------------
     def lambdas(self) -> dict[str, Tensor]:
@@ -96,16 +97,28 @@ class DirectionMaskModule(PretrainedLMModule):
         return {"lambdas": {n: lam.detach().cpu() for n, lam in self.lambdas().items()},
                 "threshold": self.threshold, "model": self.model_name, "hparams": dict(self.hparams)}
 
+    def setup(self, stage: str) -> None:
+        task = getattr(getattr(self.trainer, "datamodule", None), "task", None)
+        self.task = getattr(task, "name", self.task)
+
+    def scores(self, logits: Tensor, full: Tensor, batch: dict) -> dict[str, Tensor]:
+        """``task_scores`` for this run's task (one-line error when no task data set the task)."""
+        if self.task is None:
+            raise ValueError("direction masks need the task of the prompts (ioi, gp or gt); use"
+                             " lit_svd.datamodules.tasks.TaskDataModule")
+        return task_scores(logits, full, batch, self.task)
+
     def on_fit_start(self) -> None:
-        self._to_device()
+        self.components_to_device()
 
     def on_validation_start(self) -> None:
-        self._to_device()
+        self.components_to_device()
 
     def on_test_start(self) -> None:
-        self._to_device()
+        self.components_to_device()
 
-    def _to_device(self) -> None:
+    def components_to_device(self) -> None:
+        """Move the component SVDs (plain tensors, not buffers) to the module's device."""
         for c in self.components:
             for attr in ("U", "S", "V", "read"):
                 t = getattr(c, attr)
@@ -181,8 +194,20 @@ class DirectionMaskModule(PretrainedLMModule):
         soft = self.answer_logits(ids, batch, {n: l.detach() for n, l in self.lambdas().items()}, reference)
         hard = self.answer_logits(ids, batch, self.hard(), reference)
         for setting, logits in (("full", full), ("soft", soft), ("hard", hard)):
-            for name, values in task_scores(logits, full, batch).items():
+            for name, values in self.scores(logits, full, batch).items():
                 self.eval_metrics[f"{setting}_{name}"].update(values)
+
+    @torch.no_grad()
+    def evaluate(self, loader, progress: bool = False) -> dict[str, float]:
+        """Full / soft / hard scores over every batch of ``loader`` (synced means, see ``compute_eval``);
+        ``progress``: a progress bar over the batches."""
+        from tqdm.auto import tqdm
+
+        self.task = getattr(loader.dataset, "task", self.task)
+        self.components_to_device()
+        for batch in tqdm(loader, desc="final evaluation", disable=not progress):
+            self.evaluate_batch({k: v.to(self.device) for k, v in batch.items()})
+        return self.compute_eval()
 
     def compute_eval(self) -> dict[str, float]:
         """Synced (DDP) means of the evaluation states, then reset."""
@@ -211,6 +236,16 @@ class DirectionMaskModule(PretrainedLMModule):
 
     def kept(self) -> dict:
         return kept_report(self.components, self.lambdas(), self.threshold)
+
+    def most_effective_ov_direction(self, batch: dict) -> tuple[str, int, int] | None:
+        """The kept OV direction whose hard-mask scale moves the task metric most (first order)."""
+        reference = self.reference(batch)
+
+        def metric_of(scales):
+            logits = self.answer_logits(batch["clean_ids"], batch, scales, reference)
+            return self.scores(logits, logits.detach(), batch)["metric"].mean()
+
+        return most_effective_direction(metric_of, self.hard(), [c.name for c in self.components if c.kind == "ov"])
 
 
 def _key(name: str) -> str:

@@ -1,9 +1,15 @@
 """Tiled-SVD mounts of every linear site of a frozen LM, scored on a text stream (``python -m lit_svd test``).
 
-One forward pass per batch; forward hooks capture each layer's site inputs and outputs and reduce them
-to token sums as soon as the layer finishes (``lit_svd.analysis.mounts.site_sums``), so memory holds one
-layer's activations of one batch. Sums live in torchmetrics states (``dist_reduce_fx="sum"``), so a DDP
-run over sharded tokens gives the same table as one process.
+One forward pass per batch; forward hooks (``lit_svd.models.hooks``) capture each layer's site inputs and
+outputs and reduce them to token sums as soon as the layer finishes (``lit_svd.analysis.mounts.site_sums``),
+so memory holds one layer's activations of one batch. Sums live in named torchmetrics states
+(``NamedSums``, ``dist_reduce_fx="sum"``), so a DDP run over sharded tokens gives the same table as one
+process.
+
+Controls per site-layer: the *data ceiling* (top-``n`` principal directions of the site's own outputs,
+same tokens) and, with ``null_control=True``, the *structureless null*: a matrix with the site's singular values
+and Haar-random singular vectors, scored on the same inputs (every ``null_stride``-th token) by the same
+rules, steering included; its checks sit beside the real ones (``row["null"]``).
 
 Effective paths (``effective_paths=True``): ``up`` is mounted on ``diag(mean gate activation) W_up``
 and scored on the gated product; ``v`` on a ridge map from the v input to the per-head mixed value
@@ -15,7 +21,8 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -24,27 +31,42 @@ from tqdm.auto import tqdm
 
 from lit_svd.analysis import mounts as M
 from lit_svd.models.base import SITES
-from lit_svd.models.hooks import Hook, hooks
+from lit_svd.models.hooks import Hook, first_input, hooks
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 RESIDUAL_SITES = ("o", "down")
-DEFAULT_TILE_WIDTHS = {"q": 128, "k": 256, "v": 256, "o": 512, "gate": 512, "up": 512, "down": 512}
+DEFAULT_TILE_WIDTHS = M.PAPER_TILE_WIDTHS  # "fixed": the paper's absolute widths
+NULL_SEED, NULL_LAYER_STRIDE = 20011, 101  # the null of (layer, site) is seeded 20011 + 101 layer + site index
 
 
-class SumState(Metric):
-    """A flat float64 vector of token sums, summed over batches and DDP ranks."""
+class NamedSums(Metric):
+    """Float64 token sums under their own names (shapes from a dict), summed over batches and DDP ranks."""
 
     full_state_update = False
 
-    def __init__(self, size: int):
+    def __init__(self, shapes: dict[str, tuple[int, ...]]):
         super().__init__()
-        self.add_state("sums", torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
+        self.names = tuple(shapes)
+        for name, shape in shapes.items():
+            self.add_state(name, torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(self, value: Tensor) -> None:
-        self.sums += value.to(self.sums)
+    def update(self, sums: dict[str, Tensor]) -> None:
+        for name, value in sums.items():
+            state = getattr(self, name)
+            state += value.to(state)
 
-    def compute(self) -> Tensor:
-        return self.sums
+    def compute(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name) for name in self.names}
+
+
+@dataclass(frozen=True)
+class SteerContext:
+    """The unsteered state every steered site-layer shares: the texts, the key / value cache of their
+    prefix (``steer_positions="last"``; None for ``"all"``) and the unsteered last-token logits."""
+
+    texts: Tensor
+    cache: Any
+    base: Tensor
 
 
 def _tokens(t: Tensor, mask: Tensor | None) -> Tensor:
@@ -55,7 +77,8 @@ def _tokens(t: Tensor, mask: Tensor | None) -> Tensor:
 
 class MountsAnalysisModule(PretrainedLMModule):
     """Scores tiled-SVD mounts against whole-matrix SVD, column sampling and random directions on every
-    requested site-layer; the results (``self.rows``) are written by ``lit_svd.callbacks.MountsReport``.
+    requested site-layer, with the data ceiling and the structureless null beside them; the results
+    (``self.rows``) are written by ``lit_svd.callbacks.MountsReport``.
 
     Args:
         model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file of the frozen model.
@@ -63,7 +86,9 @@ class MountsAnalysisModule(PretrainedLMModule):
         revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
         sites: linear sites among q, k, v, o, gate, up, down (null: all the model has).
         layers: layers to score (null: every layer).
-        tile_widths: column-tile width per site.
+        tile_widths: column-tile width per site: "scaled" (the paper's number of tiles per site for this
+            model's input sizes, ``lit_svd.analysis.mounts.scaled_tile_width``), "fixed" (the paper's
+            absolute Gemma-2-2B widths) or a dict of widths per site (sites left out: the fixed width).
         modes_per_tile: singular modes kept per tile (k).
         modes_sweep: mode counts of the coverage-saturation sweep.
         k_active: atoms per token fitted by least squares in the coverage score.
@@ -77,15 +102,19 @@ class MountsAnalysisModule(PretrainedLMModule):
         steer_tokens: tokens of each steering window.
         steer_positions: "last" (alpha * u at the read-out token, prefix cached) or "all" (every position).
         rules: thresholds of the pass rule (null: the paper's values; see configs/mounts/*.yaml).
+        null_control: also score each site-layer's structureless null (same singular values, Haar-random
+            singular vectors) by the same rules, steering included.
+        null_stride: the null sees every so many-th token of the same stream (1: every token).
     """
 
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
                  sites: list[str] | None = None, layers: list[int] | None = None,
-                 tile_widths: dict[str, int] | None = None, modes_per_tile: int = 2,
+                 tile_widths: dict[str, int] | Literal["scaled", "fixed"] = "scaled", modes_per_tile: int = 2,
                  modes_sweep: list[int] = (1, 2, 4, 8, 16), k_active: int = 8, seed: int = 0,
                  effective_paths: bool = True, fit_fraction: float = 0.5, v_ridge: float = 1e-3,
                  steer_alpha: float = 2.0, steer_mounts: int = 8, steer_texts: int = 8, steer_tokens: int = 32,
-                 steer_positions: Literal["last", "all"] = "last", rules: dict | None = None):
+                 steer_positions: Literal["last", "all"] = "last", rules: dict | None = None,
+                 null_control: bool = True, null_stride: int = 1):
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
         self.save_hyperparameters()
         view = self.view
@@ -93,13 +122,10 @@ class MountsAnalysisModule(PretrainedLMModule):
         for s in self.sites:
             view.check_site(s)
         self.layers = list(range(view.n_layers)) if layers is None else [view.check_layer(int(l)) for l in layers]
-        self.tile_widths = {**DEFAULT_TILE_WIDTHS, **(tile_widths or {})}
-        unknown = sorted(set(self.tile_widths) - set(SITES))
-        if unknown:
-            raise ValueError(f"tile_widths key {unknown[0]!r} is unknown; allowed: {', '.join(SITES)}")
         if not 0.0 < fit_fraction < 1.0:
             raise ValueError(f"fit_fraction={fit_fraction!r} is not allowed: it must lie strictly between 0 and 1")
-        for key, value in (("steer_mounts", steer_mounts), ("steer_texts", steer_texts), ("steer_tokens", steer_tokens)):
+        for key, value in (("steer_mounts", steer_mounts), ("steer_texts", steer_texts), ("steer_tokens", steer_tokens),
+                           ("null_stride", null_stride)):
             if int(value) <= 0:
                 raise ValueError(f"{key}={value!r} is not allowed: it must be a positive integer")
         if steer_positions not in ("last", "all"):
@@ -109,6 +135,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         self.effective = {s for s in ("v", "up") if effective_paths and s in self.sites}
         if "up" in self.effective and not view.gated_mlp:
             self.effective.discard("up")  # ungated MLPs: up is scored on its own output
+        self.tile_widths = self._tile_widths(tile_widths)
         # validate every tile width and mode count against the site shapes now (one clear line each)
         for s in self.sites:
             d_in, d_out = self._site_shape(s)
@@ -117,12 +144,27 @@ class MountsAnalysisModule(PretrainedLMModule):
                 M.check_modes(m, bounds[0][1] - bounds[0][0], d_out,
                               "modes_per_tile" if m == modes_per_tile else "modes_sweep")
         self.plans: dict[str, M.SitePlan] = {}
+        self.null_plans: dict[str, M.SitePlan] = {}
         self.sums = torch.nn.ModuleDict()
+        self.null_sums = torch.nn.ModuleDict()
         self.fit = torch.nn.ModuleDict()
         self.rows: list[dict] = []
-        self._stash: dict = {}
+        self.first_ids: Tensor | None = None
 
     # --- shapes and plans --------------------------------------------------------------------------
+    def _tile_widths(self, tile_widths) -> dict[str, int]:
+        if tile_widths == "scaled":
+            return {s: M.scaled_tile_width(s, self._site_shape(s)[0]) for s in self.sites}
+        if tile_widths == "fixed":
+            return dict(DEFAULT_TILE_WIDTHS)
+        if not isinstance(tile_widths, dict):
+            raise ValueError(f"tile_widths={tile_widths!r} is not allowed: give 'scaled', 'fixed' or a dict of"
+                             " widths per site")
+        unknown = sorted(set(tile_widths) - set(SITES))
+        if unknown:
+            raise ValueError(f"tile_widths key {unknown[0]!r} is unknown; allowed: {', '.join(SITES)}")
+        return {**DEFAULT_TILE_WIDTHS, **tile_widths}
+
     def _site_shape(self, site: str) -> tuple[int, int]:
         """``(d_in, d_out)`` of the matrix mounts are taken from (effective map on effective paths)."""
         v = self.view
@@ -133,6 +175,12 @@ class MountsAnalysisModule(PretrainedLMModule):
         W, _ = v.site_weight(self.layers[0], site)
         return W.shape
 
+    def _shapes(self, site: str, ceiling: bool) -> dict[str, tuple[int, ...]]:
+        d_in, d_out = self._site_shape(site)
+        hp = self.hparams
+        n = M.mount_count(d_in, d_out, self.tile_widths[site], hp.modes_per_tile)
+        return M.sum_shapes(n, len(hp.modes_sweep), d_out, ceiling)
+
     @staticmethod
     def key(layer: int, site: str) -> str:
         return f"L{layer}_{site}"
@@ -142,24 +190,35 @@ class MountsAnalysisModule(PretrainedLMModule):
         return M.plan_site(W_out_in, self.tile_widths[site], hp.modes_per_tile, list(hp.modes_sweep), hp.k_active,
                            hp.seed, f"tile_widths.{site}")
 
+    def _add_plans(self, layer: int, site: str, W_out_in: Tensor) -> None:
+        """The site-layer's plan and, with ``null``, its structureless null's plan."""
+        k = self.key(layer, site)
+        self.plans[k] = self._plan(W_out_in, site)
+        if self.hparams.null_control:
+            seed = NULL_SEED + NULL_LAYER_STRIDE * layer + SITES.index(site)
+            self.null_plans[k] = self._plan(M.haar_null(W_out_in, seed), site)
+
     def setup(self, stage: str) -> None:
-        if self.plans:
+        if self.sums:
             return
         jobs = [(l, s) for l in self.layers for s in self.sites if s not in self.effective]
         for l, s in tqdm(jobs, desc="mount plans", disable=not self._is_zero()):
             W, _ = self.view.site_weight(l, s)
-            plan = self._plan(W.mT, s)
-            self.plans[self.key(l, s)] = plan
-            self.sums[self.key(l, s)] = SumState(plan.size)
-        # effective plans are built after the fit; their state sizes follow from the shape alone
-        sizes = {s: self._plan(torch.randn(*self._site_shape(s)[::-1], generator=torch.Generator().manual_seed(0)),
-                               s).size for s in self.effective}
+            self._add_plans(l, s, W.mT)
+        # every state exists from the start (sizes follow from the shapes); effective plans come after the fit
+        v = self.view
+        fit_shapes = {"count": ()}
+        if "up" in self.effective:
+            fit_shapes["gate"] = (v.d_mlp,)
+        if "v" in self.effective:
+            fit_shapes.update(xtx=(v.d_model, v.d_model), xtz=(v.d_model, v.n_heads * v.d_head))
         for l in self.layers:
-            for s in self.effective:
-                self.sums[self.key(l, s)] = SumState(sizes[s])
+            for s in self.sites:
+                self.sums[self.key(l, s)] = NamedSums(self._shapes(s, ceiling=True))
+                if self.hparams.null_control:
+                    self.null_sums[self.key(l, s)] = NamedSums(self._shapes(s, ceiling=False))
             if self.effective:
-                v = self.view
-                self.fit[f"L{l}"] = SumState(1 + v.d_mlp + v.d_model * (v.d_model + v.n_heads * v.d_head))
+                self.fit[f"L{l}"] = NamedSums(fit_shapes)
 
     def _is_zero(self) -> bool:
         return self._trainer is None or self.trainer.is_global_zero
@@ -181,93 +240,80 @@ class MountsAnalysisModule(PretrainedLMModule):
                              " (one to fit, one to score): give more tokens or a smaller batch size")
         return max(1, min(n - 1, int(round(self.hparams.fit_fraction * n))))
 
-    @contextmanager
-    def _taps(self, mask: Tensor | None, fitting: bool):
-        """Forward hooks on every site module of the requested layers; each layer is reduced to sums
-        when its block finishes."""
+    def _taps(self, mask: Tensor | None, fitting: bool) -> list[Hook]:
+        """Hooks on every site module of the requested layers; each layer is reduced to sums when its
+        block finishes."""
         v = self.view
-        handles = []
+        needed = set(self.sites) | ({"o"} if "v" in self.effective else set()) | \
+            ({"gate", "down"} if "up" in self.effective else set())
+        taps = []
         for l in self.layers:
             store: dict = {}
-            needed = set(self.sites) | ({"o"} if "v" in self.effective else set()) | \
-                ({"gate", "down"} if "up" in self.effective else set())
 
-            def tap(mod, args, out, store=store):
-                store[id(mod)] = (args[0], out)
+            def tap(mod, args, kwargs, out, store=store):
+                store[id(mod)] = (first_input(args, kwargs), out)
 
-            seen = set()
-            for s in needed:
-                mod = v.site_module(l, s)
-                if id(mod) not in seen:
-                    seen.add(id(mod))
-                    handles.append(mod.register_forward_hook(tap))
+            mods = {id(m): m for m in (v.site_module(l, s) for s in needed)}  # fused qkv: one hook
+            taps += [Hook(m, tap) for m in mods.values()]
 
-            def done(mod, args, out, l=l, store=store):
+            def done(mod, args, kwargs, out, l=l, store=store):
                 self._reduce_layer(l, store, mask, fitting)
                 store.clear()
 
-            handles.append(v.block(l).register_forward_hook(done))
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
+            taps.append(Hook(v.block(l), done))
+        return taps
 
     def _site_io(self, l: int, s: str, store: dict) -> tuple[Tensor, Tensor]:
         mod = self.view.site_module(l, s)
         x, out = store[id(mod)]
         return x, self.view.site_output(l, s, out)
 
+    def _score(self, k: str, x: Tensor, dh: Tensor) -> None:
+        """Add one batch of site-layer ``k`` (tokens ``x``, writes ``dh``) to its sums and its null's."""
+        self.sums[k].update(M.site_sums(self.plans[k], x, dh))
+        if self.hparams.null_control:
+            null, xs = self.null_plans[k], x[:: self.hparams.null_stride]
+            self.null_sums[k].update(M.site_sums(null, xs, xs.float() @ null.W.mT, ceiling=False))
+
     def _reduce_layer(self, l: int, store: dict, mask: Tensor | None, fitting: bool) -> None:
         for s in self.sites:
-            if s in self.effective:
-                continue
-            x, dh = self._site_io(l, s, store)
-            k = self.key(l, s)
-            self.sums[k].update(M.site_sums(self.plans[k], _tokens(x, mask), _tokens(dh, mask)))
+            if s not in self.effective:
+                x, dh = self._site_io(l, s, store)
+                self._score(self.key(l, s), _tokens(x, mask), _tokens(dh, mask))
         if not self.effective:
             return
         v = self.view
-        x_v, _ = self._site_io(l, "v", store) if "v" in self.effective else (None, None)
-        z, _ = self._site_io(l, "o", store) if "v" in self.effective else (None, None)
-        x_up, _ = self._site_io(l, "up", store) if "up" in self.effective else (None, None)
-        p, _ = self._site_io(l, "down", store) if "up" in self.effective else (None, None)
         if fitting:
-            parts = [torch.zeros(1, dtype=torch.float64), torch.zeros(v.d_mlp, dtype=torch.float64),
-                     torch.zeros(v.d_model * (v.d_model + v.n_heads * v.d_head), dtype=torch.float64)]
+            stats: dict[str, Tensor] = {}
             if "up" in self.effective:
                 _, g = self._site_io(l, "gate", store)
                 gate = v.mlp(l).act(_tokens(g, mask)).double()
-                parts[0][0] = gate.shape[0]
-                parts[1] = gate.sum(0)
+                stats.update(count=torch.tensor(float(gate.shape[0])), gate=gate.sum(0))
             if "v" in self.effective:
-                X, Z = _tokens(x_v, mask).double(), _tokens(z, mask).double()
-                parts[0][0] = X.shape[0]
-                parts[2] = torch.cat([(X.mT @ X).reshape(-1), (X.mT @ Z).reshape(-1)])
-            self.fit[f"L{l}"].update(torch.cat(parts))
+                X = _tokens(self._site_io(l, "v", store)[0], mask).double()
+                Z = _tokens(self._site_io(l, "o", store)[0], mask).double()
+                stats.update(count=torch.tensor(float(X.shape[0])), xtx=X.mT @ X, xtz=X.mT @ Z)
+            self.fit[f"L{l}"].update(stats)
             return
-        if "v" in self.effective:
-            k = self.key(l, "v")
-            self.sums[k].update(M.site_sums(self.plans[k], _tokens(x_v, mask), _tokens(z, mask)))
-        if "up" in self.effective:
-            k = self.key(l, "up")
-            self.sums[k].update(M.site_sums(self.plans[k], _tokens(x_up, mask), _tokens(p, mask)))
+        if "v" in self.effective:  # the v input against the mixed value (what o reads)
+            x_v, z = self._site_io(l, "v", store)[0], self._site_io(l, "o", store)[0]
+            self._score(self.key(l, "v"), _tokens(x_v, mask), _tokens(z, mask))
+        if "up" in self.effective:  # the up input against the gated product (what down reads)
+            x_up, p = self._site_io(l, "up", store)[0], self._site_io(l, "down", store)[0]
+            self._score(self.key(l, "up"), _tokens(x_up, mask), _tokens(p, mask))
 
     def _build_effective(self) -> None:
         """Reduce the fit statistics over ranks and mount the effective maps."""
         v = self.view
-        d, dz = v.d_model, v.n_heads * v.d_head
         for l in self.layers:
-            f = self.fit[f"L{l}"].compute().double().cpu()
-            count, gate, rest = f[0], f[1:1 + v.d_mlp], f[1 + v.d_mlp:]
-            if count <= 0:
+            f = {k: t.double().cpu() for k, t in self.fit[f"L{l}"].compute().items()}
+            if f["count"] <= 0:
                 raise ValueError("no tokens reached the effective-path fit; raise fit_fraction or the token budget")
             if "up" in self.effective:
                 W_up, _ = v.site_weight(l, "up")
-                self.plans[self.key(l, "up")] = self._plan(M.gate_weighted(W_up.mT.double(), gate / count), "up")
+                self._add_plans(l, "up", M.gate_weighted(W_up.mT.double(), f["gate"] / f["count"]))
             if "v" in self.effective:
-                XtX, XtZ = rest[: d * d].reshape(d, d), rest[d * d:].reshape(d, dz)
-                self.plans[self.key(l, "v")] = self._plan(M.ridge_map(XtX, XtZ, self.hparams.v_ridge), "v")
+                self._add_plans(l, "v", M.ridge_map(f["xtx"], f["xtz"], self.hparams.v_ridge))
 
     @staticmethod
     def _unpack(batch) -> tuple[Tensor, Tensor | None]:
@@ -285,21 +331,21 @@ class MountsAnalysisModule(PretrainedLMModule):
         fitting = bool(self.effective) and not self._effective_built
         mask = None if attn is None else attn.reshape(-1).bool()
         if batch_idx == 0:
-            self._stash["first_ids"] = ids[: self.hparams.steer_texts, : self.hparams.steer_tokens].clone()
-        with torch.no_grad(), self._taps(mask, fitting):
+            self.first_ids = ids[: self.hparams.steer_texts, : self.hparams.steer_tokens].clone()
+        with torch.no_grad(), hooks(*self._taps(mask, fitting)):
             self.lm(input_ids=ids, attention_mask=attn, logits_to_keep=1)  # only the taps are read
 
     def on_test_epoch_start(self) -> None:
         self._effective_built = False
         self._n_fit = self._n_fit_batches() if self.effective else 0
-        for m in (*self.sums.values(), *self.fit.values()):
+        for m in (*self.sums.values(), *self.null_sums.values(), *self.fit.values()):
             m.reset()
 
     # --- the end: summaries, steering, pass rules ----------------------------------------------------
     def on_test_epoch_end(self) -> None:
         if self.effective and not self._effective_built:
             raise ValueError("the test stream ended before the effective-path fit finished")
-        self._steer_setup(self._steer_texts())
+        ctx = self._steer_context(self._steer_texts())
         reading_W = self.view.unembed()[0].double()
         rows = []
         for l in self.layers:
@@ -308,56 +354,56 @@ class MountsAnalysisModule(PretrainedLMModule):
                 row = {"site": s, "layer": l, "residual": s in RESIDUAL_SITES,
                        "path": "effective" if s in self.effective else "module",
                        "tile_width": self.tile_widths[s], **M.summarize(self.plans[k], self.sums[k].compute())}
+                if self.hparams.null_control:
+                    row["null"] = {"layer": l, **M.summarize(self.null_plans[k], self.null_sums[k].compute())}
                 rows.append(row)
         steer_rows = [r for r in rows if r["residual"]]
         for row in tqdm(steer_rows, desc="steering", disable=not self._is_zero()):
-            row.update(self._steer(row, reading_W))
+            k = self.key(row["layer"], row["site"])
+            row.update(self._steer(ctx, self.plans[k], row, reading_W))
+            if self.hparams.null_control:
+                row["null"].update(self._steer(ctx, self.null_plans[k], row["null"], reading_W, row))
         for row in rows:
-            row["checks"] = M.judge(row, self.rules, residual=row["residual"], effective=row["path"] == "effective")
-            row["pass"] = row["checks"]["pass"]
+            for r in ([row, row["null"]] if self.hparams.null_control else [row]):
+                r["checks"] = M.judge(r, self.rules, residual=row["residual"], effective=row["path"] == "effective")
+                r["pass"] = r["checks"]["pass"]
         self.rows = rows
-        self._steer_ctx = None
         self.log("mounts/pass_fraction", sum(r["pass"] for r in rows) / len(rows), sync_dist=False)
 
     def _steer_texts(self) -> Tensor:
         """The first ``steer_texts`` windows of the stream in global order, identical on every rank: the
         ranks' first batches gathered and interleaved (a distributed sampler deals window ``i`` to rank
         ``i % world_size``), so one process and DDP steer with the same texts."""
-        ids = self._stash["first_ids"].to(self.device)
+        ids = self.first_ids.to(self.device)
         if self.trainer.world_size > 1:
             ids = self.all_gather(ids).transpose(0, 1).reshape(-1, ids.shape[-1])
         return ids[: self.hparams.steer_texts]
 
     @torch.no_grad()
-    def _steer_setup(self, texts: Tensor) -> None:
-        """Unsteered state shared by every steered site-layer: with ``steer_positions="last"`` the key /
-        value cache of each text's prefix (the steer touches only the last position, so the prefix is the
-        same for every mount), and the unsteered last-token logits."""
+    def _steer_context(self, texts: Tensor) -> SteerContext:
+        """With ``steer_positions="last"`` the key / value cache of each text's prefix (the steer touches
+        only the last position, so the prefix is the same for every mount), and the unsteered logits."""
         cache = None
         if self.hparams.steer_positions == "last":
             cache = self.lm(input_ids=texts[:, :-1], use_cache=True, logits_to_keep=1).past_key_values
-        self._steer_ctx = (texts, cache, None)
-        self._steer_ctx = (texts, cache, self._last_logits())
-
-    def _last_logits(self) -> Tensor:
-        return last_logits(self.lm, *self._steer_ctx[:2])
+        return SteerContext(texts, cache, last_logits(self.lm, texts, cache))
 
     @torch.no_grad()
-    def _steer(self, row: dict, W_U: Tensor) -> dict:
+    def _steer(self, ctx: SteerContext, plan: M.SitePlan, figures: dict, W_U: Tensor, where: dict | None = None) -> dict:
         """Add ``alpha * u`` to the residual after the sub-layer (at the last position, or at every
-        position) for the ``steer_mounts`` tiled mounts of highest tile-local lift; compare the mean
-        last-token logit change with ``u``'s unembedding reading (Spearman rho, top-20 Jaccard)."""
+        position) for the ``steer_mounts`` tiled mounts of ``plan`` of highest tile-local lift
+        (``figures["tile_lift"]``); compare the mean last-token logit change with ``u``'s unembedding
+        reading (Spearman rho, top-20 Jaccard). ``where``: the row giving layer and site (default ``figures``)."""
         hp = self.hparams
-        plan = self.plans[self.key(row["layer"], row["site"])]
-        top = torch.tensor(row["tile_lift"]).argsort(descending=True)[: hp.steer_mounts]
+        where = where or figures
+        top = torch.tensor(figures["tile_lift"]).argsort(descending=True)[: hp.steer_mounts]
         U = plan.strategies["tiled"].U[:, top].mT.float()  # [m, d_model]
-        base = self._steer_ctx[2]
-        point = "attn" if row["site"] == "o" else "mlp"  # read through what follows the write (Gemma's post norms)
-        read = unembed_reading(self.view, self.view.post_norm(point, row["layer"], U.double()), W_U)
+        point = "attn" if where["site"] == "o" else "mlp"  # read through what follows the write (Gemma's post norms)
+        read = unembed_reading(self.view, self.view.post_norm(point, where["layer"], U.double()), W_U)
         rhos, jacs = [], []
         for j in range(U.shape[0]):
-            with steering(self.view, row["layer"], row["site"], hp.steer_alpha * U[j].to(self.device)):
-                delta = (self._last_logits() - base).mean(0).double().cpu()
+            with steering(self.view, where["layer"], where["site"], hp.steer_alpha * U[j].to(self.device)):
+                delta = (last_logits(self.lm, ctx.texts, ctx.cache) - ctx.base).mean(0).double().cpu()
             rhos.append(M.spearman(delta, read[j]))
             jacs.append(M.topk_jaccard(delta, read[j], 20))
         return {"steer_rho": sum(rhos) / len(rhos), "steer_jaccard": sum(jacs) / len(jacs),
