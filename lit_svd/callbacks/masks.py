@@ -11,7 +11,7 @@ the test split. It writes (rank zero):
   ``agreement_hard`` (these flat figures are ``eval_split``'s), ``splits`` (the same figures and
   ``n_examples`` per split), ``per_kind``, ``kept_without_qk`` and ``components`` (kept counts per
   component and group), ``steps``, ``max_steps``, ``stopped_early`` (the run ended before
-  ``max_steps``: the ``max_time`` safety net fired), ``train_wall_s``, ``receptors``, ``steering`` (one
+  ``max_steps``: the ``max_time`` safety net fired), ``train_wall_s`` (of this process: a resumed run counts from the resume), ``receptors``, ``steering`` (one
   direction scaled) and ``steering_swap`` (two-class tasks: the most class-separating kept OV
   directions swapped toward the other class's mean); the trajectory and steering use the validation
   split, never the test split;
