@@ -7,7 +7,8 @@ Haar-rotated control basis and in ``null_draws`` matched-spectrum null heads (sa
 singular vectors, same inputs and pairs), on a fixed probe set:
 
 * language models (a module with a ``view``: ``LanguageModelModule``, ``PretrainedLMModule``): the first
-  ``n_probe`` sequences of the validation loader (training loader if there is none), every head;
+  ``n_probe`` windows of the held-out file ``probe_path`` (without it: the first sequences of the
+  validation loader, training loader if there is none), every head;
 * the toy model (``ToyAlignmentModule``): the first ``n_probe`` samples of the current batch, one head
   per ensemble instance (query token 0 attending over the key tokens).
 
@@ -27,6 +28,7 @@ from torch import Tensor
 
 from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, check_threshold, check_tolerance,
                                   lm_head_sparsity, toy_head_sparsity)
+from lit_svd.callbacks.training import held_out_probe
 from lit_svd.output import save_figure, write_results
 
 
@@ -83,11 +85,15 @@ class SADCallback(Callback):
         write_results: write the results and ``sad_training.png`` at the end of fit.
         results_name: the results file; default ``results.json`` for language models and
             ``sad_results.json`` for the toy model (whose own alignment callback writes ``results.json``).
+        probe_path: language models: a held-out text file whose first ``n_probe`` windows of
+            ``probe_seq_len`` tokens are the probe (null: the first validation, else training, sequences).
+        probe_seq_len: tokens per probe window with ``probe_path``.
     """
 
     def __init__(self, every_n_steps: int = 100, n_probe: int = 16, threshold: float | None = None,
                  recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0, log_spaced: bool = True,
-                 write_results: bool = True, results_name: str | None = None, null_draws: int = DEFAULT_NULL_DRAWS):
+                 write_results: bool = True, results_name: str | None = None, null_draws: int = DEFAULT_NULL_DRAWS,
+                 probe_path: str | None = None, probe_seq_len: int = 64):
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps={every_n_steps!r} must be a positive integer")
         if not isinstance(n_probe, int) or n_probe < 1:
@@ -100,6 +106,7 @@ class SADCallback(Callback):
         self.recon_tol = check_tolerance(recon_tol)
         self.seed, self.write, self.log_spaced = seed, write_results, log_spaced
         self.results_name = results_name
+        self.probe_path, self.probe_seq_len = probe_path, probe_seq_len
         self.history: list[dict] = []
         self.probe: tuple[Tensor, Tensor] | None = None
 
@@ -144,7 +151,8 @@ class SADCallback(Callback):
         try:
             if self._is_lm(module):
                 if self.probe is None:
-                    self.probe = self._lm_probe(trainer)
+                    self.probe = (held_out_probe(trainer, module, self.probe_path, self.n_probe, self.probe_seq_len,
+                                                 map_ids=False) if self.probe_path else self._lm_probe(trainer))
                 ids, mask = (t.to(module.device) for t in self.probe)
                 if hasattr(module, "map_ids"):  # a model trained on a compacted vocabulary
                     ids = module.map_ids(ids)

@@ -149,7 +149,7 @@ class TextDataModule(ResumableTrainOrder, pl.LightningDataModule):
         ids = tokenize_texts(self.tokenizer, texts)
         self.data = WindowDataset(sample_windows(ids, seq_len, n_tokens, seed))
         self.available_tokens = ids.numel()
-        self.seq_len, self.n_tokens, self.seed = seq_len, n_tokens, seed
+        self.path, self.seq_len, self.n_tokens, self.seed = path, seq_len, n_tokens, seed
         self.batch_size, self.num_workers = batch_size, num_workers
 
     def collate(self, items):

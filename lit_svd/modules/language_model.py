@@ -12,6 +12,8 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from lit_svd.modules.pretrained import PretrainedLMModule
+
 ARCHS = ("gpt2", "gpt_neox")
 
 
@@ -150,3 +152,95 @@ class LanguageModelModule(pl.LightningModule):
         warm = max(hp.warmup_steps, 1)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+PARTS = ("all", "attention", "mlp")
+PART_SITES = {"all": ("q", "k", "v", "o", "gate", "up", "down"), "attention": ("q", "k", "v", "o"),
+              "mlp": ("gate", "up", "down")}
+
+
+class FineTuneLMModule(PretrainedLMModule):
+    """Fine-tune a pretrained causal LM (``load_causal_lm(model)``) on text or on task prompts.
+
+    Text batches (``input_ids``, ``attention_mask``: ``TextDataModule``) train on the next-token loss of
+    every real token; task batches (``clean_ids``, ``answer_pos``, ``correct_id``: ``TaskDataModule``) on
+    the next-token loss of the answer alone, and log the logit difference correct - wrong
+    (``val/logit_diff``). Only the linear sites of ``trainable`` in ``layers`` learn; everything else
+    (embeddings, norms, other layers, the unembedding) stays frozen, so that it fits a CPU.
+
+    Args:
+        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file.
+        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
+        revision: hub revision.
+        trainable: which linear maps learn: "attention" (q, k, v, o), "mlp" (gate, up, down) or "all".
+        layers: the layers whose maps learn (null: every layer).
+        lr: AdamW learning rate (after a linear warm-up, constant).
+        weight_decay: AdamW weight decay.
+        warmup_steps: steps of the linear warm-up.
+    """
+
+    def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
+                 trainable: Literal["all", "attention", "mlp"] = "attention", layers: list[int] | None = None,
+                 lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 10):
+        if trainable not in PARTS:
+            raise ValueError(f"model.trainable={trainable!r} is not supported; choose one of {', '.join(PARTS)}")
+        if not lr > 0 or weight_decay < 0 or warmup_steps < 0:
+            raise ValueError(f"model.lr={lr!r} must be > 0, weight_decay={weight_decay!r} and"
+                             f" warmup_steps={warmup_steps!r} >= 0")
+        super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
+        self.save_hyperparameters()
+        v = self.view
+        self.train_layers = list(range(v.n_layers)) if layers is None else [v.check_layer(int(l)) for l in layers]
+        sites = [s for s in PART_SITES[trainable] if s != "gate" or v.gated_mlp]
+        for l in self.train_layers:
+            for s in sites:
+                for p in v.site_module(l, s).parameters():
+                    p.requires_grad_(True)
+        self.trainable_names = {n for n, p in self.lm.named_parameters() if p.requires_grad}
+
+    def loss_and_diff(self, batch) -> tuple[Tensor, Tensor | None]:
+        """Mean next-token loss, and the mean logit difference on task batches (None on text)."""
+        from lit_svd.metrics import forward_answer_logits, logit_diff
+
+        if "clean_ids" not in batch:
+            ids = batch["input_ids"]
+            mask = batch.get("attention_mask", torch.ones_like(ids))
+            return self.lm(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss, None
+        logits = forward_answer_logits(self.lm, batch["clean_ids"], batch["attention_mask"], batch["answer_pos"])
+        loss = torch.nn.functional.cross_entropy(logits.float(), batch["correct_id"])
+        diff = logit_diff(logits, batch["correct_id"], batch["wrong_id"]).mean() if "wrong_id" in batch else None
+        return loss, diff
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        loss, diff = self.loss_and_diff(batch)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss.item()} at step {self.global_step}; lower model.lr")
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        if diff is not None:
+            self.log("train/logit_diff", diff, on_step=True, on_epoch=False)
+        return loss
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        loss, diff = self.loss_and_diff(batch)
+        n = (batch["clean_ids"] if "clean_ids" in batch else batch["input_ids"]).shape[0]
+        self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True, batch_size=n)
+        if diff is not None:
+            self.log("val/logit_diff", diff, prog_bar=True, on_epoch=True, sync_dist=True, batch_size=n)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        params = [p for p in self.lm.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay)
+        warm = max(hp.warmup_steps, 1)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Checkpoints hold the trained maps only; the frozen rest is rebuilt from ``model``."""
+        keep = {f"lm.{n}" for n in self.trainable_names}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
+                                    if not k.startswith("lm.") or k in keep}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint["state_dict"]
+        state.update({f"lm.{k}": v for k, v in self.lm.state_dict().items() if f"lm.{k}" not in state})

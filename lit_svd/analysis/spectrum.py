@@ -1,0 +1,65 @@
+"""Singular-value spectra of a model's maps (pure functions of a view).
+
+Per layer: every head's QK (bias-augmented, scale included, at key offset 0 for rotary models) and OV
+circuits, from the views' factored matrices (``view.qk``, ``view.ov``: QR of the thin factors, the dense
+``d_model x d_model`` product is never formed), and the MLP's input (``up``), gate (gated MLPs) and
+output maps (``view.mlp_in``, ``view.mlp_gate``, ``view.mlp_out``). Singular values are numbered from 1
+(``s1 >= s2 >= ...``) everywhere: here, in TensorBoard tags and in the figures.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lit_svd.linalg import FactoredMatrix
+
+EPS = 1e-30
+
+
+def effective_rank(S: Tensor) -> Tensor:
+    """Roy & Vetterli's effective rank ``exp(H(p))``, ``p_i = s_i / sum s`` (over the last dim);
+    between 1 (one direction) and the number of singular values (a flat spectrum)."""
+    S = S.double().clamp_min(0)
+    p = S / S.sum(-1, keepdim=True).clamp_min(EPS)
+    return torch.exp(-(p * torch.log(p.clamp_min(EPS))).sum(-1))
+
+
+def top_k_energy(S: Tensor, k: int) -> Tensor:
+    """Fraction ``sum_{i<=k} s_i^2 / sum_i s_i^2`` of the squared Frobenius norm in the top ``k`` values."""
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"top_k={k!r}: must be a positive integer")
+    E = S.double() ** 2
+    return E[..., :k].sum(-1) / E.sum(-1).clamp_min(EPS)
+
+
+def layer_spectra(view, layer: int) -> dict[str, Tensor]:
+    """Singular values (descending, float64) of one layer's maps: ``qk`` and ``ov`` ``[n_heads, k]``;
+    ``mlp_in``, ``mlp_gate`` (gated MLPs only) and ``mlp_out`` ``[k]``."""
+    qk = view.qk(layer, 0 if view.rotary_dim else None)
+    out = {"qk": _factored_values(qk), "ov": _factored_values(view.ov(layer)),
+           "mlp_in": torch.linalg.svdvals(view.mlp_in(layer).double())}
+    if view.gated_mlp:
+        out["mlp_gate"] = torch.linalg.svdvals(view.mlp_gate(layer).double())
+    out["mlp_out"] = torch.linalg.svdvals(view.mlp_out(layer).double())
+    return out
+
+
+def _factored_values(fm: FactoredMatrix) -> Tensor:
+    return FactoredMatrix(fm.A.double(), fm.B.double()).svd().S
+
+
+def spectrum_rows(view, layers: list[int], top_k: int) -> list[dict]:
+    """One row per (matrix, layer, head): ``matrix`` (qk, ov, mlp_in, mlp_gate, mlp_out), ``layer``,
+    ``head`` (None for MLP maps), ``name`` (``L<l>H<h>`` / ``L<l>``), ``S`` (list), ``effective_rank``,
+    ``top_k_energy``."""
+    rows = []
+    for layer in layers:
+        for matrix, S in layer_spectra(view, layer).items():
+            per = S if S.dim() == 2 else S.unsqueeze(0)
+            er, en = effective_rank(per), top_k_energy(per, top_k)
+            for i in range(per.shape[0]):
+                head = i if S.dim() == 2 else None
+                rows.append({"matrix": matrix, "layer": layer, "head": head,
+                             "name": f"L{layer}H{i}" if head is not None else f"L{layer}",
+                             "S": per[i].tolist(), "effective_rank": er[i].item(), "top_k_energy": en[i].item()})
+    return rows

@@ -1,0 +1,204 @@
+"""Tiled-SVD mount scores during training (``MountsCallback``).
+
+Every ``every_n_steps`` optimiser steps (and at the start and the end of fit) the chosen site-layers of
+the model being trained are mounted from their live weights and scored on a fixed held-out text batch
+(``probe_path``, never the training text) with the same pure functions as the mounts ``test`` run
+(``lit_svd.analysis.mounts``: ``plan_site``, ``site_sums``, ``summarize``, ``judge``): the lift of the
+four strategies (tiled, whole, columns, random), the coverage sweep, the SVD identity and the pass checks
+A1-A4 and B1 (C1 needs steering, which this callback does not run: it is None at every layer, as the test
+run reports it for layers below ``rules.c1_min_layer``). Module paths only (no effective up / v maps:
+they need a fit split of the probe).
+
+Under DDP each rank scores its share of the probe windows (``i % world_size == rank``) and the token sums
+are summed over ranks before ``summarize``, so two processes give one process's numbers.
+
+TensorBoard: ``mounts/<site>/layer<l>/<stat>`` (stat: ``lift_<strategy>``, ``lift_tiled_minus_random``,
+``coverage_lift/modes=<m>``, ``identity_rel_err``, ``pass``), ``mounts/pass_fraction`` and the image
+``mounts/depth`` (lift per strategy against depth, one panel per site) at every measured step. At the end
+(rank zero): ``results.json["mounts_training"]`` (the settings and the history) and ``mounts_training.png``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from lit_svd.analysis import mounts as M
+from lit_svd.callbacks.training import StepCallback, all_reduce_sum, held_out_probe, log_scalars, merge_results, world
+from lit_svd.models.hooks import capture
+from lit_svd.output import log_figure, save_figure
+
+RESIDUAL_SITES = ("o", "down")
+
+
+def probe_activations(view, lm, ids, mask, keys: list[tuple[int, str]]) -> dict:
+    """``{(layer, site): (x [T, d_in], dh [T, d_out])}``: each site's input and its own output on the
+    probe's real tokens, from one forward pass."""
+    mods = {key: view.site_module(*key) for key in keys}
+    with capture(mods, "pre") as xin, capture(mods, "post") as xout:
+        lm(input_ids=ids, attention_mask=mask)
+    keep = mask.reshape(-1).bool()
+    flat = lambda t: t.reshape(-1, t.shape[-1])[keep]  # noqa: E731
+    return {key: (flat(xin[key]), flat(view.site_output(*key, xout[key]))) for key in keys}
+
+
+def score_site_layers(view, lm, ids, mask, keys: list[tuple[int, str]], tile_widths: dict[str, int], modes: int,
+                      sweep: list[int], k_active: int, seed: int, rules: M.MountRules, reduce=lambda t: t) -> list[dict]:
+    """One row per (layer, site) of ``keys``: ``summarize`` of the probe's token sums (``reduce`` sums them
+    over DDP ranks) plus ``judge``'s checks, exactly as the mounts test run computes them."""
+    plans = {key: M.plan_site(view.site_weight(*key)[0].mT, tile_widths[key[1]], modes, sweep, k_active, seed,
+                              f"tile_widths.{key[1]}") for key in keys}
+    acts = probe_activations(view, lm, ids, mask, keys) if ids.shape[0] else {}
+    shapes = {key: M.sum_shapes(plan.n, len(plan.coverage), plan.d_out) for key, plan in plans.items()}
+    flat = []
+    for key, plan in plans.items():  # a rank without probe windows adds zeros
+        sums = M.site_sums(plan, *acts[key]) if key in acts else {}
+        flat += [sums[k].reshape(-1).double() if k in sums else torch.zeros(shape, dtype=torch.float64).reshape(-1)
+                 for k, shape in shapes[key].items()]
+    total, start = reduce(torch.cat(flat)), 0
+    rows = []
+    for key, plan in plans.items():
+        layer, site = key
+        sums = {}
+        for k, shape in shapes[key].items():
+            size = math.prod(shape)
+            sums[k], start = total[start: start + size].reshape(shape), start + size
+        row = {"site": site, "layer": layer, "residual": site in RESIDUAL_SITES, "path": "module",
+               "tile_width": tile_widths[site], **M.summarize(plan, sums)}
+        row["checks"] = M.judge(row, rules, residual=row["residual"], effective=False)
+        row["pass"] = row["checks"]["pass"]
+        rows.append(row)
+    return rows
+
+
+class MountsCallback(StepCallback):
+    """Score tiled-SVD mounts of chosen site-layers on a held-out batch while a language model trains.
+
+    Args:
+        probe_path: held-out text file scored (never the training text; e.g. WikiText-2 test.txt when
+            training on valid.txt).
+        every_n_steps: measure every this many optimiser steps (and at the start and the end).
+        sites: linear sites among q, k, v, o, gate, up, down.
+        layers: layers to score (null: every layer).
+        probe_windows: windows of the probe text (the first ones of the file).
+        probe_seq_len: tokens per probe window.
+        tile_widths: column-tile width per site (a site not given: its input size / 4).
+        modes_per_tile: singular modes kept per tile (k).
+        modes_sweep: mode counts of the coverage sweep.
+        k_active: atoms per token in the coverage score.
+        seed: seeds column sampling, random mounts and random dictionaries, as the test run.
+        rules: thresholds of the pass rule (null: the paper's values).
+        figures: log the depth figure at every measured step (the final PNGs are written either way).
+        write_results: write the history into results.json and mounts_training.png at the end of fit.
+    """
+
+    def __init__(self, probe_path: str, every_n_steps: int = 250, sites: list[str] = ("o", "down"),
+                 layers: list[int] | None = None, probe_windows: int = 8, probe_seq_len: int = 64,
+                 tile_widths: dict[str, int] | None = None, modes_per_tile: int = 2,
+                 modes_sweep: list[int] = (1, 2, 4, 8), k_active: int = 8, seed: int = 0,
+                 rules: dict | None = None, figures: bool = True, write_results: bool = True):
+        super().__init__(every_n_steps)
+        for key, value in (("probe_windows", probe_windows), ("probe_seq_len", probe_seq_len)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key}={value!r} must be a positive integer")
+        self.probe_path, self.sites = probe_path, list(sites)
+        self.layers = None if layers is None else [int(l) for l in layers]
+        self.probe_windows, self.probe_seq_len = probe_windows, probe_seq_len
+        self.tile_widths = dict(tile_widths or {})
+        self.modes, self.sweep, self.k_active, self.seed = modes_per_tile, list(modes_sweep), k_active, seed
+        # no steering here: C1 is not evaluated (None) at any layer, instead of failing for want of a steer
+        self.rules = dataclasses.replace(M.MountRules.from_dict(rules), c1_min_layer=math.inf)
+        self.figures, self.write = figures, write_results
+        self.probe = None
+
+    def keys(self, view) -> list[tuple[int, str]]:
+        layers = list(range(view.n_layers)) if self.layers is None else [view.check_layer(l) for l in self.layers]
+        return [(l, view.check_site(s)) for l in layers for s in self.sites]
+
+    def widths(self, view) -> dict[str, int]:
+        out = {}
+        for s in self.sites:
+            d_in = view.site_weight(0, s)[0].shape[0]
+            out[s] = self.tile_widths.get(s, max(1, d_in // 4))
+        return out
+
+    def measure(self, trainer, module) -> dict:
+        if not hasattr(module, "view") or getattr(module, "lm", None) is None:
+            raise ValueError("MountsCallback needs a module with a language model (.lm) and its view (.view)")
+        if self.probe is None:
+            self.probe = held_out_probe(trainer, module, self.probe_path, self.probe_windows, self.probe_seq_len)
+        rank, size = world(trainer)
+        ids, mask = (t[rank::size].to(module.device) for t in self.probe)
+        view = module.view
+        rows = score_site_layers(view, module.lm, ids, mask, self.keys(view), self.widths(view), self.modes,
+                                 self.sweep, self.k_active, self.seed, self.rules, all_reduce_sum)
+        step = trainer.global_step
+        log_scalars(trainer, scalars(rows), step)
+        if self.figures and trainer.is_global_zero:
+            log_figure(trainer, depth_figure(rows, step), "mounts/depth", step)
+        return {"rows": rows, "pass_fraction": sum(r["pass"] for r in rows) / len(rows)}
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        super().on_train_end(trainer, pl_module)
+        if not self.write or not trainer.is_global_zero or not self.history:
+            return
+        view = pl_module.view
+        merge_results(trainer, "mounts_training", {
+            "probe_path": self.probe_path, "probe_windows": self.probe_windows, "probe_seq_len": self.probe_seq_len,
+            "tile_widths": self.widths(view), "modes_per_tile": self.modes, "modes_sweep": self.sweep,
+            "k_active": self.k_active, "seed": self.seed, "history": self.history})
+        save_figure(trainer, history_figure(self.history), "mounts_training")
+        save_figure(trainer, depth_figure(self.history[-1]["rows"], self.history[-1]["step"]), "mounts_depth")
+
+
+def scalars(rows: list[dict]) -> dict[str, float]:
+    """TensorBoard scalars of one measurement, tagged ``mounts/<site>/layer<l>/<stat>``."""
+    out = {"mounts/pass_fraction": sum(r["pass"] for r in rows) / len(rows)}
+    for r in rows:
+        tag = f"mounts/{r['site']}/layer{r['layer']}"
+        for s in M.STRATEGIES:
+            out[f"{tag}/lift_{s}"] = r[f"lift_{s}"]
+        out[f"{tag}/lift_tiled_minus_random"] = r["lift_tiled"] - r["lift_random"]
+        for m, c in zip(r["coverage_modes"], r["coverage_lift"]):
+            out[f"{tag}/coverage_lift/modes={m}"] = c
+        out[f"{tag}/identity_rel_err"] = r["identity_rel_err"]
+        out[f"{tag}/pass"] = float(r["pass"])
+    return out
+
+
+def depth_figure(rows: list[dict], step: int):
+    """Mean lift of each strategy against the layer, one panel per site."""
+    import matplotlib.pyplot as plt
+
+    sites = list(dict.fromkeys(r["site"] for r in rows))
+    fig, axes = plt.subplots(1, len(sites), figsize=(3.6 * len(sites), 3.0), squeeze=False)
+    for ax, site in zip(axes[0], sites):
+        mine = sorted((r for r in rows if r["site"] == site), key=lambda r: r["layer"])
+        for s in M.STRATEGIES:
+            ax.plot([r["layer"] for r in mine], [r[f"lift_{s}"] for r in mine], marker="o", label=s)
+        ax.set_title(f"site {site}, step {step}", fontsize=9)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("lift over random reference")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def history_figure(history: list[dict]):
+    """Tiled minus random lift, and peak coverage lift, of every site-layer against the step."""
+    import matplotlib.pyplot as plt
+
+    steps = [h["step"] for h in history]
+    names = [f"{r['site']} layer {r['layer']}" for r in history[0]["rows"]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for i, name in enumerate(names):
+        a.plot(steps, [h["rows"][i]["lift_tiled"] - h["rows"][i]["lift_random"] for h in history], marker=".", label=name)
+        b.plot(steps, [max(h["rows"][i]["coverage_lift"]) for h in history], marker=".", label=name)
+    a.set_title("tiled lift - random lift", fontsize=9)
+    b.set_title("peak coverage lift (tiled - random dictionary)", fontsize=9)
+    for ax in (a, b):
+        ax.set_xlabel("training step")
+    a.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
