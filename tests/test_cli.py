@@ -74,11 +74,11 @@ def test_fit_relocates_output_and_tensorboard_shows_alignment_rising(tmp_path):
     assert {"query_feature", "key_feature", "target", "singular_index", "cos_query", "cos_key"} <= set(inst["pairs"][0])
 
     scalars, images = read_scalars(run)
-    for tag in ("alignment/mean_abs_cos", "alignment/mean_abs_cos/inst0", "alignment/pair0_cos_query/inst0",
-                "spectrum/sigma0/inst0", "spectrum/sigma_ratio/inst0", "train/loss"):
+    for tag in ("alignment/mean_abs_cos", "alignment/mean_abs_cos/seed=0", "alignment/pair0_cos_query/seed=0",
+                "spectrum/sigma0/seed=0", "spectrum/sigma_ratio/seed=0", "train/loss"):
         assert tag in scalars, tag
-    assert {"heatmap/cos_W_U/inst0", "heatmap/cos_W_V/inst0", "heatmap", "spectra"} <= set(images)
-    curve = scalars["alignment/mean_abs_cos/inst0"]
+    assert {"heatmap/cos_W_U/seed=0", "heatmap/cos_W_V/seed=0", "heatmap", "spectra"} <= set(images)
+    curve = scalars["alignment/mean_abs_cos/seed=0"]
     assert curve[0][0] == 0 and curve[-1][0] == 150
     assert curve[0][1] < 0.8 and curve[-1][1] > 0.95 and curve[-1][1] > curve[0][1] + 0.2
     # the final scalar is the value written to results.json

@@ -96,3 +96,15 @@ def test_superposition_figure_plots_the_recorded_groups(tmp_path, monkeypatch):
                 np.testing.assert_allclose(ydata(line), [g[f"{key}_{stat}"] for g in rows], rtol=1e-12)
                 np.testing.assert_allclose(np.asarray(line.get_xdata(), dtype=float),
                                            [g["interference_mean"] for g in rows])
+
+
+def test_instances_are_named_by_the_settings_that_differ():
+    """TensorBoard tags and legends name each instance by its varying settings, never by position."""
+    m = ToyAlignmentModule(n_features=6, d_model=6, d_head=6, template={"pair": [0, 1, 1.0]},
+                           lambda_attn=[0.3, 1.0, 0.3], seeds=[0, 0, 2])
+    assert alignment_cb.instance_tags(m) == ["seed=0,lambda=0.3", "seed=0,lambda=1", "seed=2,lambda=0.3"]
+    assert alignment_cb.instance_labels(m) == ["seed 0, lambda 0.3", "seed 0, lambda 1", "seed 2, lambda 0.3"]
+    same = ToyAlignmentModule(n_features=6, d_model=6, d_head=6, template={"pair": [0, 1, 1.0]}, seeds=[0, 0])
+    assert alignment_cb.instance_tags(same) == ["seed=0#0", "seed=0#1"]  # identical settings stay distinct
+    assert alignment_cb.instance_tags(ToyAlignmentModule(n_features=6, d_model=6, d_head=6,
+                                                         template={"pair": [0, 1, 1.0]}, seed=3)) == ["seed=3"]

@@ -1,10 +1,11 @@
 """SVDAlignmentCallback: watches the toy head's Omega = W_Q^T W_K align with the template's feature pairs.
 
 Every ``every_n_steps`` (and before the first step) it logs to TensorBoard, per instance:
-``alignment/mean_abs_cos/inst{i}`` (mean over pairs of |cos(w_i, u_k)| and |cos(w_j, v_k)|),
-``alignment/mean_abs_cos`` (over instances), ``alignment/pair{p}_cos_query|key/inst{i}`` (first pairs),
-``spectrum/sigma{k}/inst{i}`` and ``spectrum/sigma_ratio/inst{i}``, and heatmap images
-``heatmap/cos_W_U/inst{i}``, ``heatmap/cos_W_V/inst{i}`` (rows: features, columns: singular index).
+``alignment/mean_abs_cos/<instance>`` (mean over pairs of |cos(w_i, u_k)| and |cos(w_j, v_k)|),
+``alignment/mean_abs_cos`` (over instances), ``alignment/pair{p}_cos_query|key/<instance>`` (first pairs),
+``spectrum/sigma{k}/<instance>`` and ``spectrum/sigma_ratio/<instance>``, and heatmap images
+``heatmap/cos_W_U/<instance>``, ``heatmap/cos_W_V/<instance>`` (rows: features, columns: singular index).
+``<instance>`` names the settings that differ between instances (``lambda=0.3,seed=2``; ``seed=0`` for one).
 At the end of fit it writes ``results.json`` (keys in docs/toy.md) and PNG figures. Rank zero only.
 """
 from __future__ import annotations
@@ -66,14 +67,14 @@ class SVDAlignmentCallback(Callback):
         self.history.append((step, [r["mean_abs_cos"] for r in reports]))
         metrics = {"alignment/mean_abs_cos": sum(r["mean_abs_cos"] for r in reports) / len(reports)}
         self.progress_bar_metrics = {"alignment/mean_abs_cos": metrics["alignment/mean_abs_cos"]}
-        for n, r in enumerate(reports):
-            metrics[f"alignment/mean_abs_cos/inst{n}"] = r["mean_abs_cos"]
-            metrics[f"spectrum/sigma_ratio/inst{n}"] = min(r["sigma_ratio"], 1e6)
+        for n, (r, tag) in enumerate(zip(reports, instance_tags(module))):
+            metrics[f"alignment/mean_abs_cos/{tag}"] = r["mean_abs_cos"]
+            metrics[f"spectrum/sigma_ratio/{tag}"] = min(r["sigma_ratio"], 1e6)
             for p, m in enumerate(r["pairs"][: self.pair_scalars]):
-                metrics[f"alignment/pair{p}_cos_query/inst{n}"] = m["cos_query"]
-                metrics[f"alignment/pair{p}_cos_key/inst{n}"] = m["cos_key"]
+                metrics[f"alignment/pair{p}_cos_query/{tag}"] = m["cos_query"]
+                metrics[f"alignment/pair{p}_cos_key/{tag}"] = m["cos_key"]
             for k, s in enumerate(r["singular_values"][: self.spectrum_scalars]):
-                metrics[f"spectrum/sigma{k}/inst{n}"] = float(s)
+                metrics[f"spectrum/sigma{k}/{tag}"] = float(s)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         self.log_heatmaps(trainer, module, step)
@@ -88,11 +89,12 @@ class SVDAlignmentCallback(Callback):
 
         n = min(self.heatmap_instances, module.n_instances)
         cos_u, cos_v = feature_singular_cosines(module.feature_directions()[:n], _first(module.omega_svd(), n))
+        tags, labels = instance_tags(module), instance_labels(module)
         for i in range(n):
             for name, cos, side in (("cos_W_U", cos_u[i], "query"), ("cos_W_V", cos_v[i], "key")):
-                fig = figs.heatmap(cos, side, module.pairs, f"instance {i}, step {step}")
+                fig = figs.heatmap(cos, side, module.pairs, f"{labels[i]}, step {step}")
                 for lg in loggers:
-                    lg.experiment.add_figure(f"heatmap/{name}/inst{i}", fig, global_step=step, close=False)
+                    lg.experiment.add_figure(f"heatmap/{name}/{tags[i]}", fig, global_step=step, close=False)
                 figs.close(fig)
 
     def on_fit_end(self, trainer: pl.Trainer, module) -> None:
@@ -138,15 +140,25 @@ class SVDAlignmentCallback(Callback):
                         "theorem1_superposition")
 
 
-def instance_labels(module) -> list[str]:
-    """Each instance named by the settings that differ between instances (seed, lambda, H, ||E_X||_2)."""
-    n = module.n_instances
+def _varying_settings(module) -> dict[str, list]:
+    """The settings (seed, lambda, D, H, ||E_X||) that differ between the instances; the seed alone if none do."""
     settings = {"seed": module.seeds, "lambda": module.lambdas, "D": module.d_models, "H": module.d_heads,
-                "||E_X||_2": getattr(module, "interference", None) if module.frozen_features else None}
+                "||E_X||": getattr(module, "interference", None) if module.frozen_features else None}
     varying = {k: v for k, v in settings.items() if v is not None and len(set(v)) > 1}
-    if not varying:
-        return [f"instance {i}" for i in range(n)]
-    return [", ".join(f"{k} {v[i]:.3g}" for k, v in varying.items()) for i in range(n)]
+    return varying or {"seed": module.seeds}
+
+
+def instance_labels(module) -> list[str]:
+    """Each instance named by the settings that differ between instances, for legends (``lambda 0.3, seed 2``)."""
+    varying = _varying_settings(module)
+    return [", ".join(f"{k} {v[i]:.3g}" for k, v in varying.items()) for i in range(module.n_instances)]
+
+
+def instance_tags(module) -> list[str]:
+    """The same names as TensorBoard tag suffixes (``lambda=0.3,seed=2``); ``#i`` is added where two coincide."""
+    varying = _varying_settings(module)
+    tags = [",".join(f"{k}={v[i]:.3g}" for k, v in varying.items()) for i in range(module.n_instances)]
+    return [t if tags.count(t) == 1 else f"{t}#{i}" for i, t in enumerate(tags)]
 
 
 def _first(svd: SVD, n: int) -> SVD:
