@@ -28,7 +28,7 @@ from torch import Tensor
 
 from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, check_threshold, check_tolerance,
                                   lm_head_sparsity, toy_head_sparsity)
-from lit_svd.callbacks.training import held_out_probe
+from lit_svd.callbacks.training import held_out_probe, log_scalars
 from lit_svd.output import save_figure, write_results
 
 
@@ -166,14 +166,13 @@ class SADCallback(Callback):
                                         self.threshold, self.recon_tol, self.seed, self.null_draws)
         finally:
             module.train(was_training)
-        entry = {"step": step, **res, **history_means(res)}
-        self.history.append(entry)
-        scalars = {f"sad/{k}": v for k, v in history_means(res).items()}
+        means = history_means(res)
+        self.history.append({"step": step, **res, **means})
+        scalars = {f"sad/{k}": v for k, v in means.items()}
         for key in ("sparsity", "sparsity_rotated", "sparsity_null", "sparsity_null_p05"):
             for name, v in zip(res["name"], res.get(key, [])):
                 scalars[f"sad/{name}/{key}"] = v
-        for logger in trainer.loggers:
-            logger.log_metrics({k: v for k, v in scalars.items() if v == v}, step=step)
+        log_scalars(trainer, scalars, step)
 
     # --- hooks -------------------------------------------------------------------------------------
     def on_train_start(self, trainer, pl_module) -> None:
