@@ -65,6 +65,13 @@ def check_tolerance(tol: float, key: str = "recon_tol") -> float:
     return float(tol)
 
 
+def check_null_draws(n: int, key: str = "null_draws") -> int:
+    """0 (no matched null) or at least 2 draws (a percentile needs more than one)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or n == 1:
+        raise ValueError(f"{key}={n!r}: must be 0 (no matched null) or an integer >= 2")
+    return n
+
+
 @dataclass
 class QKHeads:
     """The query/key side of ``h`` heads: ``l(d, s) = rope(x~_d A_q, d) . rope(x~_s A_k, s)``.
