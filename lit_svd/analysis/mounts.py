@@ -184,11 +184,6 @@ class CoverageDict:
         return cls(D, D.mT @ D)
 
 
-def energy_ratio_sums(dh: Tensor, U: Tensor, norm2: Tensor) -> Tensor:
-    """``sum_t (dh_t . u_j)^2 / (||dh_t||^2 + eps)`` for each column ``u_j`` -> ``[n]``."""
-    return ((dh @ U) ** 2 / (norm2 + EPS).unsqueeze(1)).sum(0)
-
-
 def sparse_explained(c: Tensor, G: Tensor, k_active: int) -> Tensor:
     """``sum_t ||P_t dh_t||^2``: energy of each ``dh_t`` explained by the least-squares fit on its
     ``k_active`` dictionary atoms of largest ``|<dh_t, d>|``, from the projections ``c = dh D: [T, n]``
