@@ -26,6 +26,7 @@ from lit_svd.linalg import SVD, haar_orthogonal, svd_dense
 
 STRATEGIES: tuple[str, ...] = ("tiled", "whole", "columns", "random")
 EPS = 1e-12
+RESIDUAL_SITES = ("o", "down")  # the sites that write to the residual stream
 REF_SEED, REF_STRIDE = 10007, 997  # per-mount random reference direction j uses seed 10007 + 997 j
 
 

@@ -25,12 +25,11 @@ import math
 import torch
 
 from lit_svd.analysis import mounts as M
+from lit_svd.analysis.mounts import RESIDUAL_SITES
 from lit_svd.callbacks.training import StepCallback, all_reduce_sum, held_out_probe, log_scalars, merge_results
 from lit_svd.datamodules.common import rank_and_world
 from lit_svd.models.hooks import capture
 from lit_svd.output import log_figure, save_figure
-
-RESIDUAL_SITES = ("o", "down")
 
 
 def probe_activations(view, lm, ids, mask, keys: list[tuple[int, str]]) -> dict:
