@@ -12,6 +12,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from lit_svd.models.base import SITES
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 ARCHS = ("gpt2", "gpt_neox")
@@ -159,9 +160,8 @@ def with_warmup(opt: torch.optim.Optimizer, warmup_steps: int) -> dict:
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-PARTS = ("all", "attention", "mlp")
-PART_SITES = {"all": ("q", "k", "v", "o", "gate", "up", "down"), "attention": ("q", "k", "v", "o"),
-              "mlp": ("gate", "up", "down")}
+PART_SITES = {"all": SITES, "attention": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
+PARTS = tuple(PART_SITES)
 
 
 class FineTuneLMModule(PretrainedLMModule):
