@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from lit_svd.linalg import haar_orthogonal, rolls_tovee_sparsity, svd_factored
-from lit_svd.models.base import augment_inputs  # [1, x]
+from lit_svd.models.base import augment_inputs, inverse_rms  # [1, x]; per-head norm factors
 from lit_svd.models.hooks import capture
 
 DEFAULT_RECON_TOL = 1e-4
@@ -115,9 +115,7 @@ class QKHeads:
         if self.head_norm is None:
             return None
         B_q, B_k, eps = self.head_norm
-        f_q = torch.rsqrt(torch.einsum("bqD,hDc->bhqc", xq, B_q).pow(2).mean(-1) + eps)
-        f_k = torch.rsqrt(torch.einsum("bsD,hDc->bhsc", xk, B_k).pow(2).mean(-1) + eps)
-        return f_q, f_k
+        return inverse_rms(xq, B_q, eps), inverse_rms(xk, B_k, eps)
 
     def pair_factors(self, xq: Tensor, xk: Tensor) -> Tensor | None:
         """``f_q(d) f_k(s)`` as ``[B, h, T_d, T_s]`` (None without head norms)."""
