@@ -11,7 +11,6 @@ At the end of fit it writes ``results.json`` (keys in docs/toy.md) and PNG figur
 from __future__ import annotations
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
