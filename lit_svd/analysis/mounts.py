@@ -26,6 +26,7 @@ from lit_svd.linalg import SVD, haar_orthogonal, svd_dense
 
 STRATEGIES: tuple[str, ...] = ("tiled", "whole", "columns", "random")
 EPS = 1e-12
+RESIDUAL_SITES = ("o", "down")  # the sites that write to the residual stream
 REF_SEED, REF_STRIDE = 10007, 997  # per-mount random reference direction j uses seed 10007 + 997 j
 
 
@@ -182,11 +183,6 @@ class CoverageDict:
     def of(cls, D: Tensor) -> "CoverageDict":
         D = D / D.norm(dim=0, keepdim=True).clamp_min(EPS)
         return cls(D, D.mT @ D)
-
-
-def energy_ratio_sums(dh: Tensor, U: Tensor, norm2: Tensor) -> Tensor:
-    """``sum_t (dh_t . u_j)^2 / (||dh_t||^2 + eps)`` for each column ``u_j`` -> ``[n]``."""
-    return ((dh @ U) ** 2 / (norm2 + EPS).unsqueeze(1)).sum(0)
 
 
 def sparse_explained(c: Tensor, G: Tensor, k_active: int) -> Tensor:

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from lit_svd.linalg import haar_orthogonal, rolls_tovee_sparsity, svd_factored
-from lit_svd.models.base import augment_inputs  # [1, x]
+from lit_svd.models.base import augment_inputs, inverse_rms  # [1, x]; per-head norm factors
 from lit_svd.models.hooks import capture
 
 DEFAULT_RECON_TOL = 1e-4
@@ -63,6 +63,13 @@ def check_tolerance(tol: float, key: str = "recon_tol") -> float:
     if not (isinstance(tol, (int, float)) and 0.0 <= tol < 1.0):
         raise ValueError(f"{key}={tol!r} is outside [0, 1): give a fraction of sum_k |c_k|, e.g. 1e-4")
     return float(tol)
+
+
+def check_null_draws(n: int, key: str = "null_draws") -> int:
+    """0 (no matched null) or at least 2 draws (a percentile needs more than one)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or n == 1:
+        raise ValueError(f"{key}={n!r}: must be 0 (no matched null) or an integer >= 2")
+    return n
 
 
 @dataclass
@@ -108,9 +115,7 @@ class QKHeads:
         if self.head_norm is None:
             return None
         B_q, B_k, eps = self.head_norm
-        f_q = torch.rsqrt(torch.einsum("bqD,hDc->bhqc", xq, B_q).pow(2).mean(-1) + eps)
-        f_k = torch.rsqrt(torch.einsum("bsD,hDc->bhsc", xk, B_k).pow(2).mean(-1) + eps)
-        return f_q, f_k
+        return inverse_rms(xq, B_q, eps), inverse_rms(xk, B_k, eps)
 
     def pair_factors(self, xq: Tensor, xk: Tensor) -> Tensor | None:
         """``f_q(d) f_k(s)`` as ``[B, h, T_d, T_s]`` (None without head norms)."""

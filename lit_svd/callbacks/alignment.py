@@ -11,7 +11,6 @@ At the end of fit it writes ``results.json`` (keys in docs/toy.md) and PNG figur
 from __future__ import annotations
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -67,7 +66,7 @@ class SVDAlignmentCallback(Callback):
         self.history.append((step, [r["mean_abs_cos"] for r in reports]))
         metrics = {"alignment/mean_abs_cos": sum(r["mean_abs_cos"] for r in reports) / len(reports)}
         self.progress_bar_metrics = {"alignment/mean_abs_cos": metrics["alignment/mean_abs_cos"]}
-        for n, (r, tag) in enumerate(zip(reports, instance_tags(module))):
+        for r, tag in zip(reports, instance_tags(module)):
             metrics[f"alignment/mean_abs_cos/{tag}"] = r["mean_abs_cos"]
             metrics[f"spectrum/sigma_ratio/{tag}"] = min(r["sigma_ratio"], 1e6)
             for p, m in enumerate(r["pairs"][: self.pair_scalars]):

@@ -25,11 +25,11 @@ import math
 import torch
 
 from lit_svd.analysis import mounts as M
-from lit_svd.callbacks.training import StepCallback, all_reduce_sum, held_out_probe, log_scalars, merge_results, world
+from lit_svd.analysis.mounts import RESIDUAL_SITES
+from lit_svd.callbacks.training import StepCallback, all_reduce_sum, held_out_probe, log_scalars, merge_results
+from lit_svd.datamodules.common import rank_and_world
 from lit_svd.models.hooks import capture
 from lit_svd.output import log_figure, save_figure
-
-RESIDUAL_SITES = ("o", "down")
 
 
 def probe_activations(view, lm, ids, mask, keys: list[tuple[int, str]]) -> dict:
@@ -128,7 +128,7 @@ class MountsCallback(StepCallback):
             raise ValueError("MountsCallback needs a module with a language model (.lm) and its view (.view)")
         if self.probe is None:
             self.probe = held_out_probe(trainer, module, self.probe_path, self.probe_windows, self.probe_seq_len)
-        rank, size = world(trainer)
+        rank, size = rank_and_world(trainer)
         ids, mask = (t[rank::size].to(module.device) for t in self.probe)
         view = module.view
         rows = score_site_layers(view, module.lm, ids, mask, self.keys(view), self.widths(view), self.modes,

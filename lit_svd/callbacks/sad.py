@@ -26,9 +26,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, check_threshold, check_tolerance,
-                                  lm_head_sparsity, toy_head_sparsity)
-from lit_svd.callbacks.training import held_out_probe
+from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, check_null_draws, check_threshold,
+                                  check_tolerance, lm_head_sparsity, toy_head_sparsity)
+from lit_svd.callbacks.training import held_out_probe, log_scalars
 from lit_svd.output import save_figure, write_results
 
 
@@ -98,9 +98,7 @@ class SADCallback(Callback):
             raise ValueError(f"every_n_steps={every_n_steps!r} must be a positive integer")
         if not isinstance(n_probe, int) or n_probe < 1:
             raise ValueError(f"n_probe={n_probe!r} must be a positive integer")
-        if not isinstance(null_draws, int) or isinstance(null_draws, bool) or null_draws < 0 or null_draws == 1:
-            raise ValueError(f"null_draws={null_draws!r}: must be 0 (no matched null) or an integer >= 2")
-        self.null_draws = null_draws
+        self.null_draws = check_null_draws(null_draws)
         self.every_n_steps, self.n_probe = every_n_steps, n_probe
         self.threshold = check_threshold(threshold)
         self.recon_tol = check_tolerance(recon_tol)
@@ -166,14 +164,13 @@ class SADCallback(Callback):
                                         self.threshold, self.recon_tol, self.seed, self.null_draws)
         finally:
             module.train(was_training)
-        entry = {"step": step, **res, **history_means(res)}
-        self.history.append(entry)
-        scalars = {f"sad/{k}": v for k, v in history_means(res).items()}
+        means = history_means(res)
+        self.history.append({"step": step, **res, **means})
+        scalars = {f"sad/{k}": v for k, v in means.items()}
         for key in ("sparsity", "sparsity_rotated", "sparsity_null", "sparsity_null_p05"):
             for name, v in zip(res["name"], res.get(key, [])):
                 scalars[f"sad/{name}/{key}"] = v
-        for logger in trainer.loggers:
-            logger.log_metrics({k: v for k, v in scalars.items() if v == v}, step=step)
+        log_scalars(trainer, scalars, step)
 
     # --- hooks -------------------------------------------------------------------------------------
     def on_train_start(self, trainer, pl_module) -> None:

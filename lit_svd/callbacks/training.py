@@ -55,10 +55,6 @@ def held_out_probe(trainer: pl.Trainer, module, path: str, n_windows: int, seq_l
     return ids, torch.ones_like(ids)
 
 
-def world(trainer: pl.Trainer) -> tuple[int, int]:
-    return trainer.global_rank, trainer.world_size
-
-
 def all_reduce_sum(t: Tensor) -> Tensor:
     """Sum over DDP ranks (identity in one process)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():

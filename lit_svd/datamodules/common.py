@@ -71,9 +71,9 @@ class ResumableSampler(RandomSampler):
         n = len(self.data_source)
         for _ in range(epoch + 1):
             torch.empty((), dtype=torch.int64).random_(generator=g)  # DataLoader's base seed
-            perm = torch.randperm(n, generator=g).tolist()
+            perm = torch.randperm(n, generator=g)
             torch.randperm(n, generator=g)  # RandomSampler's (empty) remainder draw
-        return perm
+        return perm.tolist()
 
     def __iter__(self) -> Iterator[int]:
         skip = 0

@@ -106,6 +106,12 @@ def augment_inputs(x: Tensor) -> Tensor:
     return torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)
 
 
+def inverse_rms(xa: Tensor, maps: Tensor, eps: float) -> Tensor:
+    """``1 / RMS`` of each head's map of ``xa: [..., T, D]`` through ``maps: [h, D, c]`` -> ``[..., h, T]``
+    (the per-token factor of a per-head query / key RMSNorm)."""
+    return torch.rsqrt(torch.einsum("...tD,hDc->...htc", xa, maps.to(xa.dtype)).pow(2).mean(-1) + eps)
+
+
 def rotate_half(x: Tensor) -> Tensor:
     """HF's rotary pairing: features ``(i, i + d/2)`` rotate together."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -370,9 +376,7 @@ class ModelView(ABC):
             return None
         Q, K, eps = maps
         xa = augment_inputs(x)
-        q = torch.einsum("...tD,hDc->...htc", xa, Q.to(x.dtype))
-        k = torch.einsum("...tD,hDc->...htc", xa, K.to(x.dtype))
-        return torch.rsqrt(q.pow(2).mean(-1) + eps), torch.rsqrt(k.pow(2).mean(-1) + eps)
+        return inverse_rms(xa, Q, eps), inverse_rms(xa, K, eps)
 
     @property
     def _dtype(self) -> torch.dtype:

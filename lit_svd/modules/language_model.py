@@ -12,6 +12,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from lit_svd.models.base import SITES
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 ARCHS = ("gpt2", "gpt_neox")
@@ -149,14 +150,18 @@ class LanguageModelModule(pl.LightningModule):
         rest = [p for n, p in self.lm.named_parameters() if p.dim() < 2]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},
                                  {"params": rest, "weight_decay": 0.0}], lr=hp.lr)
-        warm = max(hp.warmup_steps, 1)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return with_warmup(opt, hp.warmup_steps)
 
 
-PARTS = ("all", "attention", "mlp")
-PART_SITES = {"all": ("q", "k", "v", "o", "gate", "up", "down"), "attention": ("q", "k", "v", "o"),
-              "mlp": ("gate", "up", "down")}
+def with_warmup(opt: torch.optim.Optimizer, warmup_steps: int) -> dict:
+    """``opt`` with a linear warm-up over ``warmup_steps`` steps, then a constant rate (stepped per step)."""
+    warm = max(warmup_steps, 1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+PART_SITES = {"all": SITES, "attention": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
+PARTS = tuple(PART_SITES)
 
 
 class FineTuneLMModule(PretrainedLMModule):
@@ -231,9 +236,7 @@ class FineTuneLMModule(PretrainedLMModule):
         hp = self.hparams
         params = [p for p in self.lm.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay)
-        warm = max(hp.warmup_steps, 1)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return with_warmup(opt, hp.warmup_steps)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Checkpoints hold the trained maps only; the frozen rest is rebuilt from ``model``."""

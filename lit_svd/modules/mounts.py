@@ -30,11 +30,11 @@ from torchmetrics import Metric
 from tqdm.auto import tqdm
 
 from lit_svd.analysis import mounts as M
+from lit_svd.analysis.mounts import RESIDUAL_SITES
 from lit_svd.models.base import SITES
 from lit_svd.models.hooks import Hook, first_input, hooks
 from lit_svd.modules.pretrained import PretrainedLMModule
 
-RESIDUAL_SITES = ("o", "down")
 DEFAULT_TILE_WIDTHS = M.PAPER_TILE_WIDTHS  # "fixed": the paper's absolute widths
 NULL_SEED, NULL_LAYER_STRIDE = 20011, 101  # the null of (layer, site) is seeded 20011 + 101 layer + site index
 

@@ -15,8 +15,8 @@ from torch import Tensor
 from torchmetrics import Metric
 from tqdm.auto import tqdm
 
-from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, PairStats, attention_inputs, check_threshold,
-                                  check_tolerance, decompose_layer, layer_bases, summarise_heads)
+from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, PairStats, attention_inputs, check_null_draws,
+                                  check_threshold, check_tolerance, decompose_layer, layer_bases, summarise_heads)
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -142,8 +142,7 @@ class SADAnalysisModule(PretrainedLMModule):
             raise ValueError(f"model.dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if not isinstance(min_pairs, int) or min_pairs < 1:
             raise ValueError(f"model.min_pairs={min_pairs!r} must be a positive integer")
-        if not isinstance(null_draws, int) or isinstance(null_draws, bool) or null_draws < 0 or null_draws == 1:
-            raise ValueError(f"model.null_draws={null_draws!r}: must be 0 (no matched null) or an integer >= 2")
+        check_null_draws(null_draws, "model.null_draws")
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=fold_norms)
         self.save_hyperparameters()
         self.lm.to(DTYPES[dtype])
