@@ -61,14 +61,17 @@ def plot(runs: Sequence[dict], out: str | Path, target: tuple[float, float] | No
         traj = [p for p in r.get("trajectory", []) if p["kept_fraction"] < 1]
         line, = ax.plot([100 * p["kept_fraction"] for p in traj], [p["kl_hard"] for p in traj], lw=0.8, alpha=0.5)
         ax.plot(100 * r["kept_fraction"], r["kl_hard"], "o", color=line.get_color(),
-                label=f"{Path(r['label']).name} (alpha {r['alpha']:g}): {100 * r['kept_fraction']:.1f} %, KL {r['kl_hard']:.2f}")
+                label=f"{Path(r['label']).name} (alpha {r['alpha']:g}): {100 * r['kept_fraction']:.1f} %, "
+                      f"KL {r['kl_hard']:.2f} on {r.get('eval_split', 'val')}")
     if target:
         ax.fill_between([0, 100 * target[0]], 0, target[1], color="tab:green", alpha=0.12, label="target")
     ax.set_xscale("log")
     ax.set_xlabel("kept directions (%), hard masks")
     ax.set_ylabel("KL(full || hard-masked)")
     ax.set_ylim(0, max(0.5, 1.5 * max(r["kl_hard"] for r in runs)))  # early trajectory spikes run off the top
-    ax.set_title(f"sparsity-KL, {runs[0].get('task', '')} on {runs[0].get('model', '')}")
+    splits = sorted({r.get("trajectory_split", "val") for r in runs})
+    ax.set_title(f"sparsity-KL, {runs[0].get('task', '')} on {runs[0].get('model', '')}\n"
+                 f"points: final evaluation; lines: training trajectory on {'/'.join(splits)}", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
