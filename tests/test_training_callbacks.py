@@ -156,6 +156,10 @@ def test_nothing_is_computed_on_training_tokens(fitted, tokenizer):
     calls, module, mounts, sad = fitted["calls"], fitted["module"], fitted["cbs"][1], fitted["cbs"][0]
     probe = {tuple(w.tolist()) for w in mounts.probe[0]}
     assert probe == {tuple(w.tolist()) for w in module.map_ids(sad.probe[0])}  # SAD keeps tokenizer ids
+    from lit_svd.datamodules.text import read_local_text, tokenize_texts
+
+    full = tokenize_texts(tokenizer, read_local_text(fitted["probe"]))  # the whole file, as before the shortcut
+    assert torch.equal(sad.probe[0].reshape(-1), full[: WINDOWS * SEQ])
     trained = {tuple(w.tolist()) for grad, ids in calls if grad for w in ids}
     scored = [ids for grad, ids in calls if not grad]
     assert trained and scored

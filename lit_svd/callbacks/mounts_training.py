@@ -17,7 +17,8 @@ TensorBoard: ``mounts/<site>/layer<l>/<stat>`` (stat: ``lift_<strategy>``, ``lif
 ``coverage_lift/modes=<m>``, ``identity_rel_err``, ``pass``; ``steer_rho`` with ``steer``; ``null/lift_tiled``,
 ``null/pass`` with ``null_control``), ``mounts/pass_fraction`` and, with ``figures``, the image
 ``mounts/depth`` (lift per strategy against depth, one panel per site) at every measured step. At the end
-(rank zero): ``results.json["mounts_training"]`` (the settings and the history) and ``mounts_training.png``.
+(rank zero): ``results.json["mounts_training"]`` (the settings and the history), ``mounts_training.png`` and,
+with ``figures``, ``mounts_depth.png``.
 """
 from __future__ import annotations
 
@@ -129,8 +130,9 @@ class MountsCallback(StepCallback):
             ``steer_texts`` probe windows cut to ``steer_tokens`` tokens, as the test run's ``"last"`` mode
             (off by default: one extra forward per mount and site-layer; C1 is None without it).
         steer_alpha, steer_mounts, steer_texts, steer_tokens: as ``MountsAnalysisModule``.
-        figures: also log the depth figure at every measured step (off by default: drawing it costs about as
-            much as the measurement; the final PNGs are written either way).
+        figures: also log the depth figure at every measured step and write the last one as mounts_depth.png
+            (off by default: drawing it costs about as much as the measurement; mounts_training.png is written
+            either way).
         write_results: write the history into results.json and mounts_training.png at the end of fit.
     """
 
@@ -204,7 +206,8 @@ class MountsCallback(StepCallback):
             "k_active": self.k_active, "seed": self.seed, "null_control": self.null_control, "steer": self.steer,
             "history": self.history})
         save_figure(trainer, history_figure(self.history), "mounts_training")
-        save_figure(trainer, depth_figure(self.history[-1]["rows"], self.history[-1]["step"]), "mounts_depth")
+        if self.figures:
+            save_figure(trainer, depth_figure(self.history[-1]["rows"], self.history[-1]["step"]), "mounts_depth")
 
 
 def scalars(rows: list[dict]) -> dict[str, float]:
@@ -242,7 +245,7 @@ def depth_figure(rows: list[dict], step: int):
         ax.set_xlabel("layer")
         ax.set_ylabel("lift over random reference")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    fig.subplots_adjust(wspace=0.4, hspace=0.3)  # fixed spacing: tight_layout would draw the figure once more
     return fig
 
 
@@ -261,5 +264,5 @@ def history_figure(history: list[dict]):
     for ax in (a, b):
         ax.set_xlabel("training step")
     a.legend(fontsize=7)
-    fig.tight_layout()
+    fig.subplots_adjust(wspace=0.4, hspace=0.3)  # fixed spacing: tight_layout would draw the figure once more
     return fig

@@ -19,7 +19,7 @@ the per-matrix means ``spectrum/<matrix>/mean_effective_rank``, and with ``figur
 ``spectrum/values`` (every spectrum of the step, log scale) at every measured step. At the end:
 ``results.json["spectrum"]`` (the history, each row with its ``tracked`` record), ``spectrum_training.png``
 (mean effective rank per layer against the step), ``spectrum_tracked.png`` (tracked singular values and
-the identity counts against the step) and ``spectrum_values.png`` (the last step's spectra).
+the identity counts against the step) and, with ``figures``, ``spectrum_values.png`` (the last step's spectra).
 """
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ class SpectrumCallback(StepCallback):
         top_k: the k of the top-k energy fraction.
         track: how many leading directions of each matrix to follow over the steps (0: none).
         min_cos: |cos| to its predecessor below which a tracked direction counts as a new one.
-        figures: also log the spectrum image at every measured step (off by default: drawing it costs ~20x
-            computing the spectra of the tiny LM; the final PNGs are written either way).
+        figures: also log the spectrum image at every measured step and write the last one as
+            spectrum_values.png (off by default: drawing it costs ~20x computing the spectra of the tiny LM;
+            spectrum_training.png and spectrum_tracked.png are written either way).
         keep_values: keep the singular values themselves in results.json (else only the summaries).
         write_results: write the history into results.json and spectrum_training.png at the end of fit.
     """
@@ -89,7 +90,7 @@ class SpectrumCallback(StepCallback):
         save_figure(trainer, history_figure(self.history), "spectrum_training")
         if "tracked" in self.history[-1]["rows"][0]:
             save_figure(trainer, tracked_figure(self.history, self.min_cos), "spectrum_tracked")
-        if "S" in self.history[-1]["rows"][0]:
+        if self.figures and "S" in self.history[-1]["rows"][0]:
             save_figure(trainer, values_figure(self.history[-1]["rows"], self.history[-1]["step"]), "spectrum_values")
 
 
@@ -133,7 +134,7 @@ def values_figure(rows: list[dict], step: int):
         ax.set_title(f"{kind} (step {step})", fontsize=9)
         ax.set_xlabel("i (sigma_1 largest)")
     axes[0][0].set_ylabel("singular value sigma_i (colour: layer)")
-    fig.tight_layout()
+    fig.subplots_adjust(wspace=0.4, hspace=0.3)  # fixed spacing: tight_layout would draw the figure once more
     return fig
 
 
@@ -157,47 +158,47 @@ def history_figure(history: list[dict]):
         ax.set_xlabel("training step")
     axes[0][0].set_ylabel("effective rank (mean over heads)")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    fig.subplots_adjust(wspace=0.4, hspace=0.3)  # fixed spacing: tight_layout would draw the figure once more
     return fig
 
 
 def tracked_figure(history: list[dict], min_cos: float = MIN_COS):
-    """Per matrix kind: top, the tracked singular values d1, d2, ... of the last layer's first head (or MLP
-    map) against the step (x: identity lost at that step, open circle: inside a block); bottom, the fraction
-    of tracked directions of all heads / layers that kept their identity, only as a block, or were lost."""
+    """One panel per matrix kind: the tracked singular values d1, d2, ... of the last layer's first head (or MLP
+    map) against the step (x: identity lost at that step, open circle: inside a block); a last panel: per
+    matrix kind, the fraction of all its tracked directions that kept their identity since the previous step."""
     import matplotlib.pyplot as plt
 
     steps = [h["step"] for h in history]
     first = history[0]["rows"]
     kinds = list(dict.fromkeys(r["matrix"] for r in first))
-    fig, axes = plt.subplots(2, len(kinds), figsize=(3.0 * len(kinds), 5.0), squeeze=False, sharex=True)
-    for j, kind in enumerate(kinds):
-        mine = [r for r in first if r["matrix"] == kind]
-        shown = max(mine, key=lambda r: (r["layer"], -(r["head"] or 0)))
+    fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(2.8 * (len(kinds) + 1), 2.9), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        shown = max((r for r in first if r["matrix"] == kind), key=lambda r: (r["layer"], -(r["head"] or 0)))
         key = (kind, shown["layer"], shown["head"])
         recs = [next(r["tracked"] for r in h["rows"] if (r["matrix"], r["layer"], r["head"]) == key) for h in history]
-        ax = axes[0][j]
         for i in range(len(recs[0]["sigma"])):
             ys = [r["sigma"][i] for r in recs]
             line, = ax.plot(steps, ys, marker=".", lw=1, label=f"d{i + 1}")
-            for x, y, r in zip(steps, ys, recs):
-                if r["state"][i] == "lost":
-                    ax.plot(x, y, "x", color="black", ms=7)
-                elif r["block_size"][i] > 1:
-                    ax.plot(x, y, "o", mfc="none", color=line.get_color(), ms=7)
+            lost = [(x, y) for x, y, r in zip(steps, ys, recs) if r["state"][i] == "lost"]
+            block = [(x, y) for x, y, r in zip(steps, ys, recs) if r["state"][i] != "lost" and r["block_size"][i] > 1]
+            if lost:
+                ax.plot(*zip(*lost), "x", color="black", ms=7)
+            if block:
+                ax.plot(*zip(*block), "o", mfc="none", color=line.get_color(), ms=7)
         ax.set_title(f"{kind}, {shown['name']}", fontsize=9)
-        b = axes[1][j]
-        for state, color in (("kept", "tab:green"), ("block", "tab:orange"), ("lost", "tab:red")):
-            frac = []
-            for h in history:
-                rs = [r["tracked"] for r in h["rows"] if r["matrix"] == kind]
-                frac.append(sum(r[f"n_{state}"] for r in rs) / max(1, sum(len(r["state"]) for r in rs)))
-            b.plot(steps, frac, marker=".", color=color, label=state)
-        b.set_ylim(-0.02, 1.02)
-        b.set_xlabel("training step")
+        ax.set_xlabel("training step")
+    b = axes[0][-1]
+    for kind in kinds:
+        frac = []
+        for h in history:
+            rs = [r["tracked"] for r in h["rows"] if r["matrix"] == kind]
+            frac.append(sum(r["n_kept"] for r in rs) / max(1, sum(len(r["state"]) for r in rs)))
+        b.plot(steps, frac, marker=".", label=kind)
+    b.set_ylim(-0.02, 1.02)
+    b.set_title(f"identity kept (|cos| >= {min_cos:g}, isolated)", fontsize=8)
+    b.set_xlabel("training step")
+    b.legend(fontsize=7)
     axes[0][0].set_ylabel("sigma of tracked direction\n(x: new direction, o: in a block)", fontsize=8)
-    axes[1][0].set_ylabel(f"fraction of tracked directions\n(vs. the previous step, |cos| >= {min_cos:g})", fontsize=8)
     axes[0][0].legend(fontsize=7)
-    axes[1][0].legend(fontsize=7)
-    fig.tight_layout()
+    fig.subplots_adjust(wspace=0.4)
     return fig
