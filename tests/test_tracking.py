@@ -90,8 +90,9 @@ def test_block_and_new_direction_are_flagged():
     U1[:, 3], V1[:, 3] = Q[:, 5], P[:, 5]
     step = track.update(7, svd_dense((U1 * s) @ V1.T))
     assert step.state == ["kept", "block", "block", "lost"]
-    assert step.block_size == [1, 2, 2, 6]  # the old d4 left for the null space (rank 4 of 10): the null block
-    assert step.sigma[3] == pytest.approx(0.0, abs=1e-9)
+    # the old d4 left for the null space (rank 4 of 10); the name restarts on the new direction at sigma 1
+    assert step.block_size == [1, 2, 2, 1] and step.position[3] == 3 and step.sigma[3] == pytest.approx(1.0)
+    assert abs(float(track.aligned().U[:, 3] @ Q[:, 5])) == pytest.approx(1.0)
     assert step.block_sigma_min[1] == pytest.approx(2.0) and step.block_sigma_max[2] == pytest.approx(2.0)
     assert step.block_cos[1] == pytest.approx(1.0, abs=1e-9) and step.cos[3] < 0.1
     assert step.since == [0, 0, 0, 7]

@@ -15,7 +15,9 @@ value, its sign relative to the first step, and whether its identity held since 
 * ``"block"``: it lay in a block of near-equal values at the previous step; the block as a subspace carried
   over (``block_cos``, the cosine of the largest principal angle, ``>= min_cos``), the vector inside it is
   not identifiable, so only block-level quantities (the block's singular-value range) mean anything;
-* ``"lost"``: below ``min_cos``: the partner is a new direction, not the old one moved.
+* ``"lost"``: below ``min_cos``: the partner is a new direction, not the old one moved. The name then
+  restarts on the largest direction that no other tracked name holds (``since`` says from which step), so
+  ``d1..dn`` stay on the top of the spectrum instead of following a lost chain into its bottom.
 """
 from __future__ import annotations
 
@@ -36,8 +38,9 @@ class TrackStep:
     ``position`` (0-based index in this step's sorted SVD), ``sigma``, ``sign`` (+1/-1 that turns this step's
     vectors into the first step's orientation), ``cos`` (|cos| to its predecessor; 1 at the first step),
     ``block_cos`` (principal-angle cosine of its previous block), ``state`` (``kept`` / ``block`` / ``lost``;
-    ``kept`` at the first step), ``block_size``, ``block_sigma_min`` / ``block_sigma_max`` (its block at this
-    step), ``since`` (first step of its unbroken chain) and the counts ``n_kept``, ``n_block``, ``n_lost``."""
+    ``kept`` at the first step; ``lost``: the name restarted on another direction, whose values ``position``,
+    ``sigma`` and ``block_*`` are), ``block_size``, ``block_sigma_min`` / ``block_sigma_max`` (its block at
+    this step), ``since`` (first step of its unbroken chain) and the counts ``n_kept``, ``n_block``, ``n_lost``."""
 
     position: list[int]
     sigma: list[float]
@@ -103,6 +106,7 @@ class DirectionTrack:
             self.position = match.index[old]
             self.sign = self.sign * match.sign.double()[old]
             self.since = torch.where(torch.tensor([s == "lost" for s in state]), step, self.since)
+            self._restart([i for i in range(n) if state[i] == "lost"], n)
         self.prev = svd
         blocks = direction_blocks(svd.S, self.rel_gap, size=max(svd.U.shape[-2], svd.V.shape[-2]))
         pos = self.position[:n]
@@ -112,6 +116,18 @@ class DirectionTrack:
         return TrackStep(pos.tolist(), svd.S[pos].tolist(), self.sign[:n].tolist(), cos[:n].tolist(),
                          block_cos[:n].tolist(), state[:n], blocks.size[pos].tolist(), lo.tolist(), hi.tolist(),
                          self.since[:n].tolist())
+
+    def _restart(self, lost: list[int], n: int) -> None:
+        """A reported direction that lost its identity restarts on the largest direction no other reported one
+        holds (its partner may have fallen to the bottom of the spectrum; the name ``d<i>`` stays on the top
+        directions), in the SVD's own sign; the direction there swaps places with it."""
+        held = {int(self.position[i]) for i in range(n) if i not in lost}
+        for i in lost:
+            p = next(q for q in range(len(self.position)) if q not in held)
+            j = int((self.position == p).nonzero()[0, 0])
+            self.position[i], self.position[j] = p, self.position[i].clone()
+            self.sign[i], self.sign[j] = 1.0, self.sign[i].clone()
+            held.add(p)
 
     def aligned(self, svd: SVD | None = None) -> SVD:
         """The last SVD (or ``svd``, of the same step) with its columns in tracked order and the first step's
