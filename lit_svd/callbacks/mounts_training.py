@@ -129,7 +129,10 @@ class MountsCallback(StepCallback):
             tiled mounts of highest tile-local lift are added (``steer_alpha``) at the last token of the first
             ``steer_texts`` probe windows cut to ``steer_tokens`` tokens, as the test run's ``"last"`` mode
             (off by default: one extra forward per mount and site-layer; C1 is None without it).
-        steer_alpha, steer_mounts, steer_texts, steer_tokens: as ``MountsAnalysisModule``.
+        steer_alpha: steering strength alpha (u added with alpha times the residual norm scale), as the test run.
+        steer_mounts: tiled mounts of highest tile-local lift steered per residual site-layer.
+        steer_texts: probe windows used for steering (the first ones).
+        steer_tokens: tokens of each steering window (its prefix is cached; the last token is steered).
         figures: also log the depth figure at every measured step and write the last one as mounts_depth.png
             (off by default: drawing it costs about as much as the measurement; mounts_training.png is written
             either way).
