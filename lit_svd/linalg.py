@@ -48,10 +48,6 @@ class FactoredMatrix:
     def shape(self) -> torch.Size:
         return torch.Size((*self.A.shape[:-1], self.B.shape[-2]))
 
-    @property
-    def rank_bound(self) -> int:
-        return min(self.A.shape[-1], self.A.shape[-2], self.B.shape[-2])
-
     def dense(self) -> Tensor:
         return self.A @ self.B.mT
 
@@ -135,3 +131,128 @@ def orthogonality_to_others(W: Tensor, chosen: Tensor, eps: float = 1e-12) -> Te
     mask = torch.ones(W.shape[-1], dtype=torch.bool, device=W.device)
     mask[chosen] = False
     return cos[:, mask].max(dim=-1).values if mask.any() else torch.zeros(len(chosen))
+
+
+# --- identifiability: numerical rank, near-degenerate blocks, matching ------------------------------------
+#
+# Inside a block of (nearly) equal singular values the individual singular vectors are arbitrary: any rotation
+# of the block is an equally valid SVD. By Wedin's theorem a perturbation E turns a singular subspace by at most
+# ``sin(theta) <= ||E|| / gap``, so a direction is only as stable as its gap to its neighbours. REL_GAP = 0.05:
+# with a relative gap of 5 % of sigma_i, a perturbation of 1 % of sigma_i (e.g. a few hundred fine-tuning steps,
+# a different seed, float16 rounding of a checkpoint) moves the vector by at most asin(0.2) ~ 0.2 rad
+# (|cos| >= 0.98); below that gap a claim about one vector of the pair is not reproducible.
+REL_GAP = 0.05
+
+
+@dataclass
+class DirectionBlocks:
+    """Per direction of a descending spectrum ``S: [..., k]``: ``block`` (0-based id, in order of sigma),
+    ``size`` (directions in its block), ``gap`` (relative gap from its block to the nearest singular value
+    outside it, in [0, 1]; 1 where there is no neighbour), ``isolated`` (a block of one, within the rank) and
+    ``rank`` (numerical rank ``[...]``). Directions past the rank form one block of their own."""
+
+    block: Tensor
+    size: Tensor
+    gap: Tensor
+    isolated: Tensor
+    rank: Tensor
+
+
+def relative_gaps(S: Tensor) -> Tensor:
+    """``(S_i - S_{i+1}) / S_i`` between neighbours of a descending spectrum -> ``[..., k-1]`` (0 where S_i = 0)."""
+    S = S.double()
+    return torch.where(S[..., :-1] > 0, (S[..., :-1] - S[..., 1:]) / S[..., :-1].clamp_min(1e-300), 0.0)
+
+
+def numerical_rank(S: Tensor, size: int, rtol: float | None = None) -> Tensor:
+    """Number of singular values above ``rtol * S_max`` (default ``rtol = size * eps(dtype)``, the usual
+    ``matrix_rank`` rule; ``size = max(m, n)``) -> ``[...]``."""
+    rtol = size * torch.finfo(S.dtype).eps if rtol is None else rtol
+    return (S > rtol * S[..., :1]).sum(-1)
+
+
+def direction_blocks(S: Tensor, rel_gap: float = REL_GAP, size: int | None = None,
+                     rtol: float | None = None) -> DirectionBlocks:
+    """Group a descending spectrum ``S: [..., k]`` into blocks: neighbours whose relative gap is below ``rel_gap``
+    share a block (chains join: a slowly decaying spectrum is one block). ``size`` is ``max(m, n)`` of the
+    matrix, for the rank tolerance (default ``k``)."""
+    if not 0 <= rel_gap < 1:
+        raise ValueError(f"rel_gap={rel_gap!r}: must be in [0, 1)")
+    k = S.shape[-1]
+    rank = numerical_rank(S, size or k, rtol)
+    idx = torch.arange(k, device=S.device)
+    gaps = relative_gaps(S)  # [..., k-1]
+    past = idx[1:] >= rank.unsqueeze(-1)  # the boundary before direction i+1 lies in or at the null block
+    starts_null = idx[1:] == rank.unsqueeze(-1)
+    split = torch.where(past, starts_null, gaps >= rel_gap)  # a new block starts at i+1
+    first = torch.zeros_like(S[..., :1], dtype=torch.bool)
+    new = torch.cat([first | True, split], -1)
+    block = new.long().cumsum(-1) - 1
+    start = torch.where(new, idx, 0).cummax(-1).values
+    new_rev = torch.cat([split, first | True], -1).flip(-1)  # block ends, read from the right
+    end = (k - 1 - torch.where(new_rev, idx, 0).cummax(-1).values).flip(-1)
+    one = torch.ones_like(S[..., :1], dtype=torch.float64)
+    padded = torch.cat([one, gaps, one], -1)  # padded[i] = gap above direction i, padded[i+1] = gap below
+    gap = torch.minimum(padded.gather(-1, start), padded.gather(-1, end + 1))
+    size_ = end - start + 1
+    return DirectionBlocks(block, size_, gap, (size_ == 1) & (idx < rank.unsqueeze(-1)), rank)
+
+
+def sign_fixed(svd: SVD) -> SVD:
+    """The SVD with each direction's sign chosen so that the largest-|entry| of its left vector is positive
+    (``U`` and ``V`` flip together; the product is unchanged)."""
+    pick = svd.U.abs().argmax(-2, keepdim=True)
+    sign = torch.where(svd.U.gather(-2, pick) < 0, -1.0, 1.0).to(svd.U.dtype)
+    return SVD(svd.U * sign, svd.S, svd.V * sign)
+
+
+@dataclass
+class DirectionMatch:
+    """Where each direction ``i`` of a reference SVD went in another SVD of (nearly) the same matrix:
+    ``index[i]`` (its partner), ``sign[i]`` (+1/-1 to apply to the partner's U and V), ``cos[i]`` (signed
+    cosine of the joint vectors ``[u; v] / sqrt 2`` after the sign, in [-1, 1]; for isolated directions this is
+    the identity check) and ``block_cos[i]`` (cosine of the largest principal angle between the reference block
+    containing ``i`` and the span of its partners; 1 = the same subspace)."""
+
+    index: Tensor
+    sign: Tensor
+    cos: Tensor
+    block_cos: Tensor
+
+
+def _joint(svd: SVD) -> Tensor:
+    return torch.cat([svd.U, svd.V], -2).double() / 2 ** 0.5  # orthonormal columns [m + n, k]
+
+
+def match_directions(ref: SVD, new: SVD, rel_gap: float = REL_GAP) -> DirectionMatch:
+    """Block-aware matching of the directions of ``new`` to those of ``ref`` (unbatched, same shape): each
+    reference block of m directions receives the m directions of ``new`` that put the most energy into its
+    span (one Hungarian assignment over all blocks at once); isolated directions are thereby matched on their
+    squared cosine, and sign-fixed by the sign of the cosine."""
+    from scipy.optimize import linear_sum_assignment
+
+    if ref.U.shape != new.U.shape or ref.V.shape != new.V.shape:
+        raise ValueError(f"match_directions needs SVDs of one shape; got U {tuple(ref.U.shape)} and "
+                         f"{tuple(new.U.shape)}, V {tuple(ref.V.shape)} and {tuple(new.V.shape)}")
+    if ref.U.dim() != 2:
+        raise ValueError(f"match_directions is unbatched; got U of shape {tuple(ref.U.shape)} (index the batch first)")
+    blocks = direction_blocks(ref.S, rel_gap, size=max(ref.U.shape[-2], ref.V.shape[-2]))
+    Wr, Wn = _joint(ref), _joint(new)
+    C = Wr.mT @ Wn  # [k, k] signed cosines
+    n_blocks = int(blocks.block.max()) + 1
+    energy = torch.zeros(n_blocks, C.shape[1], dtype=C.dtype).index_add_(0, blocks.block, C.pow(2))
+    rows, cols = linear_sum_assignment(energy[blocks.block].numpy(), maximize=True)
+    index = torch.as_tensor(cols)[torch.as_tensor(rows).argsort()]
+    signed = C.gather(1, index[:, None]).squeeze(1)
+    sign = torch.where(signed < 0, -1.0, 1.0)
+    block_cos = torch.empty(len(index), dtype=torch.float64)
+    for b in range(n_blocks):
+        members = (blocks.block == b).nonzero().squeeze(1)
+        block_cos[members] = torch.linalg.svdvals(Wr[:, members].mT @ Wn[:, index[members]]).min()
+    return DirectionMatch(index, sign.to(ref.S.dtype), (signed * sign).to(ref.S.dtype), block_cos.to(ref.S.dtype))
+
+
+def align_directions(ref: SVD, new: SVD, rel_gap: float = REL_GAP) -> tuple[SVD, DirectionMatch]:
+    """``new`` reordered and sign-flipped so that its direction ``i`` is reference direction ``i``'s partner."""
+    m = match_directions(ref, new, rel_gap)
+    return SVD(new.U[:, m.index] * m.sign, new.S[m.index], new.V[:, m.index] * m.sign), m
