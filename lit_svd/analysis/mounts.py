@@ -387,7 +387,7 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor | None, ceiling: bool = True
     plan's own outputs ``x W^T`` (the structureless null), summed from the tile writes computed anyway.
     ``gram`` (with ``ceiling``) is ``sum_t dh_t dh_t^T / (||dh_t||^2 + eps)``, whose top ``n``
     eigenvalues are the data ceiling of the span figure (on the input side when ``plan.affine``)."""
-    x = x.float()
+    x = x.float().contiguous()  # a strided token subset (the null's) is gathered once, not once per tile
     # tile-local statistics of the tiled mounts: tile write tw = B_t x_t, its energy along u_j
     # (tile_mode), along the reference (tile_ref), and the SVD identity tw . u_j = sigma_j (v_j . x)
     tiled, b = plan.strategies["tiled"], plan.blocks
@@ -429,7 +429,7 @@ def ceiling_sum(dh: Tensor, x: Tensor | None = None) -> Tensor:
     or, with the inputs ``x`` of a linear site ``dh = W x + b``, the same sum on the input side,
     ``sum_t x~_t x~_t^T / (||dh_t||^2 + eps)`` with ``x~ = [x, 1]`` (``[W | b]`` maps it back: ``summarize``)."""
     dh = dh.float()
-    scale = ((dh.double() ** 2).sum(1) + EPS).rsqrt().float().unsqueeze(1)
+    scale = ((dh * dh).sum(1) + EPS).rsqrt().unsqueeze(1)  # float32 norms: y feeds a float32 product anyway
     y = dh * scale if x is None else torch.cat([x.float(), torch.ones_like(scale)], dim=1) * scale
     return (y.mT @ y).double()
 
