@@ -123,6 +123,7 @@ def patched_metrics(view: ModelView, probes: Probes, batch: dict, reference: Ten
     cols, metric = _task_columns(batch, task)
     C = len(probes)
     out = torch.empty(len(batch["answer_pos"]), C)
+    unembed = view.unembed()
     for length in batch["answer_pos"].unique().tolist():
         idx = torch.nonzero(batch["answer_pos"] == length).flatten()
         ids = batch["clean_ids"][idx, : length + 1]
@@ -133,7 +134,7 @@ def patched_metrics(view: ModelView, probes: Probes, batch: dict, reference: Ten
             ref = probe_coefficients(part, reference[idx].repeat_interleave(len(part), 0))
             with hooks(patch_hook(view, part, ref)):
                 logits = last_token_copies(view, ids, prefix, c.layer, len(part),
-                                           None if cols is None else cols[idx].repeat_interleave(len(part), 0))
+                                           None if cols is None else cols[idx].repeat_interleave(len(part), 0), unembed)
             out[idx, start:start + len(part)] = metric(logits, idx.repeat_interleave(len(part))).view(len(idx), -1).float()
             if progress:
                 progress(len(part) * len(idx))
@@ -157,34 +158,43 @@ def summarize(effect: float, null: Tensor) -> dict:
             "percentile": float((null_size < size).float().mean()), "passes": bool(z >= Z_PASS)}
 
 
-@torch.no_grad()
-def causal_check(view: ModelView, component: Component, claims: Sequence[tuple[int, int]], batch: dict, task: str,
-                 reference: Tensor, n_random: int = N_RANDOM, seed: int = 0, rows_per_forward: int = 512,
-                 progress: Callable[[int], None] | None = None) -> list[dict]:
-    """For each claimed ``(group, direction)`` of ``component``: its effect, the null of ``n_random`` Haar-random
-    unit directions of the same group (drawn with ``seed``, the same for every claim of that group), ``z``,
-    ``percentile`` and ``passes`` (``summarize``). One batched pass over: the unmodified model, the claims and
-    the draws. ``reference``: ``corrupted_coefficients(...)[component.name]``."""
+def probe_set(component: Component, claims: Sequence[tuple[int, int]], n_random: int = N_RANDOM,
+              seed: int = 0) -> Probes:
+    """The probes of one component's check, in this order: the unmodified model (a zero row), each claimed
+    ``(group, direction)`` (``e_k``), then ``n_random`` Haar-random unit directions per claimed group (sorted),
+    drawn with ``seed``: the same null for every claim of a group."""
     if n_random < 2:
         raise ValueError(f"n_random={n_random}: the null needs at least 2 random directions")
     K = component.shape[1]
     groups = sorted({g for g, _ in claims})
     gen = torch.Generator().manual_seed(seed)
-    draws = {g: random_coords(n_random, K, gen) for g in groups}
-    coords = [torch.zeros(1, K), torch.eye(K)[[k for _, k in claims]]] + [draws[g] for g in groups]
+    coords = [torch.zeros(1, K), torch.eye(K)[[k for _, k in claims]]] + [random_coords(n_random, K, gen) for _ in groups]
     group = [torch.zeros(1, dtype=torch.long), torch.tensor([g for g, _ in claims], dtype=torch.long)]
     group += [torch.full((n_random,), g, dtype=torch.long) for g in groups]
     device = component.V.device
-    probes = Probes(component, torch.cat(group).to(device), torch.cat(coords).to(device))
+    return Probes(component, torch.cat(group).to(device), torch.cat(coords).to(device))
+
+
+def judge(component: Component, claims: Sequence[tuple[int, int]], change: Tensor, n_random: int = N_RANDOM) -> list[dict]:
+    """Rows for the claims from ``change: [C - 1]``: the mean change of the metric of every probe of
+    ``probe_set`` but the first (the unmodified model)."""
+    groups = sorted({g for g, _ in claims})
+    claimed, null = change[: len(claims)], change[len(claims):].reshape(len(groups), n_random)
+    return [{"component": component.name, "kind": component.kind, "layer": component.layer, "head": g,
+             "direction": k, "sigma": float(component.S[g, k]), **summarize(float(claimed[i]), null[groups.index(g)])}
+            for i, (g, k) in enumerate(claims)]
+
+
+@torch.no_grad()
+def causal_check(view: ModelView, component: Component, claims: Sequence[tuple[int, int]], batch: dict, task: str,
+                 reference: Tensor, n_random: int = N_RANDOM, seed: int = 0, rows_per_forward: int = 512,
+                 progress: Callable[[int], None] | None = None) -> list[dict]:
+    """For each claimed ``(group, direction)`` of ``component``: its effect against ``n_random`` random
+    directions of the same group (``probe_set``, ``judge``), in one batched pass. ``reference``:
+    ``corrupted_coefficients(...)[component.name]``."""
+    probes = probe_set(component, claims, n_random, seed)
     metrics = patched_metrics(view, probes, batch, reference, task, rows_per_forward, progress)
-    change = (metrics[:, 1:] - metrics[:, :1]).mean(0)  # [claims + draws]
-    claimed, null = change[: len(claims)], change[len(claims):].view(len(groups), n_random)
-    rows = []
-    for i, (g, k) in enumerate(claims):
-        rows.append({"component": component.name, "kind": component.kind, "layer": component.layer, "head": g,
-                     "direction": k, "sigma": float(component.S[g, k]),
-                     **summarize(float(claimed[i]), null[groups.index(g)])})
-    return rows
+    return judge(component, claims, (metrics[:, 1:] - metrics[:, :1]).mean(0), n_random)
 
 
 def check_components(view: ModelView, components: Sequence[Component], claims: dict[str, list[tuple[int, int]]],

@@ -70,11 +70,11 @@ def fanned_out(view: ModelView, layer: int, copies: int) -> Iterator[None]:
 
 @torch.no_grad()
 def last_token_copies(view: ModelView, ids: Tensor, prefix: list[tuple[Tensor, Tensor]], layer: int, copies: int,
-                      columns: Tensor | None = None) -> Tensor:
+                      columns: Tensor | None = None, unembed: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Logits ``[n * copies, V]`` of the last token of ``ids: [n, T]`` (unpadded) run on its ``prefix`` cache and
     fanned out into ``copies`` rows per prompt at block ``layer``. ``columns: [n * copies, c]``: only these
     logits per row (the unembedding is then applied to them alone). Hooks that make the copies differ are the
-    caller's, on modules of layers ``>= layer``."""
+    caller's, on modules of layers ``>= layer``. ``unembed``: ``view.unembed()``, if already at hand."""
     n, T = ids.shape
     model = view.model
     cache = _cache(view, prefix, layer, copies)
@@ -85,13 +85,14 @@ def last_token_copies(view: ModelView, ids: Tensor, prefix: list[tuple[Tensor, T
                        **{_cache_kwarg(model): cache}, **keep).logits
     if columns is None:
         return logits[:, -1]
-    return unembed_columns(view, got["final"][:, -1], columns)
+    return unembed_columns(view, got["final"][:, -1], columns, unembed)
 
 
-def unembed_columns(view: ModelView, resid: Tensor, columns: Tensor) -> Tensor:
+def unembed_columns(view: ModelView, resid: Tensor, columns: Tensor,
+                    unembed: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """``logits[r, columns[r]]`` from the residual stream ``resid: [R, d_model]`` before the final norm: the
     model's logits at those tokens only (Gemma-2's soft-cap applied)."""
-    W_U, b_U = view.unembed()
+    W_U, b_U = unembed or view.unembed()
     x = view.normalized("final", None, resid).to(W_U.dtype)
     out = torch.einsum("rd,drc->rc", x, W_U[:, columns]) + b_U[columns]
     cap = view.final_softcap
