@@ -141,12 +141,17 @@ class DirectionCheckModule(PretrainedLMModule):
 
     @torch.no_grad()
     def test_step(self, batch: dict, batch_idx: int) -> None:
+        from tqdm.auto import tqdm
+
         start = time.monotonic()
         reference = corrupted_coefficients(self.view, self.components, batch)
-        for c in self.components:
-            metrics = patched_metrics(self.view, self.probes[c.name], batch, reference[c.name], self.task,
-                                      self.hparams.rows_per_forward)
-            self.changes[_key(c.name)].update(metrics[:, 1:] - metrics[:, :1])
+        show = self.trainer.is_global_zero and self.trainer.progress_bar_callback is not None
+        total = sum(len(p) for p in self.probes.values()) * len(batch["answer_pos"])
+        with tqdm(total=total, desc=f"batch {batch_idx}: (prompt, direction) rows", disable=not show, leave=False) as bar:
+            for c in self.components:
+                metrics = patched_metrics(self.view, self.probes[c.name], batch, reference[c.name], self.task,
+                                          self.hparams.rows_per_forward, bar.update)
+                self.changes[_key(c.name)].update(metrics[:, 1:] - metrics[:, :1])
         self._wall += time.monotonic() - start
 
     def on_test_epoch_end(self) -> None:
