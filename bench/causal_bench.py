@@ -11,7 +11,7 @@ layers that have kept directions, early / middle / late), three paths over the s
   cached once, the last token fanned out from the component's layer (what the ``test`` config runs);
 * ``one-at-a-time``: the same code with one direction per forward (prefix cache and fan-out still on);
 * ``full forward``: one direction per full padded forward through ``Intervention.apply`` (no cache, no fan-out;
-  timed on ``--full`` directions and extrapolated).
+  only the answer rows unembedded; timed on ``--full`` directions of the layer with the most claims).
 
 The three are checked to agree (max |difference| of the metric printed) and timed in turn, in one process
 under the same load. Prints directions/s (claims only, null draws included in the time), (prompt, direction)
@@ -39,9 +39,11 @@ def main() -> None:
     args = p.parse_args()
     report_conditions()
 
-    from lit_svd.analysis.causal import Probes, corrupted_coefficients, patched_metrics, probe_set
+    from lit_svd.analysis.causal import corrupted_coefficients, patched_metrics, probe_set
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.models import view as make_view
+    from lit_svd.models.fanout import unembed_columns
+    from lit_svd.models.hooks import capture
     from lit_svd.models.intervene import Intervention, build_components
     from lit_svd.models.loading import load_causal_lm
     from lit_svd.modules.direction_check import run_claims
@@ -75,18 +77,21 @@ def main() -> None:
 
     batched, t_batched = timed(args.rows)
     single, t_single = timed(1)  # one direction per forward (a group of prompts per forward)
-    # full padded forward per direction through Intervention.apply, on the first --full claims of the first layer
-    c = comps[0]
+    # full padded forward per direction through Intervention.apply, on the first --full claims of the component
+    # with the most claims; only the answer rows go through the unembedding (as the batched path)
+    c = max(comps, key=lambda c: len(claims[c.name]))
     iv = Intervention(view, [c])
-    rows = torch.arange(n)
+    cols = torch.stack([batch["correct_id"], batch["wrong_id"]], -1)
     start = time.monotonic()
     full = []
     for g, k in claims[c.name][: args.full]:
         scales = iv.ones()
         scales[c.name][g, k] = 0.0
-        with torch.no_grad(), iv.apply(scales, positions=batch["answer_pos"], reference=refs):
-            logits = model(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits[rows, batch["answer_pos"]]
-        full.append(logits[rows, batch["correct_id"]] - logits[rows, batch["wrong_id"]])
+        with torch.no_grad(), iv.apply(scales, positions=batch["answer_pos"], reference=refs), \
+                capture({"final": view.norm_module("final", None)}, "pre") as got:
+            model(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"], logits_to_keep=1)
+        logits = unembed_columns(view, got["final"][torch.arange(n), batch["answer_pos"]], cols)
+        full.append(logits[:, 0] - logits[:, 1])
     t_full = (time.monotonic() - start) / len(full)  # per direction
     diff_single = max(float((batched[k] - single[k]).abs().max()) for k in batched)
     diff_full = float((torch.stack(full, 1) - batched[c.name][:, 1:1 + len(full)]).abs().max())
