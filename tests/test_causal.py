@@ -146,3 +146,31 @@ def test_bad_inputs_fail_in_one_line():
     with pytest.raises(ValueError, match="task='sst'"):
         patched_metrics(view, Probes(ov, torch.tensor([0]), torch.eye(ov.shape[1])[:1]), batch,
                         torch.zeros(5, *ov.shape), "sst")
+
+
+def test_gt_probability_difference_matches_the_intervention_patch():
+    """GT's metric needs the whole softmax: the full-vocabulary path against ``Intervention.apply``."""
+    from lit_svd.metrics import gt_prob_diff
+
+    model = tiny_causal_lm("llama")
+    view = make_view(model)
+    comp = build_components(view, ["ov"], layers=[1])[0]
+    batch = _batch(seed=4)
+    g = torch.Generator().manual_seed(0)
+    V = model.config.vocab_size
+    batch["greater_mask"] = torch.rand(5, V, generator=g) < 0.3
+    batch["lesser_mask"] = ~batch["greater_mask"] & (torch.rand(5, V, generator=g) < 0.5)
+    refs = corrupted_coefficients(view, [comp], batch)
+    got = patched_metrics(view, Probes(comp, torch.tensor([2]), torch.eye(comp.shape[1])[[1]]), batch,
+                          refs[comp.name], "gt")[:, 0]
+    iv = Intervention(view, [comp])
+    scales = iv.ones()
+    scales[comp.name][2, 1] = 0.0
+    rows = torch.arange(5)
+    with torch.no_grad(), iv.apply(scales, positions=batch["answer_pos"], reference=refs):
+        logits = model(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits[rows, batch["answer_pos"]]
+    want = gt_prob_diff(logits, batch["greater_mask"], batch["lesser_mask"])
+    assert torch.allclose(got, want, atol=1e-6)
+    with torch.no_grad():
+        plain = model(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits[rows, batch["answer_pos"]]
+    assert (want - gt_prob_diff(plain, batch["greater_mask"], batch["lesser_mask"])).abs().max() > 1e-5
