@@ -152,7 +152,7 @@ class DirectionReport(Callback):
         facts = {k: results[k] for k in ("run", "model", "task", "claims", "n_directions", "fraction_isolated",
                                          "fraction_pass", "fraction_pass_isolated", "level", "n_random",
                                          "n_prompts", "rel_gap", "wall_s")}
-        title = f"Claimed directions of {module.run_path.name}: blocks, causal check, readouts"
+        title = f"{module.model_name} {module.task}: {hp.claims} directions, blocks, causal check, readouts"
         (out / self.html_name).write_text(html_page(rows, facts, title), encoding="utf-8")
         if rows:
             self.figure(trainer, rows)
