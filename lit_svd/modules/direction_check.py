@@ -39,8 +39,9 @@ class ProbeChanges(Metric):
         self.change += change.double().sum(0)
         self.prompts += change.shape[0]
 
-    def compute(self) -> Tensor:
-        return self.change / self.prompts.clamp_min(1)
+    def compute(self) -> dict[str, Tensor]:
+        """``mean``: each probe's mean change over every prompt seen (all ranks); ``prompts``: their number."""
+        return {"mean": self.change / self.prompts.clamp_min(1), "prompts": self.prompts.clone()}
 
 
 def run_claims(run: Path, claims: str, kinds: Sequence[str]) -> tuple[dict, dict[str, list[tuple[int, int]]]]:
@@ -159,9 +160,10 @@ class DirectionCheckModule(PretrainedLMModule):
         rows, n_prompts = [], 0
         for c in self.components:
             metric = self.changes[_key(c.name)]
-            n_prompts = int(metric.prompts)
+            reduced = metric.compute()
+            n_prompts = int(reduced["prompts"])
             claims = self.claims[c.name]
-            judged = judge(c, claims, metric.compute().float().cpu(), hp.n_random)
+            judged = judge(c, claims, reduced["mean"].float().cpu(), hp.n_random)
             reads = readouts(self.view, c, claims, self.tokenizer, hp.top_k)
             for row, blk, read in zip(judged, block_columns(c, claims, hp.rel_gap), reads):
                 rows.append({**row, **blk, "readout": read})
