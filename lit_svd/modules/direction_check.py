@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from lit_svd.analysis.causal import N_RANDOM, PATCHABLE, corrupted_coefficients, judge, patched_metrics, probe_set
+from lit_svd.analysis.causal import (N_RANDOM, PATCHABLE, Probes, corrupted_coefficients, judge, patched_metrics,
+                                     probe_set)
 from lit_svd.analysis.readouts import readouts
 from lit_svd.linalg import REL_GAP, direction_blocks
 from lit_svd.models.intervene import Component, build_components
@@ -136,8 +137,8 @@ class DirectionCheckModule(PretrainedLMModule):
                 t = getattr(c, attr)
                 if t is not None:
                     setattr(c, attr, t.to(self.device))
-        self.probes = {n: type(p)(next(c for c in self.components if c.name == n), p.group.to(self.device),
-                                  p.coords.to(self.device)) for n, p in self.probes.items()}
+        self.probes = {c.name: Probes(c, self.probes[c.name].group.to(self.device),
+                                      self.probes[c.name].coords.to(self.device)) for c in self.components}
         self._wall = 0.0
 
     @torch.no_grad()
