@@ -15,6 +15,13 @@ the test split. It writes (rank zero):
   direction scaled) and ``steering_swap`` (two-class tasks: the most class-separating kept OV
   directions swapped toward the other class's mean); the trajectory and steering use the validation
   split, never the test split;
+  Identifiability (docs/masks.md, "Blocks"): ``mask_unit``, ``rel_gap``; ``kept_isolated`` (kept
+  directions that are isolated vs in blocks of near-equal singular values vs past the rank, per kind);
+  ``kept_directions`` (every kept direction with its ``block`` (id, size, first, last), ``gap``,
+  ``isolated``, ``kept_in_block`` and ``claim``: "direction" or "block"); ``kept_blocks`` (the block-level
+  claims: "k of m kept in block b"); ``blocks_per_kind`` and ``blocks_file`` (``blocks.json``: every
+  component's ranks, blocks and per-direction gaps). Receptor, steering and swap rows carry their
+  direction's block fields too;
 * ``masks.pt``: ``torch.load`` it for ``{"lambdas": {component: [groups, directions]}, "threshold", ...}``;
 * ``masks_kept_<kind>.png``: kept directions per layer and head (group), also in TensorBoard.
 
@@ -29,6 +36,7 @@ from typing import Literal, Sequence
 import lightning.pytorch as pl
 import torch
 
+from lit_svd.analysis.blocks import block_report, direction_block, kept_blocks
 from lit_svd.analysis.masks import logit_receptors, steer, swap_steer
 from lit_svd.output import run_dir, save_figure, write_results
 
@@ -161,10 +169,17 @@ class DirectionMaskReport(pl.Callback):
             "train_wall_s": self.train_wall_s if fit else None, "trajectory_split": self.trajectory_split,
             "steering_split": probe_split,
         }
+        kb = kept_blocks(module.components, {n: h.bool() for n, h in module.hard().items()}, module.rel_gap)
+        report = block_report(module.components, module.rel_gap)
+        results.update(mask_unit=module.mask_unit, rel_gap=module.rel_gap,
+                       kept_isolated={k: kb[k] for k in ("kept", "isolated", "isolated_fraction", "per_kind")},
+                       kept_directions=kb["directions"], kept_blocks=kb["blocks"],
+                       blocks_per_kind=report["per_kind"], blocks_file="blocks.json")
         results["receptors"] = self.receptors(module)
         results["steering"] = self.steering(module, first)
         results["steering_swap"] = self.swap(module, first)
         write_results(trainer, results)
+        write_results(trainer, report, "blocks.json")
         if trainer.is_global_zero:
             torch.save(module.masks_state(), run_dir(trainer) / "masks.pt")
             self.figures(trainer, module, kept)
@@ -174,7 +189,7 @@ class DirectionMaskReport(pl.Callback):
         rows = []
         for c in module.components:
             if c.kind == "ov":
-                rows += logit_receptors(module.view, c, hard[c.name].bool(), module.tokenizer)
+                rows += logit_receptors(module.view, c, hard[c.name].bool(), module.tokenizer, rel_gap=module.rel_gap)
         rows.sort(key=lambda r: -r["sigma"])
         return rows[: self.receptors_top]
 
@@ -187,8 +202,9 @@ class DirectionMaskReport(pl.Callback):
             name, head, direction = picked
         rows = steer(_steered_run(module, batch), module.intervention, batch, name, head, direction, self.steer_factors,
                      task=module.task)
-        return {"component": name, "head": head, "direction": direction, "n_examples": len(batch["answer_pos"]),
-                "factors": rows}
+        blocks = module.blocks()[name]
+        return {"component": name, "head": head, "direction": direction, **direction_block(blocks, head, direction),
+                "n_examples": len(batch["answer_pos"]), "factors": rows}
 
     def swap(self, module, batch: dict) -> dict | None:
         """Two-class tasks (GP): kept OV directions swapped toward the other class's mean coefficient."""
@@ -198,8 +214,13 @@ class DirectionMaskReport(pl.Callback):
         with torch.no_grad(), module.intervention.record(names, positions=batch["answer_pos"]) as coefficients:
             module.answer_logits(batch["clean_ids"], batch)
         hard = module.hard()
-        return swap_steer(_steered_run(module, batch), batch, dict(coefficients), {n: hard[n] for n in names},
-                          self.swap_counts, task=module.task)
+        out = swap_steer(_steered_run(module, batch), batch, dict(coefficients), {n: hard[n] for n in names},
+                         self.swap_counts, task=module.task)
+        if out is not None:
+            blocks = module.blocks()
+            for row in out["directions"]:
+                row.update(direction_block(blocks[row["component"]], row["head"], row["direction"]))
+        return out
 
     def figures(self, trainer, module, kept: dict) -> None:
         import matplotlib
