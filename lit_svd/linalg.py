@@ -48,10 +48,6 @@ class FactoredMatrix:
     def shape(self) -> torch.Size:
         return torch.Size((*self.A.shape[:-1], self.B.shape[-2]))
 
-    @property
-    def rank_bound(self) -> int:
-        return min(self.A.shape[-1], self.A.shape[-2], self.B.shape[-2])
-
     def dense(self) -> Tensor:
         return self.A @ self.B.mT
 

@@ -223,9 +223,13 @@ def test_unreachable_hub_fails_at_once_without_hf_hub_offline(capsys, no_model, 
     def unreachable(*args, **kwargs):
         raise OSError("network is unreachable")
 
+    from lit_svd.models import loading
+
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(socket, "create_connection", unreachable)
+    loading._hub_answers.cache_clear()  # the probe is cached per process; this test must make it afresh
     lines = in_process(capsys, "test", "--config", str(CFG / "sad/smollm2_ioi.yaml"),
                        "--model.init_args.model", "no-org/no-such-model")
+    loading._hub_answers.cache_clear()
     assert len(lines) == 2 and "model='no-org/no-such-model'" in lines[0] and "the hub is unreachable" in lines[0]
     assert lines[1].startswith("offline aliases: ")

@@ -8,6 +8,7 @@ GGUF weights are dequantised once and cached as safetensors (with the config and
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -125,13 +126,19 @@ def hub_offline() -> bool:
     files and the local Hugging Face cache are read (no network retries)."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return True
+    return not _hub_answers()
+
+
+@functools.lru_cache(maxsize=1)
+def _hub_answers() -> bool:
+    """One network probe per process (a run asks several times: checks, model, tokenizer, data)."""
     import socket
 
     try:
         socket.create_connection(("huggingface.co", 443), timeout=1.5).close()
     except OSError:
-        return True
-    return False
+        return False
+    return True
 
 
 def check_available(name: str, what: str = "model", revision: str | None = None) -> None:
