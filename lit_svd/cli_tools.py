@@ -165,7 +165,8 @@ def mask_blocks(args: argparse.Namespace) -> dict:
         at = lambda comp, head, direction: direction_block(blocks[comp], head, direction)
         entry = {"rel_gap": gap, **{k: kb[k] for k in ("kept", "isolated", "isolated_fraction", "per_kind")},
                  "all_directions": report["per_kind"],
-                 "receptors": [{**r, **at(f"L{r['layer']}.ov", r["head"], r["direction"])} for r in source["receptors"]]}
+                 "receptors": [{**r, **at(f"L{r['layer']}.ov", r["head"], r["direction"])}
+                               for r in source["receptors"]]}
         if source.get("steering"):
             st = source["steering"]
             entry["steering"] = {**st, **at(st["component"], st["head"], st["direction"])}
@@ -231,7 +232,8 @@ def main(argv: Sequence[str] | None = None):
     mc.add_argument("--out", default="masks_sparsity_kl.png", help="figure path")
     mc.set_defaults(run=mask_curve)
     mb = sub.add_parser("mask-blocks", help=mask_blocks.__doc__)
-    mb.add_argument("folder", metavar="RUN", help="a finished direction-mask run folder (config.yaml, masks.pt, results.json)")
+    mb.add_argument("folder", metavar="RUN",
+                    help="a finished direction-mask run folder (config.yaml, masks.pt, results.json)")
     mb.add_argument("--out", required=True, help="new output folder")
     mb.add_argument("--rel-gaps", type=float, nargs="+", default=[0.05, 0.02, 0.01],
                     help="relative gaps; the first is the one of kept_directions and blocks.json")

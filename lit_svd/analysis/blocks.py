@@ -98,8 +98,9 @@ def kept_blocks(components: Sequence[Component], keep: dict[str, Tensor], rel_ga
     ``directions``: one row per kept direction with its block fields (``direction_block``), ``sigma`` and
     ``kept_in_block`` (k of the block's m directions kept) and ``claim``: ``"direction"`` (isolated: the
     vector itself is identifiable), ``"block"`` (``statement`` "k of m kept in block b": only the block's
-    subspace is) or ``"null"`` (past the numerical rank). ``blocks``: one row per block of more than one direction with a kept direction. ``per_kind``:
-    kept, kept isolated / in blocks / past the rank, blocks touched and blocks kept whole."""
+    subspace is) or ``"null"`` (past the numerical rank). ``blocks``: one row per block of more than one
+    direction with a kept direction. ``per_kind``: kept, kept isolated / in blocks / past the rank, blocks
+    touched and blocks kept whole. Indices are 0-based, as ``direction`` everywhere in the mask reports."""
     rows, block_rows, per_kind = [], [], {}
     for c in components:
         b = component_blocks(c, rel_gap)
@@ -143,7 +144,8 @@ def kept_blocks(components: Sequence[Component], keep: dict[str, Tensor], rel_ga
             "directions": rows, "blocks": block_rows}
 
 
-def mask_units(components: Sequence[Component], mask_unit: MaskUnit, rel_gap: float = REL_GAP) -> dict[str, Tensor] | None:
+def mask_units(components: Sequence[Component], mask_unit: MaskUnit,
+               rel_gap: float = REL_GAP) -> dict[str, Tensor] | None:
     """``mask_unit="block"``: per component the index ``[G, K]`` of each direction's mask value (one per
     (group, block), numbered 0..n_units-1), so that ``theta[index]`` gives every direction of a block the
     same lambda; ``"direction"``: None (one value per direction)."""
