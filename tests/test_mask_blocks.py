@@ -178,6 +178,7 @@ def test_block_training_keeps_the_pair_together_and_reports_blocks(planted_dir, 
         assert {"block", "gap", "isolated"} <= set(row) and 0 <= row["gap"] <= 1
     for row in res["kept_directions"]:  # block masks: a kept block is kept whole
         assert row["kept_in_block"] == row["block"]["size"]
+    assert (out / "masks_blocks.png").stat().st_size > 1000
     blocks = json.loads((out / "blocks.json").read_text())
     assert blocks["per_kind"] == res["blocks_per_kind"]
 

@@ -23,7 +23,8 @@ the test split. It writes (rank zero):
   component's ranks, blocks and per-direction gaps). Receptor, steering and swap rows carry their
   direction's block fields too;
 * ``masks.pt``: ``torch.load`` it for ``{"lambdas": {component: [groups, directions]}, "threshold", ...}``;
-* ``masks_kept_<kind>.png``: kept directions per layer and head (group), also in TensorBoard.
+* ``masks_kept_<kind>.png``: kept directions per layer and head (group), also in TensorBoard;
+* ``masks_blocks.png``: kept directions per kind, isolated vs in blocks vs past the rank.
 
 During training it logs the kept fraction per component type to TensorBoard every ``log_every`` steps
 (the module itself logs KL, L1 and the overall kept fraction every step).
@@ -183,6 +184,7 @@ class DirectionMaskReport(pl.Callback):
         if trainer.is_global_zero:
             torch.save(module.masks_state(), run_dir(trainer) / "masks.pt")
             self.figures(trainer, module, kept)
+            self.blocks_figure(trainer, results["kept_isolated"]["per_kind"], module.rel_gap)
 
     def receptors(self, module) -> list[dict]:
         hard = module.hard()
@@ -248,6 +250,27 @@ class DirectionMaskReport(pl.Callback):
             ax.set_title(f"kept {kind} directions (of {per_group})")
             fig.colorbar(im, ax=ax)
             save_figure(trainer, fig, f"masks_kept_{kind}")
+
+
+    @staticmethod
+    def blocks_figure(trainer, per_kind: dict, rel_gap: float) -> None:
+        """``masks_blocks.png``: kept directions per kind, split into isolated, in blocks and past the rank."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        kinds = list(per_kind)
+        fig, ax = plt.subplots(figsize=(1.5 + 0.9 * len(kinds), 3.0))
+        bottom = [0] * len(kinds)
+        for key, color in (("isolated", "tab:green"), ("in_blocks", "tab:orange"), ("past_rank", "tab:gray")):
+            values = [per_kind[k][key] for k in kinds]
+            ax.bar(kinds, values, bottom=bottom, color=color, label=key.replace("_", " "))
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_ylabel("kept directions")
+        ax.set_title(f"kept directions: isolated or in blocks (rel_gap {rel_gap:g})", fontsize=9)
+        ax.legend(fontsize=7)
+        save_figure(trainer, fig, "masks_blocks")
 
 
 def _steered_run(module, batch: dict):
