@@ -72,13 +72,24 @@ def save_figure(trainer: pl.Trainer, fig, name: str, step: int | None = None) ->
 
     Rank zero only; the figure is closed either way.
     """
+    import io
+
+    import matplotlib.image as mpimg
     import matplotlib.pyplot as plt
+    from lightning.pytorch.loggers import TensorBoardLogger
 
     path = None
     if trainer.is_global_zero:
         path = run_dir(trainer) / f"{name}.png"
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-        log_figure(trainer, fig, name, step)
+        buf = io.BytesIO()  # drawn once: the PNG file and the TensorBoard image are the same pixels
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+        path.write_bytes(buf.getvalue())
+        tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+        if tb:
+            image = mpimg.imread(io.BytesIO(buf.getvalue()), format="png")[..., :3]
+            for logger in tb:
+                logger.experiment.add_image(name, image, global_step=trainer.global_step if step is None else step,
+                                            dataformats="HWC")
     plt.close(fig)
     return path
 

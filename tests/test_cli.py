@@ -75,8 +75,13 @@ def test_fit_relocates_output_and_tensorboard_shows_alignment_rising(tmp_path):
 
     scalars, images = read_scalars(run)
     for tag in ("alignment/mean_abs_cos", "alignment/mean_abs_cos/seed=0", "alignment/pair0_cos_query/seed=0",
-                "spectrum/sigma0/seed=0", "spectrum/sigma_ratio/seed=0", "train/loss"):
+                "spectrum/d1/sigma/seed=0", "spectrum/d1/match_cos/seed=0", "spectrum/directions_kept/seed=0",
+                "spectrum/sigma_ratio/seed=0", "train/loss"):
         assert tag in scalars, tag
+    assert not [t for t in scalars if "sigma0" in t]  # singular values are numbered from 1
+    # d1 is followed, not re-read from the sorted spectrum: its last value is sigma_1 of the end (it stays on top)
+    assert scalars["spectrum/d1/sigma/seed=0"][-1][1] == pytest.approx(inst["singular_values"][0], rel=1e-5)
+    assert res["tracked_directions"][-1]["step"] == 150
     assert {"heatmap/cos_W_U/seed=0", "heatmap/cos_W_V/seed=0", "heatmap", "spectra"} <= set(images)
     curve = scalars["alignment/mean_abs_cos/seed=0"]
     assert curve[0][0] == 0 and curve[-1][0] == 150

@@ -123,7 +123,7 @@ def test_language_model_trains_on_text_with_callback(arch, wikitext_valid, tmp_p
     dm = TextDataModule(tokenizer=tok, path=wikitext_valid, seq_len=16, n_tokens=4096, batch_size=16)
     model = LanguageModelModule(arch=arch, n_layers=2, d_model=32, n_heads=2, max_positions=16, vocab_top_k=300,
                                 lr=5e-3, warmup_steps=5)
-    cb = SADCallback(every_n_steps=15, n_probe=8)
+    cb = SADCallback(every_n_steps=15, n_probe=8, log_spaced=True)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=30, default_root_dir=tmp_path, limit_val_batches=2,
                          callbacks=[cb],
                          enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)

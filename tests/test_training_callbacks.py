@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SEQ, WINDOWS = 16, 4
 TILES = {"o": 8, "down": 32}
 MOUNT_KW = dict(sites=["o", "down"], tile_widths=TILES, modes_per_tile=2, modes_sweep=[1, 2, 4], k_active=4, seed=0)
+STEER_KW = dict(null_control=True, steer_texts=2, steer_tokens=8, steer_mounts=2)
 
 
 def tiny_run(tmp_path, tokenizer, valid: str, probe: str, steps: int = 4):
@@ -41,8 +42,9 @@ def tiny_run(tmp_path, tokenizer, valid: str, probe: str, steps: int = 4):
     module = LanguageModelModule(n_layers=2, d_model=32, n_heads=4, max_positions=32, vocab_top_k=256,
                                  warmup_steps=1, lr=3e-3)
     cbs = [SADCallback(every_n_steps=2, n_probe=WINDOWS, probe_path=probe, probe_seq_len=SEQ, log_spaced=False),
-           MountsCallback(probe, every_n_steps=2, probe_windows=WINDOWS, probe_seq_len=SEQ, **MOUNT_KW),
-           SpectrumCallback(every_n_steps=2, top_k=3)]
+           MountsCallback(probe, every_n_steps=2, probe_windows=WINDOWS, probe_seq_len=SEQ, steer=True, figures=True,
+                          **MOUNT_KW, **STEER_KW),
+           SpectrumCallback(every_n_steps=2, top_k=3, figures=True)]
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=cbs, limit_val_batches=0,
                          logger=TensorBoardLogger(tmp_path, name="tb"), enable_checkpointing=False,
                          enable_model_summary=False, enable_progress_bar=False)
@@ -91,9 +93,12 @@ def test_tensorboard_tags_name_site_layer_head_and_hold_the_history(fitted):
     scalars, images = read_events(Path(trainer.log_dir))
     for tag in ("mounts/o/layer0/lift_tiled", "mounts/down/layer1/lift_random", "mounts/o/layer1/coverage_lift/modes=4",
                 "mounts/down/layer0/identity_rel_err", "mounts/pass_fraction", "spectrum/qk/layer0/head3/effective_rank",
-                "spectrum/ov/layer1/head0/s1", "spectrum/mlp_in/layer1/top3_energy", "spectrum/mlp_out/mean_effective_rank",
-                "sad/L1H2/sparsity", "sad/L0H0/sparsity_rotated"):
+                "spectrum/ov/layer1/head0/d1/sigma", "spectrum/ov/layer1/head0/d4/match_cos",
+                "spectrum/qk/layer0/head2/directions_kept", "spectrum/mlp_in/layer1/top3_energy",
+                "spectrum/mlp_out/mean_effective_rank", "mounts/o/layer1/null/pass", "mounts/down/layer0/steer_rho",
+                "sad/L1H2/sparsity", "sad/L0H0/sparsity_rotated", "sad/L0H0/sparsity_null"):
         assert tag in scalars, tag
+    assert not [t for t in scalars if t.endswith("/s1") or "sigma0" in t]  # directions are d1.. (from 1)
     assert not [t for t in scalars if "inst" in t]  # named by meaning, not by index
     assert {"mounts/depth", "spectrum/values"} <= images
     # every logged value is the callback's own
@@ -110,7 +115,9 @@ def test_tensorboard_tags_name_site_layer_head_and_hold_the_history(fitted):
     assert results["experiment"] == "sad_training"
     assert [h["step"] for h in results["mounts_training"]["history"]] == [0, 2, 4]
     assert len(results["spectrum"]["history"]) == 3
-    for name in ("mounts_training.png", "mounts_depth.png", "spectrum_training.png", "spectrum_values.png"):
+    assert "sparsity_null" in sad.history[-1] and "sparsity_null" not in sad.history[0]  # default: null at the last
+    for name in ("mounts_training.png", "mounts_depth.png", "spectrum_training.png", "spectrum_values.png",
+                 "spectrum_tracked.png"):
         assert (Path(trainer.log_dir) / name).is_file()
 
 
@@ -123,34 +130,48 @@ def test_mount_rows_equal_the_test_run_on_the_same_batch(fitted, tmp_path, token
     module.lm.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     ids, mask = mounts.probe
-    test_module = MountsAnalysisModule(model=str(folder), effective_paths=False, null_control=False, steer_texts=2,
-                                       steer_tokens=8, steer_mounts=2, **MOUNT_KW)
+    test_module = MountsAnalysisModule(model=str(folder), effective_paths=False, **STEER_KW, **MOUNT_KW)
     loader = torch.utils.data.DataLoader([{"input_ids": i, "attention_mask": m} for i, m in zip(ids, mask)],
                                          batch_size=len(ids))
     pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).test(test_module, dataloaders=loader, verbose=False)
     got = mounts.history[-1]["rows"]
     assert len(got) == len(test_module.rows) == 4
-    for a, b in zip(got, test_module.rows):
-        assert (a["site"], a["layer"], a["n_tokens"]) == (b["site"], b["layer"], WINDOWS * SEQ)
+    pairs = [(a, b) for a, b in zip(got, test_module.rows)] + [(a["null"], b["null"]) for a, b in zip(got, test_module.rows)]
+    assert all("steer_rho" in a for a, _ in pairs)  # C1's statistic on both the real mounts and their null
+    for a, b in pairs:
+        assert a["n_tokens"] == b["n_tokens"] == WINDOWS * SEQ and a["layer"] == b["layer"]
         assert a["checks"] == b["checks"]
+        assert a["identity_rel_err"] < 1e-5 and b["identity_rel_err"] < 1e-5  # float32 rounding, not a difference
         for key, value in a.items():
+            if key == "identity_rel_err":
+                continue
             if isinstance(value, float):
-                assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-8), (a["site"], a["layer"], key)
+                assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-8), (a["layer"], key)
             elif isinstance(value, list) and value and isinstance(value[0], float):
-                assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-8), (a["site"], a["layer"], key)
+                assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-8), (a["layer"], key)
 
 
 def test_nothing_is_computed_on_training_tokens(fitted, tokenizer):
     calls, module, mounts, sad = fitted["calls"], fitted["module"], fitted["cbs"][1], fitted["cbs"][0]
     probe = {tuple(w.tolist()) for w in mounts.probe[0]}
     assert probe == {tuple(w.tolist()) for w in module.map_ids(sad.probe[0])}  # SAD keeps tokenizer ids
+    from lit_svd.datamodules.text import read_local_text, tokenize_texts
+
+    full = tokenize_texts(tokenizer, read_local_text(fitted["probe"]))  # the whole file, as before the shortcut
+    assert torch.equal(sad.probe[0].reshape(-1), full[: WINDOWS * SEQ])
     trained = {tuple(w.tolist()) for grad, ids in calls if grad for w in ids}
     scored = [ids for grad, ids in calls if not grad]
     assert trained and scored
     assert not probe & trained
+    windows = [list(w) for w in probe]
+
+    def in_probe(w: list[int]) -> bool:  # a probe window or a piece of one (steering: prefix, then last token)
+        return any(p[j: j + len(w)] == w for p in windows for j in range(len(p) - len(w) + 1))
+
     for ids in scored:  # every forward the callbacks ran read probe windows only
-        assert {tuple(w.tolist()) for w in ids} <= probe
+        assert all(in_probe(w.tolist()) for w in ids)
+    assert any(ids.shape[1] == SEQ for ids in scored) and any(ids.shape[1] == 1 for ids in scored)
     # the probe file being the training text fails in one line
     with pytest.raises(ValueError, match="probe_path=.*part of the training text"):
         held_out_probe(fitted["trainer"], module, fitted["dm"].path, 2, SEQ)
@@ -160,7 +181,10 @@ def test_spectra_match_dense_svds(fitted):
     module, spec = fitted["module"], fitted["cbs"][2]
     view = module.view
     rows = spec.history[-1]["rows"]
-    assert rows == spectrum_rows(view, [0, 1], 3)
+    assert [{k: v for k, v in r.items() if k != "tracked"} for r in rows] == spectrum_rows(view, [0, 1], 3)
+    for r in rows:  # the tracked values are this step's singular values at the matched positions
+        t = r["tracked"]
+        assert t["sigma"] == [r["S"][p] for p in t["position"]] and len(t["sigma"]) == 4
     w = view.attn(1)
     with torch.no_grad():  # head 2's OV as one dense matrix, bias row first
         dense = (torch.cat([w.b_V[:, None], w.W_V], 1).double() @ w.W_O.double())[2]

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from lit_svd import linalg
 from lit_svd.linalg import SVD, haar_orthogonal, svd_dense
+from lit_svd.models.base import SITES
 
 STRATEGIES: tuple[str, ...] = ("tiled", "whole", "columns", "random")
 EPS = 1e-12
@@ -287,12 +288,35 @@ def scaled_tile_width(site: str, d_in: int) -> int:
     return max(1, -(-d_in * PAPER_TILE_WIDTHS[site] // PAPER_D_IN[site]))
 
 
+def tile_widths_for(tile_widths, d_in: dict[str, int]) -> dict[str, int]:
+    """Tile width per site of ``d_in`` (``{site: input size}``): ``"scaled"`` (``scaled_tile_width``: the paper's
+    number of tiles), ``"fixed"`` (the paper's absolute widths) or a dict (sites it does not give: fixed)."""
+    if tile_widths == "scaled":
+        return {s: scaled_tile_width(s, n) for s, n in d_in.items()}
+    if tile_widths == "fixed":
+        return {s: PAPER_TILE_WIDTHS[s] for s in d_in}
+    if not isinstance(tile_widths, dict):
+        raise ValueError(f"tile_widths={tile_widths!r} is not allowed: give 'scaled', 'fixed' or a dict of widths per site")
+    unknown = sorted(set(tile_widths) - set(PAPER_TILE_WIDTHS))
+    if unknown:
+        raise ValueError(f"tile_widths key {unknown[0]!r} is unknown; allowed: {', '.join(PAPER_TILE_WIDTHS)}")
+    return {s: int(tile_widths.get(s, PAPER_TILE_WIDTHS[s])) for s in d_in}
+
+
 def mount_count(d_in: int, d_out: int, tile_width: int, modes: int) -> int:
     """How many tiled mounts ``tiled_svd_mounts`` makes: ``min(modes, tile rank bound)`` per tile."""
     return sum(min(modes, e - s, d_out) for s, e in tile_bounds(d_in, tile_width))
 
 
 # --- the structureless null ---------------------------------------------------------------------
+NULL_SEED, NULL_LAYER_STRIDE = 20011, 101
+
+
+def null_seed(layer: int, site: str) -> int:
+    """The seed of (layer, site)'s structureless null: ``20011 + 101 layer + site index``."""
+    return NULL_SEED + NULL_LAYER_STRIDE * layer + SITES.index(site)
+
+
 def haar_null(W: Tensor, seed: int) -> Tensor:
     """A matrix with ``W``'s singular values and Haar-random singular vectors (float64):
     ``U0 diag(S) V0^T`` with ``U0``, ``V0`` the first ``r`` columns of Haar-random orthogonal matrices."""

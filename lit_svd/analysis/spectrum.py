@@ -4,14 +4,15 @@ Per layer: every head's QK (bias-augmented, scale included, at key offset 0 for 
 circuits, from the views' factored matrices (``view.qk``, ``view.ov``: QR of the thin factors, the dense
 ``d_model x d_model`` product is never formed), and the MLP's input (``up``), gate (gated MLPs) and
 output maps (``view.mlp_in``, ``view.mlp_gate``, ``view.mlp_out``). Singular values are numbered from 1
-(``s1 >= s2 >= ...``) everywhere: here, in TensorBoard tags and in the figures.
+(``sigma_1 >= sigma_2 >= ...``) everywhere a person reads them: TensorBoard tags, figure axes, docs; lists in
+results.json are plain arrays (position 0 holds sigma_1).
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from lit_svd.linalg import FactoredMatrix
+from lit_svd.linalg import SVD, FactoredMatrix, svd_dense
 
 EPS = 1e-30
 
@@ -32,29 +33,40 @@ def top_k_energy(S: Tensor, k: int) -> Tensor:
     return E[..., :k].sum(-1) / E.sum(-1).clamp_min(EPS)
 
 
-def layer_spectra(view, layer: int) -> dict[str, Tensor]:
-    """Singular values (descending, float64) of one layer's maps: ``qk`` and ``ov`` ``[n_heads, k]``;
-    ``mlp_in``, ``mlp_gate`` (gated MLPs only) and ``mlp_out`` ``[k]``."""
+def layer_svds(view, layer: int) -> dict[str, SVD]:
+    """Thin SVDs (descending, float64) of one layer's maps: ``qk`` and ``ov`` batched over heads
+    (``S: [n_heads, k]``); ``mlp_in``, ``mlp_gate`` (gated MLPs only) and ``mlp_out`` unbatched."""
     qk = view.qk(layer, 0 if view.rotary_dim else None)
-    out = {"qk": _factored_values(qk), "ov": _factored_values(view.ov(layer)),
-           "mlp_in": torch.linalg.svdvals(view.mlp_in(layer).double())}
+    out = {"qk": _factored_svd(qk), "ov": _factored_svd(view.ov(layer)), "mlp_in": svd_dense(view.mlp_in(layer).double())}
     if view.gated_mlp:
-        out["mlp_gate"] = torch.linalg.svdvals(view.mlp_gate(layer).double())
-    out["mlp_out"] = torch.linalg.svdvals(view.mlp_out(layer).double())
+        out["mlp_gate"] = svd_dense(view.mlp_gate(layer).double())
+    out["mlp_out"] = svd_dense(view.mlp_out(layer).double())
     return out
 
 
-def _factored_values(fm: FactoredMatrix) -> Tensor:
-    return FactoredMatrix(fm.A.double(), fm.B.double()).svd().S
+def layer_spectra(view, layer: int) -> dict[str, Tensor]:
+    """Singular values (descending, float64) of one layer's maps: ``qk`` and ``ov`` ``[n_heads, k]``;
+    ``mlp_in``, ``mlp_gate`` (gated MLPs only) and ``mlp_out`` ``[k]``."""
+    return {k: svd.S for k, svd in layer_svds(view, layer).items()}
 
 
-def spectrum_rows(view, layers: list[int], top_k: int) -> list[dict]:
+def _factored_svd(fm: FactoredMatrix) -> SVD:
+    return FactoredMatrix(fm.A.double(), fm.B.double()).svd()
+
+
+def row_key(row: dict) -> tuple:
+    """``(matrix, layer, head)``: what a row (and its tracked directions) is about."""
+    return row["matrix"], row["layer"], row["head"]
+
+
+def spectrum_rows(view, layers: list[int], top_k: int, svds: dict | None = None) -> list[dict]:
     """One row per (matrix, layer, head): ``matrix`` (qk, ov, mlp_in, mlp_gate, mlp_out), ``layer``,
     ``head`` (None for MLP maps), ``name`` (``L<l>H<h>`` / ``L<l>``), ``S`` (list), ``effective_rank``,
-    ``top_k_energy``."""
+    ``top_k_energy``. ``svds``: a dict that receives each row's unbatched SVD under ``row_key(row)``."""
     rows = []
     for layer in layers:
-        for matrix, S in layer_spectra(view, layer).items():
+        for matrix, svd in layer_svds(view, layer).items():
+            S = svd.S
             per = S if S.dim() == 2 else S.unsqueeze(0)
             er, en = effective_rank(per), top_k_energy(per, top_k)
             for i in range(per.shape[0]):
@@ -62,4 +74,6 @@ def spectrum_rows(view, layers: list[int], top_k: int) -> list[dict]:
                 rows.append({"matrix": matrix, "layer": layer, "head": head,
                              "name": f"L{layer}H{i}" if head is not None else f"L{layer}",
                              "S": per[i].tolist(), "effective_rank": er[i].item(), "top_k_energy": en[i].item()})
+                if svds is not None:
+                    svds[row_key(rows[-1])] = svd if head is None else SVD(svd.U[i], svd.S[i], svd.V[i])
     return rows

@@ -3,8 +3,15 @@
 Every ``every_n_steps`` (and before the first step) it logs to TensorBoard, per instance:
 ``alignment/mean_abs_cos/<instance>`` (mean over pairs of |cos(w_i, u_k)| and |cos(w_j, v_k)|),
 ``alignment/mean_abs_cos`` (over instances), ``alignment/pair{p}_cos_query|key/<instance>`` (first pairs),
-``spectrum/sigma{k}/<instance>`` and ``spectrum/sigma_ratio/<instance>``, and heatmap images
-``heatmap/cos_W_U/<instance>``, ``heatmap/cos_W_V/<instance>`` (rows: features, columns: singular index).
+``spectrum/sigma_ratio/<instance>`` (sigma_1 / sigma_2), the tracked directions
+``spectrum/d{k}/sigma/<instance>`` and ``spectrum/d{k}/match_cos/<instance>`` (k from 1), the counts
+``spectrum/directions_{kept,block,lost}/<instance>``, and heatmap images ``heatmap/cos_W_U/<instance>``,
+``heatmap/cos_W_V/<instance>`` (rows: features, columns: the tracked directions d1, d2, ...).
+
+Tracked directions (``lit_svd.analysis.tracking``): ``d_k`` is the direction that held sigma_k at the first
+logged step, followed from each logged step to the next by matching Omega's SVDs (block-aware, |cos| of the
+joint singular vectors, signs fixed to the first step's), not the k-th largest value at each step: when two
+singular values cross, ``d_k`` stays with its direction, and a heatmap column stays one direction.
 ``<instance>`` names the settings that differ between instances (``lambda=0.3,seed=2``; ``seed=0`` for one).
 At the end of fit it writes ``results.json`` (keys in docs/toy.md) and PNG figures. Rank zero only.
 """
@@ -15,6 +22,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_svd.analysis.alignment import alignment_report, feature_singular_cosines, interference, theorem1_groups
+from lit_svd.analysis.tracking import DirectionTrack, track_scalars
 from lit_svd.linalg import SVD
 from lit_svd.output import save_figure, write_results
 
@@ -26,7 +34,7 @@ class SVDAlignmentCallback(Callback):
         every_n_steps: log interval in optimizer steps.
         heatmap_instances: how many instances (from 0) get heatmap images.
         pair_scalars: how many pairs (from the largest target) get their own scalar tags.
-        spectrum_scalars: how many leading singular values get scalar tags.
+        spectrum_scalars: how many tracked directions (d1, d2, ...) get scalar tags.
     """
 
     def __init__(self, every_n_steps: int = 50, heatmap_instances: int = 2, pair_scalars: int = 4,
@@ -43,6 +51,8 @@ class SVDAlignmentCallback(Callback):
         self.history: list[tuple[int, list[float]]] = []
         self.progress_bar_metrics: dict[str, float] = {}  # read by lit_svd.progress.StepProgressBar
         self._last_step = -1
+        self.tracks: list[DirectionTrack] = []  # one per instance
+        self.tracked: list[dict] = []  # per logged step: {"step", "instances": [TrackStep dicts]}
 
     @staticmethod
     def report(module) -> list[dict]:
@@ -64,34 +74,49 @@ class SVDAlignmentCallback(Callback):
         self._last_step = step
         reports = self.report(module)
         self.history.append((step, [r["mean_abs_cos"] for r in reports]))
+        svd = module.omega_svd()
+        steps = self.follow(step, svd)
         metrics = {"alignment/mean_abs_cos": sum(r["mean_abs_cos"] for r in reports) / len(reports)}
         self.progress_bar_metrics = {"alignment/mean_abs_cos": metrics["alignment/mean_abs_cos"]}
-        for r, tag in zip(reports, instance_tags(module)):
+        for r, tag, tracked in zip(reports, instance_tags(module), steps):
             metrics[f"alignment/mean_abs_cos/{tag}"] = r["mean_abs_cos"]
             metrics[f"spectrum/sigma_ratio/{tag}"] = min(r["sigma_ratio"], 1e6)
             for p, m in enumerate(r["pairs"][: self.pair_scalars]):
                 metrics[f"alignment/pair{p}_cos_query/{tag}"] = m["cos_query"]
                 metrics[f"alignment/pair{p}_cos_key/{tag}"] = m["cos_key"]
-            for k, s in enumerate(r["singular_values"][: self.spectrum_scalars]):
-                metrics[f"spectrum/sigma{k}/{tag}"] = float(s)
+            if self.spectrum_scalars:
+                for key, v in track_scalars("spectrum", tracked).items():
+                    metrics[f"{key}/{tag}"] = v
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
-        self.log_heatmaps(trainer, module, step)
+        self.log_heatmaps(trainer, module, step, svd)
         return reports
 
-    def log_heatmaps(self, trainer: pl.Trainer, module, step: int) -> None:
-        """Rendered heatmaps (feature and singular-index axes, colour bar) as TensorBoard images."""
+    def follow(self, step: int, svd: SVD) -> list:
+        """Match every instance's Omega SVD to its previous logged one; returns the ``TrackStep`` of each."""
+        n = svd.S.shape[0]
+        if not self.tracks:
+            self.tracks = [DirectionTrack(self.spectrum_scalars or 1) for _ in range(n)]
+        steps = [t.update(step, SVD(svd.U[i], svd.S[i], svd.V[i])) for i, t in enumerate(self.tracks)]
+        self.tracked.append({"step": step, "instances": [s.as_dict() for s in steps]})
+        return steps
+
+    def log_heatmaps(self, trainer: pl.Trainer, module, step: int, svd: SVD) -> None:
+        """Rendered heatmaps (features against the tracked directions d1, d2, ..., colour bar) as TensorBoard
+        images; a column is the same direction at every step."""
         loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if not loggers or self.heatmap_instances == 0:
             return
         from lit_svd.callbacks import alignment_figures as figs
 
         n = min(self.heatmap_instances, module.n_instances)
-        cos_u, cos_v = feature_singular_cosines(module.feature_directions()[:n], _first(module.omega_svd(), n))
+        W = module.feature_directions()
         tags, labels = instance_tags(module), instance_labels(module)
         for i in range(n):
-            for name, cos, side in (("cos_W_U", cos_u[i], "query"), ("cos_W_V", cos_v[i], "key")):
-                fig = figs.heatmap(cos, side, module.pairs, f"{labels[i]}, step {step}")
+            aligned = self.tracks[i].aligned(SVD(svd.U[i], svd.S[i], svd.V[i]))
+            cos_u, cos_v = feature_singular_cosines(W[i], aligned)
+            for name, cos, side in (("cos_W_U", cos_u, "query"), ("cos_W_V", cos_v, "key")):
+                fig = figs.heatmap(cos, side, module.pairs, f"{labels[i]}, step {step}", tracked=True)
                 for lg in loggers:
                     lg.experiment.add_figure(f"heatmap/{name}/{tags[i]}", fig, global_step=step, close=False)
                 figs.close(fig)
@@ -116,7 +141,8 @@ class SVDAlignmentCallback(Callback):
         results = {"experiment": "toy_alignment", "global_step": trainer.global_step,
                    "n_instances": module.n_instances, "frozen_features": module.frozen_features,
                    "template_pairs": [list(pr) for pr in module.pairs], "summary": summarise(instances),
-                   "history": [{"step": s, "mean_abs_cos": v} for s, v in self.history], "instances": instances}
+                   "history": [{"step": s, "mean_abs_cos": v} for s, v in self.history],
+                   "tracked_directions": self.tracked, "instances": instances}
         results["summary"]["theorem1_groups"] = theorem1_groups(instances)
         path = write_results(trainer, results)
         self.write_figures(trainer, module, results)

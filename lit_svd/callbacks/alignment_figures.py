@@ -5,7 +5,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 import torch  # noqa: E402
 
 
@@ -22,11 +22,15 @@ def heatmaps(cos_u: torch.Tensor, cos_v: torch.Tensor, pairs: list[tuple[int, in
     return fig
 
 
-def heatmap(cos: torch.Tensor, side: str, pairs: list[tuple[int, int, float]], title: str, max_cols: int = 25):
-    """One side's |cos(feature, singular vector)| (the TensorBoard image): axes, pair features marked, colour bar."""
+def heatmap(cos: torch.Tensor, side: str, pairs: list[tuple[int, int, float]], title: str, max_cols: int = 25,
+            tracked: bool = False):
+    """One side's |cos(feature, singular vector)| (the TensorBoard image): axes, pair features marked, colour bar.
+    ``tracked``: the columns are tracked directions d1, d2, ... (``lit_svd.analysis.tracking``), not sorted
+    singular indices."""
     fig, ax = plt.subplots(figsize=(4.6, 3.8))
     feats = {p[0] if side == "query" else p[1] for p in pairs}
-    im = _cos_image(ax, cos[:, : min(max_cols, cos.shape[-1])], feats)
+    im = _cos_image(ax, cos[:, : min(max_cols, cos.shape[-1])], feats,
+                    "tracked direction d_k (sigma_k at the first logged step)" if tracked else None)
     ax.set_ylabel("feature")
     ax.set_title(f"|cos(w, {'u' if side == 'query' else 'v'}_k)|, {side} side ({title})", fontsize=8)
     fig.colorbar(im, ax=ax, shrink=0.85, label="|cos|")
@@ -37,12 +41,17 @@ def close(fig) -> None:
     plt.close(fig)
 
 
-def _cos_image(ax, cos: torch.Tensor, marked: set[int]):
-    """A [features, singular index] |cos| image with integer ticks; the template's features are marked by a red
-    triangle outside the left edge (nothing is drawn over the cells)."""
+SINGULAR_INDEX = "singular index k (sigma_1 largest)"
+FROM_ONE = FuncFormatter(lambda x, _: f"{int(round(x)) + 1}")  # column / position 0 is labelled 1
+
+
+def _cos_image(ax, cos: torch.Tensor, marked: set[int], xlabel: str | None = None):
+    """A [features, singular index] |cos| image with integer ticks, singular indices numbered from 1; the
+    template's features are marked by a red triangle outside the left edge (nothing is drawn over the cells)."""
     im = ax.imshow(cos.numpy(), aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
-    ax.set_xlabel("singular index k")
+    ax.set_xlabel(xlabel or SINGULAR_INDEX)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_formatter(FROM_ONE)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     for f in marked:
         ax.plot(-0.5, f, marker=">", color="red", ms=5, clip_on=False, transform=ax.transData)
@@ -64,9 +73,9 @@ def spectra(singular_values: list[torch.Tensor], labels: list[str] | None = None
     labels = labels or [f"instance {i}" for i in range(len(singular_values))]
     for s, label in zip(singular_values, labels):
         s = torch.as_tensor(s)
-        ax.plot(range(len(s)), (s / s[0].clamp_min(1e-30)).numpy(), marker=".", lw=0.8, alpha=0.7, label=label)
+        ax.plot(range(1, len(s) + 1), (s / s[0].clamp_min(1e-30)).numpy(), marker=".", lw=0.8, alpha=0.7, label=label)
     ax.set_yscale("log")
-    ax.set_xlabel("singular index k")
+    ax.set_xlabel(SINGULAR_INDEX)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("sigma_k / sigma_1")
     ax.set_title(f"Omega spectra ({len(singular_values)} instance(s))", fontsize=9)
@@ -93,7 +102,8 @@ def dynamics(history: list[tuple[int, list[float]]], labels: list[str] | None = 
 
 def interference_sweep(instances: list[dict]):
     """Theorem 1 against ||E_X||_2, read from the instances' results.json records: |cos(u_1, whitened
-    prediction)| and |cos(u_1, x_1)| of each ``theorem1`` record (singular index 0, the theorem's claim), and
+    prediction)| and |cos(u_1, x_1)| of each ``theorem1`` record (sigma_1's direction, array position 0 in
+    results.json, the theorem's claim), and
     the mean |cos| over pairs at each pair's recorded ``singular_index`` (``mean_abs_cos``)."""
     fig, ax = plt.subplots(figsize=(5, 3.4))
     x = [i["interference"] for i in instances]

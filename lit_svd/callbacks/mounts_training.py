@@ -5,22 +5,26 @@ the model being trained are mounted from their live weights and scored on a fixe
 (``probe_path``, never the training text) with the same pure functions as the mounts ``test`` run
 (``lit_svd.analysis.mounts``: ``plan_site``, ``site_sums``, ``summarize``, ``judge``): the lift of the
 four strategies (tiled, whole, columns, random), the coverage sweep, the SVD identity and the pass checks
-A1-A4 and B1 (C1 needs steering, which this callback does not run: it is None at every layer, as the test
-run reports it for layers below ``rules.c1_min_layer``). Module paths only (no effective up / v maps:
-they need a fit split of the probe).
+A1-A4 and B1; with ``steer`` also C1 (steering; else None at every layer, as the test run reports it for
+layers below ``rules.c1_min_layer``), with ``null_control`` the same for each site-layer's structureless
+null. Tile widths default to the test run's ``"scaled"``. Module paths only (no effective up / v maps: they
+need a fit split of the probe).
 
 Under DDP each rank scores its share of the probe windows (``i % world_size == rank``) and the token sums
 are summed over ranks before ``summarize``, so two processes give one process's numbers.
 
 TensorBoard: ``mounts/<site>/layer<l>/<stat>`` (stat: ``lift_<strategy>``, ``lift_tiled_minus_random``,
-``coverage_lift/modes=<m>``, ``identity_rel_err``, ``pass``), ``mounts/pass_fraction`` and the image
+``coverage_lift/modes=<m>``, ``identity_rel_err``, ``pass``; ``steer_rho`` with ``steer``; ``null/lift_tiled``,
+``null/pass`` with ``null_control``), ``mounts/pass_fraction`` and, with ``figures``, the image
 ``mounts/depth`` (lift per strategy against depth, one panel per site) at every measured step. At the end
-(rank zero): ``results.json["mounts_training"]`` (the settings and the history) and ``mounts_training.png``.
+(rank zero): ``results.json["mounts_training"]`` (the settings and the history), ``mounts_training.png`` and,
+with ``figures``, ``mounts_depth.png``.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal
 
 import torch
 
@@ -44,30 +48,58 @@ def probe_activations(view, lm, ids, mask, keys: list[tuple[int, str]]) -> dict:
 
 
 def score_site_layers(view, lm, ids, mask, keys: list[tuple[int, str]], tile_widths: dict[str, int], modes: int,
-                      sweep: list[int], k_active: int, seed: int, rules: M.MountRules, reduce=lambda t: t) -> list[dict]:
+                      sweep: list[int], k_active: int, seed: int, rules: M.MountRules, reduce=lambda t: t,
+                      null_control: bool = False, steer: dict | None = None) -> list[dict]:
     """One row per (layer, site) of ``keys``: ``summarize`` of the probe's token sums (``reduce`` sums them
-    over DDP ranks) plus ``judge``'s checks, exactly as the mounts test run computes them."""
-    plans = {key: M.plan_site(view.site_weight(*key)[0].mT, tile_widths[key[1]], modes, sweep, k_active, seed,
-                              f"tile_widths.{key[1]}") for key in keys}
+    over DDP ranks) plus ``judge``'s checks, exactly as the mounts test run computes them. ``null_control``:
+    also the site-layer's structureless null (``row["null"]``, same seed as the test run); ``steer``: check C1
+    on residual sites (``{"texts", "alpha", "mounts"}``: ``steer_scores`` on those texts)."""
+    plans, nulls = {}, {}
+    for key in keys:
+        W = view.site_weight(*key)[0].mT
+        plans[key] = M.plan_site(W, tile_widths[key[1]], modes, sweep, k_active, seed, f"tile_widths.{key[1]}")
+        if null_control:
+            nulls[key] = M.plan_site(M.haar_null(W, M.null_seed(*key)), tile_widths[key[1]], modes, sweep, k_active,
+                                     seed, f"tile_widths.{key[1]}")
     acts = probe_activations(view, lm, ids, mask, keys) if ids.shape[0] else {}
-    shapes = {key: M.sum_shapes(plan.n, len(plan.coverage), plan.d_out) for key, plan in plans.items()}
+    jobs = [(key, plans[key], True) for key in keys] + [(key, nulls[key], False) for key in nulls]
     flat = []
-    for key, plan in plans.items():  # a rank without probe windows adds zeros
-        sums = M.site_sums(plan, *acts[key]) if key in acts else {}
+    for key, plan, real in jobs:  # a rank without probe windows adds zeros
+        shapes = M.sum_shapes(plan.n, len(plan.coverage), plan.d_out, ceiling=real)
+        if key in acts:
+            x, dh = acts[key]
+            sums = M.site_sums(plan, x, dh if real else x.float() @ plan.W.mT, ceiling=real)
+        else:
+            sums = {}
         flat += [sums[k].reshape(-1).double() if k in sums else torch.zeros(shape, dtype=torch.float64).reshape(-1)
-                 for k, shape in shapes[key].items()]
+                 for k, shape in shapes.items()]
     total, start = reduce(torch.cat(flat)), 0
-    rows = []
-    for key, plan in plans.items():
-        layer, site = key
+    summaries = {}
+    for key, plan, real in jobs:
         sums = {}
-        for k, shape in shapes[key].items():
+        for k, shape in M.sum_shapes(plan.n, len(plan.coverage), plan.d_out, ceiling=real).items():
             size = math.prod(shape)
             sums[k], start = total[start: start + size].reshape(shape), start + size
+        summaries[key, real] = M.summarize(plan, sums)
+    rows = []
+    for key in keys:
+        layer, site = key
         row = {"site": site, "layer": layer, "residual": site in RESIDUAL_SITES, "path": "module",
-               "tile_width": tile_widths[site], **M.summarize(plan, sums)}
-        row["checks"] = M.judge(row, rules, residual=row["residual"], effective=False)
-        row["pass"] = row["checks"]["pass"]
+               "tile_width": tile_widths[site], **summaries[key, True]}
+        if null_control:
+            row["null"] = {"layer": layer, **summaries[key, False]}
+        if steer is not None and row["residual"]:
+            from lit_svd.modules.mounts import steer_scores
+
+            W_U = view.unembed()[0].double()
+            row.update(steer_scores(view, lm, steer["context"], plans[key], row["tile_lift"], layer, site, W_U,
+                                    steer["alpha"], steer["mounts"]))
+            if null_control:
+                row["null"].update(steer_scores(view, lm, steer["context"], nulls[key], row["null"]["tile_lift"],
+                                                layer, site, W_U, steer["alpha"], steer["mounts"]))
+        for r in [row, row["null"]] if null_control else [row]:
+            r["checks"] = M.judge(r, rules, residual=row["residual"], effective=False)
+            r["pass"] = r["checks"]["pass"]
         rows.append(row)
     return rows
 
@@ -83,32 +115,55 @@ class MountsCallback(StepCallback):
         layers: layers to score (null: every layer).
         probe_windows: windows of the probe text (the first ones of the file).
         probe_seq_len: tokens per probe window.
-        tile_widths: column-tile width per site (a site not given: its input size / 4).
+        tile_widths: column-tile width per site: "scaled" (default, as the mounts test run: the paper's number
+            of tiles for this model's input sizes, ``analysis.mounts.scaled_tile_width``), "fixed" (the paper's
+            absolute widths) or a dict of widths per site.
         modes_per_tile: singular modes kept per tile (k).
         modes_sweep: mode counts of the coverage sweep.
         k_active: atoms per token in the coverage score.
         seed: seeds column sampling, random mounts and random dictionaries, as the test run.
         rules: thresholds of the pass rule (null: the paper's values).
-        figures: log the depth figure at every measured step (the final PNGs are written either way).
+        null_control: also score each site-layer's structureless null (its singular values, Haar-random
+            singular vectors; the test run's seeds) by the same rules (``row["null"]``; ~2x the compute).
+        steer: also check C1 (steering) on o / down at layers >= ``rules.c1_min_layer``: the ``steer_mounts``
+            tiled mounts of highest tile-local lift are added (``steer_alpha``) at the last token of the first
+            ``steer_texts`` probe windows cut to ``steer_tokens`` tokens, as the test run's ``"last"`` mode
+            (off by default: one extra forward per mount and site-layer; C1 is None without it).
+        steer_alpha: steering strength alpha (u added with alpha times the residual norm scale), as the test run.
+        steer_mounts: tiled mounts of highest tile-local lift steered per residual site-layer.
+        steer_texts: probe windows used for steering (the first ones).
+        steer_tokens: tokens of each steering window (its prefix is cached; the last token is steered).
+        figures: also log the depth figure at every measured step and write the last one as mounts_depth.png
+            (off by default: drawing it costs about as much as the measurement; mounts_training.png is written
+            either way).
         write_results: write the history into results.json and mounts_training.png at the end of fit.
     """
 
     def __init__(self, probe_path: str, every_n_steps: int = 250, sites: list[str] = ("o", "down"),
                  layers: list[int] | None = None, probe_windows: int = 8, probe_seq_len: int = 64,
-                 tile_widths: dict[str, int] | None = None, modes_per_tile: int = 2,
+                 tile_widths: dict[str, int] | Literal["scaled", "fixed"] = "scaled", modes_per_tile: int = 2,
                  modes_sweep: list[int] = (1, 2, 4, 8), k_active: int = 8, seed: int = 0,
-                 rules: dict | None = None, figures: bool = True, write_results: bool = True):
+                 rules: dict | None = None, null_control: bool = False, steer: bool = False, steer_alpha: float = 2.0,
+                 steer_mounts: int = 8, steer_texts: int = 8, steer_tokens: int = 32, figures: bool = False,
+                 write_results: bool = True):
         super().__init__(every_n_steps)
-        for key, value in (("probe_windows", probe_windows), ("probe_seq_len", probe_seq_len)):
+        for key, value in (("probe_windows", probe_windows), ("probe_seq_len", probe_seq_len),
+                           ("steer_mounts", steer_mounts), ("steer_texts", steer_texts), ("steer_tokens", steer_tokens)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key}={value!r} must be a positive integer")
+        if steer and steer_tokens < 2:
+            raise ValueError(f"steer_tokens={steer_tokens!r} must be >= 2 (a prefix and the steered last token)")
+        M.tile_widths_for(tile_widths, {})  # checks the value
         self.probe_path, self.sites = probe_path, list(sites)
         self.layers = None if layers is None else [int(l) for l in layers]
         self.probe_windows, self.probe_seq_len = probe_windows, probe_seq_len
-        self.tile_widths = dict(tile_widths or {})
+        self.tile_widths = tile_widths
         self.modes, self.sweep, self.k_active, self.seed = modes_per_tile, list(modes_sweep), k_active, seed
-        # no steering here: C1 is not evaluated (None) at any layer, instead of failing for want of a steer
-        self.rules = dataclasses.replace(M.MountRules.from_dict(rules), c1_min_layer=math.inf)
+        rules = M.MountRules.from_dict(rules)
+        # without steering C1 is not evaluated (None) at any layer, instead of failing for want of a steer
+        self.rules = rules if steer else dataclasses.replace(rules, c1_min_layer=math.inf)
+        self.null_control, self.steer = null_control, steer
+        self.steer_args = {"alpha": steer_alpha, "mounts": steer_mounts, "texts": steer_texts, "tokens": steer_tokens}
         self.figures, self.write = figures, write_results
         self.probe = None
 
@@ -117,11 +172,7 @@ class MountsCallback(StepCallback):
         return [(l, view.check_site(s)) for l in layers for s in self.sites]
 
     def widths(self, view) -> dict[str, int]:
-        out = {}
-        for s in self.sites:
-            d_in = view.site_weight(0, s)[0].shape[0]
-            out[s] = self.tile_widths.get(s, max(1, d_in // 4))
-        return out
+        return M.tile_widths_for(self.tile_widths, {s: view.site_weight(0, s)[0].shape[0] for s in self.sites})
 
     def measure(self, trainer, module) -> dict:
         if not hasattr(module, "view") or getattr(module, "lm", None) is None:
@@ -131,8 +182,16 @@ class MountsCallback(StepCallback):
         rank, size = rank_and_world(trainer)
         ids, mask = (t[rank::size].to(module.device) for t in self.probe)
         view = module.view
+        steer = None
+        if self.steer:  # the same texts on every rank (the first windows), as the test run
+            from lit_svd.modules.mounts import steer_context
+
+            a = self.steer_args
+            texts = self.probe[0][: a["texts"], : a["tokens"]].to(module.device)
+            steer = {"context": steer_context(module.lm, texts), "alpha": a["alpha"], "mounts": a["mounts"]}
         rows = score_site_layers(view, module.lm, ids, mask, self.keys(view), self.widths(view), self.modes,
-                                 self.sweep, self.k_active, self.seed, self.rules, all_reduce_sum)
+                                 self.sweep, self.k_active, self.seed, self.rules, all_reduce_sum,
+                                 self.null_control, steer)
         step = trainer.global_step
         log_scalars(trainer, scalars(rows), step)
         if self.figures and trainer.is_global_zero:
@@ -147,9 +206,11 @@ class MountsCallback(StepCallback):
         merge_results(trainer, "mounts_training", {
             "probe_path": self.probe_path, "probe_windows": self.probe_windows, "probe_seq_len": self.probe_seq_len,
             "tile_widths": self.widths(view), "modes_per_tile": self.modes, "modes_sweep": self.sweep,
-            "k_active": self.k_active, "seed": self.seed, "history": self.history})
+            "k_active": self.k_active, "seed": self.seed, "null_control": self.null_control, "steer": self.steer,
+            "history": self.history})
         save_figure(trainer, history_figure(self.history), "mounts_training")
-        save_figure(trainer, depth_figure(self.history[-1]["rows"], self.history[-1]["step"]), "mounts_depth")
+        if self.figures:
+            save_figure(trainer, depth_figure(self.history[-1]["rows"], self.history[-1]["step"]), "mounts_depth")
 
 
 def scalars(rows: list[dict]) -> dict[str, float]:
@@ -164,6 +225,12 @@ def scalars(rows: list[dict]) -> dict[str, float]:
             out[f"{tag}/coverage_lift/modes={m}"] = c
         out[f"{tag}/identity_rel_err"] = r["identity_rel_err"]
         out[f"{tag}/pass"] = float(r["pass"])
+        if r.get("steer_rho") is not None:
+            out[f"{tag}/steer_rho"] = r["steer_rho"]
+        if "null" in r:
+            out[f"{tag}/null/lift_tiled"] = r["null"]["lift_tiled"]
+            out[f"{tag}/null/lift_tiled_minus_random"] = r["null"]["lift_tiled"] - r["null"]["lift_random"]
+            out[f"{tag}/null/pass"] = float(r["null"]["pass"])
     return out
 
 
@@ -181,7 +248,7 @@ def depth_figure(rows: list[dict], step: int):
         ax.set_xlabel("layer")
         ax.set_ylabel("lift over random reference")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    fig.subplots_adjust(wspace=0.4, hspace=0.3)  # fixed spacing: tight_layout would draw the figure once more
     return fig
 
 
@@ -200,5 +267,5 @@ def history_figure(history: list[dict]):
     for ax in (a, b):
         ax.set_xlabel("training step")
     a.legend(fontsize=7)
-    fig.tight_layout()
+    fig.subplots_adjust(wspace=0.4, hspace=0.3)  # fixed spacing: tight_layout would draw the figure once more
     return fig

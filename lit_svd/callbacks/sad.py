@@ -2,9 +2,10 @@
 ``SADCallback`` (SAD during training), with the SAD figures.
 
 ``SADCallback`` measures, every ``every_n_steps`` optimiser steps (and before the first and after the
-last), the mean Rolls–Tovee sparsity of each head's analysed pairs in its singular basis, in its
-Haar-rotated control basis and in ``null_draws`` matched-spectrum null heads (same spectrum, random
-singular vectors, same inputs and pairs), on a fixed probe set:
+last), the mean Rolls–Tovee sparsity of each head's analysed pairs in its singular basis and in its
+Haar-rotated control basis, on a fixed probe set; at the steps ``null_at`` names (default: the last) also
+in ``null_draws`` matched-spectrum null heads (same spectrum, random singular vectors; each null head on the
+pairs it attends to in the first ``null_probe`` probe sequences):
 
 * language models (a module with a ``view``: ``LanguageModelModule``, ``PretrainedLMModule``): the first
   ``n_probe`` windows of the held-out file ``probe_path`` (without it: the first sequences of the
@@ -19,6 +20,8 @@ heads and ``sad/fraction_sparser_than_null``; at the end of fit rank zero writes
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import lightning.pytorch as pl
 import matplotlib.pyplot as plt
 import numpy as np
@@ -26,8 +29,11 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, check_null_draws, check_threshold,
-                                  check_tolerance, lm_head_sparsity, toy_head_sparsity)
+from lit_svd.analysis.blocks import check_rel_gap
+from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, basis_blocks, check_null_draws,
+                                  check_threshold, check_tolerance, lm_head_sparsity, qk_heads_from_view,
+                                  toy_head_sparsity)
+from lit_svd.linalg import REL_GAP
 from lit_svd.callbacks.training import held_out_probe, log_scalars
 from lit_svd.output import save_figure, write_results
 
@@ -47,16 +53,42 @@ class SADReport(Callback):
     """Writes a ``SADAnalysisModule`` test run: ``results.json`` (keys in docs/sad.md), ``sad_heatmap.png``
     (layer x head maps against the matched null, the pair null and the rotated control) and
     ``sad_n_recon.png`` (N_recon histograms). ``results()`` syncs the metric states, so it runs on every
-    rank; only rank zero writes."""
+    rank; only rank zero writes.
+
+    Every head row also carries ``basis`` (``analysis.sad.basis_blocks``): the numerical rank of its
+    ``Omega(0)``, how many of its basis directions are isolated at ``rel_gap``, and its ``top_terms`` largest
+    directions with their block and isolation gap (a term inside a block is basis-dependent).
+
+    Args:
+        rel_gap: relative gap below which neighbouring singular values share a block.
+        top_terms: how many of each head's largest directions are listed with their blocks.
+    """
+
+    def __init__(self, rel_gap: float = REL_GAP, top_terms: int = 8):
+        self.rel_gap = check_rel_gap(rel_gap)
+        if top_terms < 0:
+            raise ValueError(f"top_terms={top_terms!r} is invalid; give an integer >= 0")
+        self.top_terms = top_terms
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
         results = pl_module.results()
+        annotate_basis(results, pl_module.view, self.rel_gap, self.top_terms)
         write_results(trainer, results)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(report_scalars(results), step=0)
             plot_head_heatmap(trainer, results)
             plot_n_recon(trainer, results)
+
+
+def annotate_basis(results: dict, view, rel_gap: float = REL_GAP, top: int = 8) -> None:
+    """Add ``basis`` (blocks of the head's SAD basis, ``basis_blocks``) to every head row, and ``rel_gap``."""
+    per_layer: dict[int, list[dict]] = {}
+    for row in results["heads"]:
+        if row["layer"] not in per_layer:
+            per_layer[row["layer"]] = basis_blocks(qk_heads_from_view(view, row["layer"]), rel_gap, top)
+        row["basis"] = per_layer[row["layer"]][row["head"]]
+    results["rel_gap"] = rel_gap
 
 
 def report_scalars(results: dict) -> dict[str, float]:
@@ -74,6 +106,14 @@ def report_scalars(results: dict) -> dict[str, float]:
 class SADCallback(Callback):
     """Track SAD sparsity against the rotated control over training (see the module docstring).
 
+    The defaults are for watching a training run at a small cost (the three during-training callbacks add
+    <= 10 % to the tiny LM's fit, bench/callback_overhead.py): measurements every 250 steps, no log-spaced
+    ones, and the matched null (the expensive part: ~17x a measurement without it at 16 draws) only at the
+    last step, on 2 probe sequences. What that gives up: the early dynamics (``log_spaced: true``), the null's
+    trajectory (``null_at: every``) and the at-init comparison showing the null is not beaten by an untrained
+    model (``null_at: ends``); a null on fewer sequences has a noisier mean per draw, hence a wider
+    distribution and a lower 5th percentile, so "sparser than the null" gets harder, not easier.
+
     Args:
         every_n_steps: measure every this many optimiser steps (and at the start and the end).
         log_spaced: also measure at steps 1, 2, 4, 8, ... (the early, fast part of training).
@@ -82,6 +122,9 @@ class SADCallback(Callback):
         recon_tol: N_recon tolerance, as ``SADAnalysisModule``.
         seed: seeds the Haar rotation of the control basis and the matched-null draws.
         null_draws: matched-spectrum null heads per head (0: none), as ``SADAnalysisModule``.
+        null_at: the measurements with the matched null: "every", "ends" (the first and the last) or "last".
+        null_probe: probe sequences (LM) or samples (toy) the null heads read (the first ones; null: all
+            ``n_probe``); the singular basis and the rotated control always read all ``n_probe``.
         write_results: write the results and ``sad_training.png`` at the end of fit.
         results_name: the results file; default ``results.json`` for language models and
             ``sad_results.json`` for the toy model (whose own alignment callback writes ``results.json``).
@@ -90,15 +133,21 @@ class SADCallback(Callback):
         probe_seq_len: tokens per probe window with ``probe_path``.
     """
 
-    def __init__(self, every_n_steps: int = 100, n_probe: int = 16, threshold: float | None = None,
-                 recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0, log_spaced: bool = True,
+    def __init__(self, every_n_steps: int = 250, n_probe: int = 8, threshold: float | None = None,
+                 recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0, log_spaced: bool = False,
                  write_results: bool = True, results_name: str | None = None, null_draws: int = DEFAULT_NULL_DRAWS,
-                 probe_path: str | None = None, probe_seq_len: int = 64):
+                 probe_path: str | None = None, probe_seq_len: int = 64,
+                 null_at: Literal["every", "ends", "last"] = "last", null_probe: int | None = 2):
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps={every_n_steps!r} must be a positive integer")
         if not isinstance(n_probe, int) or n_probe < 1:
             raise ValueError(f"n_probe={n_probe!r} must be a positive integer")
         self.null_draws = check_null_draws(null_draws)
+        if null_at not in ("every", "ends", "last"):
+            raise ValueError(f"null_at={null_at!r}: allowed are 'every', 'ends', 'last'")
+        if null_probe is not None and (not isinstance(null_probe, int) or null_probe < 1):
+            raise ValueError(f"null_probe={null_probe!r} must be a positive integer or null (all n_probe)")
+        self.null_at, self.null_probe = null_at, null_probe
         self.every_n_steps, self.n_probe = every_n_steps, n_probe
         self.threshold = check_threshold(threshold)
         self.recon_tol = check_tolerance(recon_tol)
@@ -140,10 +189,27 @@ class SADCallback(Callback):
         pad = lambda t: torch.nn.functional.pad(t, (0, T - t.shape[1]))  # noqa: E731  right padding
         return torch.cat([pad(x) for x in ids])[: self.n_probe], torch.cat([pad(m) for m in masks])[: self.n_probe]
 
-    def _measure(self, trainer: pl.Trainer, module, feats: Tensor | None = None) -> None:
+    def _null_draws(self, last: bool) -> int:
+        due = self.null_at == "every" or last or (self.null_at == "ends" and not self.history)
+        return self.null_draws if due else 0
+
+    def _sparsity(self, fn, n: int, draws: int) -> dict:
+        """``fn(n_sequences, null_draws)`` on all ``n`` probe sequences, with the null (if due) read from the
+        first ``null_probe`` of them; "sparser than the null" compares the head on all with that null."""
+        m = n if self.null_probe is None else min(self.null_probe, n)
+        if not draws or m == n:
+            return fn(n, draws)
+        res, null = fn(n, 0), fn(m, draws)
+        res.update({k: null[k] for k in ("sparsity_null", "sparsity_null_p05")})
+        res["sparser_than_null"] = [bool(a < b) for a, b in zip(res["sparsity"], null["sparsity_null_p05"])]
+        return res
+
+    def _measure(self, trainer: pl.Trainer, module, feats: Tensor | None = None, last: bool = False) -> None:
         step = trainer.global_step
         if self.history and self.history[-1]["step"] == step:
-            return
+            if not last or "sparsity_null" in self.history[-1] or not self._null_draws(True):
+                return
+            self.history.pop()  # the last step was measured without the null: again, with it
         was_training = module.training
         module.eval()
         try:
@@ -154,14 +220,17 @@ class SADCallback(Callback):
                 ids, mask = (t.to(module.device) for t in self.probe)
                 if hasattr(module, "map_ids"):  # a model trained on a compacted vocabulary
                     ids = module.map_ids(ids)
-                res = lm_head_sparsity(module.view, ids, mask, self.threshold, self.recon_tol, self.seed,
-                                       self.null_draws)
+                res = self._sparsity(lambda n, d: lm_head_sparsity(module.view, ids[:n], mask[:n], self.threshold,
+                                                                   self.recon_tol, self.seed, d),
+                                     ids.shape[0], self._null_draws(last))
             else:
                 if feats is None:
                     return
                 W_Q, W_K = module.head_weights()
-                res = toy_head_sparsity(module.features().detach(), W_Q, W_K, module.d_heads, feats[:, : self.n_probe],
-                                        self.threshold, self.recon_tol, self.seed, self.null_draws)
+                W, feats = module.features().detach(), feats[:, : self.n_probe]
+                res = self._sparsity(lambda n, d: toy_head_sparsity(W, W_Q, W_K, module.d_heads, feats[:, :n],
+                                                                    self.threshold, self.recon_tol, self.seed, d),
+                                     feats.shape[1], self._null_draws(last))
         finally:
             module.train(was_training)
         means = history_means(res)
@@ -185,20 +254,22 @@ class SADCallback(Callback):
         return step % self.every_n_steps == 0 or (self.log_spaced and step & (step - 1) == 0)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._due(trainer.global_step):
+        if self._due(trainer.global_step) and trainer.global_step != trainer.max_steps:  # the last: on_train_end
             self._measure(trainer, pl_module, None if self._is_lm(pl_module) else batch)
         self._last_batch = batch
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._measure(trainer, pl_module, None if self._is_lm(pl_module) else getattr(self, "_last_batch", None))
+        self._measure(trainer, pl_module, None if self._is_lm(pl_module) else getattr(self, "_last_batch", None),
+                      last=True)
         if not self.write or not self.history:
             return
         first, last = self.history[0], self.history[-1]
         summary = {"first_step": first["step"], "last_step": last["step"]}
-        for key in history_means(first):
-            summary[f"{key}_first"], summary[f"{key}_last"] = first[key], last[key]
+        for key in history_means(last):
+            summary[f"{key}_first"], summary[f"{key}_last"] = first.get(key, float("nan")), last[key]
         results = {"experiment": "sad_training", "threshold": self.threshold, "recon_tol": self.recon_tol,
                    "seed": self.seed, "n_probe": self.n_probe, "null_draws": self.null_draws,
+                   "null_at": self.null_at, "null_probe": self.null_probe,
                    "summary": nan_to_none(summary), "history": nan_to_none(self.history)}
         name = self.results_name or ("results.json" if self._is_lm(pl_module) else "sad_results.json")
         write_results(trainer, results, name)
@@ -223,31 +294,36 @@ def history_means(res: dict) -> dict[str, float]:
 def plot_training(trainer: pl.Trainer, history: list[dict], name: str = "sad_training") -> None:
     """Sparsity against the step: the heads (thin) and their mean (thick) in the singular basis, the
     matched-spectrum null (mean over draws, and its 5th percentile dashed) and the Haar-rotated control;
-    below, the fraction of heads sparser than their null."""
-    steps = [h["step"] for h in history]
+    below, the fraction of heads sparser than their null (at the steps the null was measured)."""
     series = [("sparsity", "tab:blue", "singular basis"), ("sparsity_null", "tab:green", "matched-spectrum null (mean)"),
               ("sparsity_rotated", "tab:orange", "Haar-rotated control (secondary)")]
-    has_null = "sparsity_null" in history[0]
+    has_null = any("sparsity_null" in h for h in history)
     fig, axes = plt.subplots(2 if has_null else 1, 1, figsize=(6.4, 6.0 if has_null else 4.0), sharex=True,
                              squeeze=False, gridspec_kw={"height_ratios": [3, 1]} if has_null else None)
     ax = axes[0, 0]
     for key, color, label in series:
-        if key not in history[0]:
+        at = [h for h in history if key in h]  # the matched null may be measured at some steps only
+        if not at:
             continue
-        v = torch.tensor([h[key] for h in history], dtype=torch.float64)
+        x = [h["step"] for h in at]
+        v = torch.tensor([h[key] for h in at], dtype=torch.float64)
         for j in range(v.shape[1]):
-            ax.plot(steps, v[:, j], color=color, alpha=0.2, lw=0.7)
-        ax.plot(steps, v.nanmean(1), color=color, lw=2.5, label=f"{label}, mean over heads")
+            ax.plot(x, v[:, j], color=color, alpha=0.2, lw=0.7, marker="." if len(at) < 3 else None)
+        ax.plot(x, v.nanmean(1), color=color, lw=2.5, marker="o" if len(at) < 3 else None,
+                label=f"{label}, mean over heads")
     if has_null:
-        p05 = torch.tensor([h["sparsity_null_p05"] for h in history], dtype=torch.float64).nanmean(1)
-        ax.plot(steps, p05, color="tab:green", lw=1.5, ls="--", label="null 5th percentile, mean over heads")
+        at = [h for h in history if "sparsity_null_p05" in h]
+        p05 = torch.tensor([h["sparsity_null_p05"] for h in at], dtype=torch.float64).nanmean(1)
+        ax.plot([h["step"] for h in at], p05, color="tab:green", lw=1.5, ls="--", marker="_" if len(at) < 3 else None,
+                label="null 5th percentile, mean over heads")
     ax.set_xscale("symlog", linthresh=10)
     ax.set_ylabel("Rolls–Tovee sparsity (lower = sparser)")
     ax.set_title("SAD sparsity of every head during training")
     ax.legend(loc="best", fontsize=7)
     if has_null:
         b = axes[1, 0]
-        b.plot(steps, [h["fraction_sparser_than_null"] for h in history], color="black", marker=".")
+        at = [h for h in history if "fraction_sparser_than_null" in h]
+        b.plot([h["step"] for h in at], [h["fraction_sparser_than_null"] for h in at], color="black", marker=".")
         b.set_ylim(-0.02, 1.02)
         b.set_ylabel("fraction of heads\nbelow null p05", fontsize=8)
     axes[-1, 0].set_xlabel("training step (linear below 10, log above)")

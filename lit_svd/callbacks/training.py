@@ -45,7 +45,10 @@ def held_out_probe(trainer: pl.Trainer, module, path: str, n_windows: int, seq_l
     for train in _training_paths(trainer):
         if probe == train or train in probe.parents:
             raise ValueError(f"probe_path={path!r} is part of the training text ({train}); give a held-out file")
-    ids = tokenize_texts(_tokenizer(trainer, module), read_local_text(path))
+    texts, tok = read_local_text(path), _tokenizer(trainer, module)
+    ids = tokenize_texts(tok, [_first_chunk(texts[0])])  # tokenize_texts' first chunk: the same ids, ~50x faster
+    if ids.numel() < n_windows * seq_len:
+        ids = tokenize_texts(tok, texts)
     if ids.numel() < n_windows * seq_len:
         raise ValueError(f"probe_path={path!r} holds {ids.numel()} tokens, fewer than probe_windows * probe_seq_len"
                          f" = {n_windows * seq_len}")
@@ -53,6 +56,17 @@ def held_out_probe(trainer: pl.Trainer, module, path: str, n_windows: int, seq_l
     if map_ids and hasattr(module, "map_ids"):
         ids = module.map_ids(ids)
     return ids, torch.ones_like(ids)
+
+
+def _first_chunk(text: str, chunk_chars: int = 100_000) -> str:
+    """The first line-aligned chunk ``tokenize_texts`` cuts from ``text`` (lines until >= ``chunk_chars``)."""
+    out, size = [], 0
+    for line in text.splitlines(keepends=True):
+        out.append(line)
+        size += len(line)
+        if size >= chunk_chars:
+            break
+    return "".join(out)
 
 
 def all_reduce_sum(t: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ from lit_svd.models.hooks import Hook, first_input, hooks
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 DEFAULT_TILE_WIDTHS = M.PAPER_TILE_WIDTHS  # "fixed": the paper's absolute widths
-NULL_SEED, NULL_LAYER_STRIDE = 20011, 101  # the null of (layer, site) is seeded 20011 + 101 layer + site index
+NULL_SEED, NULL_LAYER_STRIDE = M.NULL_SEED, M.NULL_LAYER_STRIDE  # the null of (layer, site): M.null_seed
 
 
 class NamedSums(Metric):
@@ -153,17 +153,7 @@ class MountsAnalysisModule(PretrainedLMModule):
 
     # --- shapes and plans --------------------------------------------------------------------------
     def _tile_widths(self, tile_widths) -> dict[str, int]:
-        if tile_widths == "scaled":
-            return {s: M.scaled_tile_width(s, self._site_shape(s)[0]) for s in self.sites}
-        if tile_widths == "fixed":
-            return dict(DEFAULT_TILE_WIDTHS)
-        if not isinstance(tile_widths, dict):
-            raise ValueError(f"tile_widths={tile_widths!r} is not allowed: give 'scaled', 'fixed' or a dict of"
-                             " widths per site")
-        unknown = sorted(set(tile_widths) - set(SITES))
-        if unknown:
-            raise ValueError(f"tile_widths key {unknown[0]!r} is unknown; allowed: {', '.join(SITES)}")
-        return {**DEFAULT_TILE_WIDTHS, **tile_widths}
+        return M.tile_widths_for(tile_widths, {s: self._site_shape(s)[0] for s in self.sites})
 
     def _site_shape(self, site: str) -> tuple[int, int]:
         """``(d_in, d_out)`` of the matrix mounts are taken from (effective map on effective paths)."""
@@ -195,8 +185,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         k = self.key(layer, site)
         self.plans[k] = self._plan(W_out_in, site)
         if self.hparams.null_control:
-            seed = NULL_SEED + NULL_LAYER_STRIDE * layer + SITES.index(site)
-            self.null_plans[k] = self._plan(M.haar_null(W_out_in, seed), site)
+            self.null_plans[k] = self._plan(M.haar_null(W_out_in, M.null_seed(layer, site)), site)
 
     def setup(self, stage: str) -> None:
         if self.sums:
@@ -383,10 +372,7 @@ class MountsAnalysisModule(PretrainedLMModule):
     def _steer_context(self, texts: Tensor) -> SteerContext:
         """With ``steer_positions="last"`` the key / value cache of each text's prefix (the steer touches
         only the last position, so the prefix is the same for every mount), and the unsteered logits."""
-        cache = None
-        if self.hparams.steer_positions == "last":
-            cache = self.lm(input_ids=texts[:, :-1], use_cache=True, logits_to_keep=1).past_key_values
-        return SteerContext(texts, cache, last_logits(self.lm, texts, cache))
+        return steer_context(self.lm, texts, self.hparams.steer_positions)
 
     @torch.no_grad()
     def _steer(self, ctx: SteerContext, plan: M.SitePlan, figures: dict, W_U: Tensor, where: dict | None = None) -> dict:
@@ -394,20 +380,40 @@ class MountsAnalysisModule(PretrainedLMModule):
         position) for the ``steer_mounts`` tiled mounts of ``plan`` of highest tile-local lift
         (``figures["tile_lift"]``); compare the mean last-token logit change with ``u``'s unembedding
         reading (Spearman rho, top-20 Jaccard). ``where``: the row giving layer and site (default ``figures``)."""
-        hp = self.hparams
         where = where or figures
-        top = torch.tensor(figures["tile_lift"]).argsort(descending=True)[: hp.steer_mounts]
-        U = plan.strategies["tiled"].U[:, top].mT.float()  # [m, d_model]
-        point = "attn" if where["site"] == "o" else "mlp"  # read through what follows the write (Gemma's post norms)
-        read = unembed_reading(self.view, self.view.post_norm(point, where["layer"], U.double()), W_U)
-        rhos, jacs = [], []
-        for j in range(U.shape[0]):
-            with steering(self.view, where["layer"], where["site"], hp.steer_alpha * U[j].to(self.device)):
-                delta = (last_logits(self.lm, ctx.texts, ctx.cache) - ctx.base).mean(0).double().cpu()
-            rhos.append(M.spearman(delta, read[j]))
-            jacs.append(M.topk_jaccard(delta, read[j], 20))
-        return {"steer_rho": sum(rhos) / len(rhos), "steer_jaccard": sum(jacs) / len(jacs),
-                "steer_rho_per_mount": rhos, "steer_jaccard_per_mount": jacs}
+        return steer_scores(self.view, self.lm, ctx, plan, figures["tile_lift"], where["layer"], where["site"], W_U,
+                            self.hparams.steer_alpha, self.hparams.steer_mounts)
+
+
+@torch.no_grad()
+def steer_context(lm, texts: Tensor, positions: str = "last") -> SteerContext:
+    """The unsteered state: with ``positions="last"`` the key / value cache of each text's prefix (the steer
+    touches only the last position, so the prefix is the same for every mount), and the unsteered logits."""
+    cache = None
+    if positions == "last":
+        cache = lm(input_ids=texts[:, :-1], use_cache=True, logits_to_keep=1).past_key_values
+    return SteerContext(texts, cache, last_logits(lm, texts, cache))
+
+
+@torch.no_grad()
+def steer_scores(view, lm, ctx: SteerContext, plan: M.SitePlan, tile_lift: list[float], layer: int, site: str,
+                 W_U: Tensor, alpha: float, n_mounts: int) -> dict:
+    """Check C1 of one site-layer: add ``alpha * u`` to the residual after the sub-layer (at the steered
+    positions of ``ctx``) for the ``n_mounts`` tiled mounts of ``plan`` of highest ``tile_lift``; compare the
+    mean last-token logit change with ``u``'s unembedding reading (Spearman rho, top-20 Jaccard)."""
+    top = torch.tensor(tile_lift).argsort(descending=True)[:n_mounts]
+    U = plan.strategies["tiled"].U[:, top].mT.float()  # [m, d_model]
+    point = "attn" if site == "o" else "mlp"  # read through what follows the write (Gemma's post norms)
+    read = unembed_reading(view, view.post_norm(point, layer, U.double()), W_U)
+    device = ctx.texts.device
+    rhos, jacs = [], []
+    for j in range(U.shape[0]):
+        with steering(view, layer, site, alpha * U[j].to(device)):
+            delta = (last_logits(lm, ctx.texts, ctx.cache) - ctx.base).mean(0).double().cpu()
+        rhos.append(M.spearman(delta, read[j]))
+        jacs.append(M.topk_jaccard(delta, read[j], 20))
+    return {"steer_rho": sum(rhos) / len(rhos), "steer_jaccard": sum(jacs) / len(jacs),
+            "steer_rho_per_mount": rhos, "steer_jaccard_per_mount": jacs}
 
 
 def last_logits(lm, texts: Tensor, cache=None) -> Tensor:
