@@ -98,7 +98,7 @@ def test_kept_directions_table_csv_and_html(tiny_dirs, tmp_path):
     for line, r in zip(table, rows):
         assert (line["component"], int(line["head"]), int(line["direction"])) == (r["component"], r["head"], r["direction"])
         assert float(line["z"]) == pytest.approx(r["z"], rel=1e-12) and line["passes"] == str(r["passes"])
-        assert float(line["gap"]) == pytest.approx(r["gap"]) and int(line["block_size"]) == r["block_size"]
+        assert float(line["gap"]) == pytest.approx(r["gap"]) and int(line["block_size"]) == r["block"]["size"]
         assert line["readout_plus"].split(" | ") == r["readout"]["plus"]
     # HTML: parses, no network resource, every claimed direction listed once
     page = (out / res["table_html"]).read_text()
@@ -130,8 +130,9 @@ def test_block_columns_against_hand_counts():
     comp = build_components(view, ["ov"], layers=[0])[0]
     comp.S = torch.tensor([[4.0, 3.9, 2.0, 1.0] + [0.5 / (i + 1) for i in range(comp.shape[1] - 4)]] * comp.shape[0])
     rows = block_columns(comp, [(0, 0), (0, 1), (0, 2), (1, 3)], rel_gap=0.05)
-    assert [(r["block"], r["block_size"], r["block_claimed"], r["isolated"]) for r in rows] == \
+    assert [(r["block"]["id"], r["block"]["size"], r["block_claimed"], r["isolated"]) for r in rows] == \
         [(0, 2, 2, False), (0, 2, 2, False), (1, 1, 1, True), (2, 1, 1, True)]
+    assert (rows[1]["block"]["first"], rows[1]["block"]["last"], rows[3]["block"]["first"]) == (0, 1, 3)
     assert rows[0]["gap"] == pytest.approx((3.9 - 2.0) / 3.9, rel=1e-6)  # float32 spectrum
     assert rows[2]["gap"] == pytest.approx(min((3.9 - 2.0) / 3.9, (2.0 - 1.0) / 2.0), rel=1e-6)
 

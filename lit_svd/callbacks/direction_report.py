@@ -25,16 +25,17 @@ from lit_svd.analysis.causal import LEVEL, Z_PASS
 from lit_svd.output import run_dir, save_figure, write_results
 
 COLUMNS = ("component", "kind", "layer", "head", "direction", "sigma", "block", "block_size", "block_claimed",
-           "gap", "isolated", "effect", "null_mean", "null_std", "z", "percentile", "passes", "readout_side",
+           "gap", "isolated", "past_rank", "effect", "null_mean", "null_std", "z", "percentile", "passes", "readout_side",
            "readout_plus", "readout_minus")
 SEP = " | "  # between readout tokens in the CSV and the page
 
 
 def flat_row(row: dict) -> dict:
-    """A table row of plain values: the readout's token lists joined by ``SEP``."""
+    """A table row of plain values: the block's id and size, the readout's token lists joined by ``SEP``."""
     read = row.get("readout") or {}
     flat = {k: row[k] for k in COLUMNS if k in row}
-    flat.update(readout_side=read.get("side", ""), readout_plus=SEP.join(read.get("plus", [])),
+    flat.update(block=row["block"]["id"], block_size=row["block"]["size"],
+                readout_side=read.get("side", ""), readout_plus=SEP.join(read.get("plus", [])),
                 readout_minus=SEP.join(read.get("minus", [])))
     return flat
 

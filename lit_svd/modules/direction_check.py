@@ -3,8 +3,8 @@
 For each claimed direction (the kept mask directions of the requested kinds, or the GP class-mean swap
 directions of ``results.json["steering_swap"]``) it measures the causal check of ``lit_svd.analysis.causal``
 on the test batches (summed over batches through the named state ``changes``), and at the end of the epoch
-builds the table: component, layer, head, direction, sigma, block (id, size, claimed in it), isolation gap,
-isolated, effect, z, percentile, passes, readout. ``callbacks.direction_report.DirectionReport`` writes it.
+builds the table: component, layer, head, direction, sigma, block (id, size, first, last, claimed in it),
+isolation gap, isolated, past_rank, effect, z, percentile, passes, readout. ``callbacks.direction_report.DirectionReport`` writes it.
 
 The data module must give the run's own test split (checked against the run's ``config.yaml``): nothing
 here is chosen on those prompts (``n_random``, ``seed`` and the level are fixed before the run).
@@ -23,7 +23,8 @@ from torchmetrics import Metric
 from lit_svd.analysis.causal import (N_RANDOM, PATCHABLE, Probes, corrupted_coefficients, judge, patched_metrics,
                                      probe_set)
 from lit_svd.analysis.readouts import readouts
-from lit_svd.linalg import REL_GAP, direction_blocks
+from lit_svd.analysis.blocks import block_first, component_blocks, direction_block
+from lit_svd.linalg import REL_GAP
 from lit_svd.models.intervene import Component, build_components
 from lit_svd.modules.pretrained import PretrainedLMModule
 
@@ -69,17 +70,16 @@ def run_claims(run: Path, claims: str, kinds: Sequence[str]) -> tuple[dict, dict
 
 
 def block_columns(component: Component, claims: Sequence[tuple[int, int]], rel_gap: float) -> list[dict]:
-    """Per claim: its block (``block``, ``block_size``, ``block_claimed``: claims in the same block), its
-    isolation gap and whether it is isolated (``linalg.direction_blocks`` on its group's spectrum)."""
-    size = max(component.U.shape[-2], component.V.shape[-2])
-    blocks = direction_blocks(component.S.double().cpu(), rel_gap, size)
-    claimed = {}
-    for g, k in claims:
-        key = (g, int(blocks.block[g, k]))
-        claimed[key] = claimed.get(key, 0) + 1
-    return [{"block": int(blocks.block[g, k]), "block_size": int(blocks.size[g, k]),
-             "block_claimed": claimed[(g, int(blocks.block[g, k]))], "gap": float(blocks.gap[g, k]),
-             "isolated": bool(blocks.isolated[g, k])} for g, k in claims]
+    """Per claim its block fields as every mask report gives them (``analysis.blocks.direction_block``:
+    ``block`` {id, size, first, last}, ``gap``, ``isolated``, ``past_rank``) and ``block_claimed``: how many
+    claims share its block (k of the block's m directions)."""
+    blocks = component_blocks(component, rel_gap)
+    first = block_first(blocks)
+    rows = [direction_block(blocks, g, k, first) for g, k in claims]
+    count: dict[tuple[int, int], int] = {}
+    for (g, _), row in zip(claims, rows):
+        count[(g, row["block"]["id"])] = count.get((g, row["block"]["id"]), 0) + 1
+    return [{**row, "block_claimed": count[(g, row["block"]["id"])]} for (g, _), row in zip(claims, rows)]
 
 
 class DirectionCheckModule(PretrainedLMModule):
