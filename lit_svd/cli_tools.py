@@ -2,12 +2,17 @@
 
     python -m lit_svd.cli_tools evaluate --task ioi gp gt --n-test 256 [--figure tasks.png]
     python -m lit_svd.cli_tools mask-curve runs/masks_a* [--out curve.png]
+    python -m lit_svd.cli_tools mask-blocks RUN --out DIR [--rel-gaps 0.01 0.02 0.05]
 
 ``evaluate`` runs a model on the test split of one or more tasks (``TaskDataModule``) and prints each
 task's clean and corrupted metrics as JSON (``lit_svd.metrics.evaluate_task``). ``mask-curve`` reads the
 results.json of several direction-mask runs (e.g. one per alpha), prints one row per run (alpha, kept
 fraction, hard and soft KL, task metric and accuracy with hard masks) sorted by alpha, and draws the
-final hard-mask points with each run's trajectory behind them.
+final hard-mask points with each run's trajectory behind them. ``mask-blocks`` annotates a finished
+direction-mask run (its config.yaml, masks.pt and results.json; nothing is retrained or written there)
+with the blocks of near-equal singular values of its components, at one or more ``rel_gap``: writes
+results.json (kept directions isolated vs in blocks per kind and gap; kept directions and block-level
+claims, receptors and steering rows with their block fields), blocks.json and mask_blocks.png into DIR.
 """
 from __future__ import annotations
 
@@ -129,6 +134,87 @@ def mask_curve(args: argparse.Namespace) -> list[dict]:
     return runs
 
 
+def mask_blocks(args: argparse.Namespace) -> dict:
+    """Annotate a finished direction-mask run with the blocks of its components (nothing is retrained)."""
+    import yaml
+
+    from lit_svd.analysis.blocks import block_report, component_blocks, direction_block, kept_blocks
+    from lit_svd.models import view as make_view
+    from lit_svd.models.intervene import build_components
+    from lit_svd.models.loading import load_causal_lm
+
+    run, out = Path(args.folder), Path(args.out)
+    if out.resolve() == run.resolve():
+        raise ValueError(f"--out {out} is the run folder; give a new folder (the run is read only)")
+    for name in ("config.yaml", "masks.pt", "results.json"):
+        if not (run / name).is_file():
+            raise FileNotFoundError(f"{run / name}: no {name}; give a direction-mask run folder")
+    hp = yaml.safe_load((run / "config.yaml").read_text())["model"]["init_args"]
+    saved = torch.load(run / "masks.pt")
+    source = json.loads((run / "results.json").read_text())
+    model, _ = load_causal_lm(hp["model"], gguf_file=hp.get("gguf_file"), revision=hp.get("revision"))
+    comps = build_components(make_view(model, fold_norms=hp.get("fold_norms", True)), hp["components"],
+                             hp.get("layers"), progress=True)
+    keep = {c.name: saved["lambdas"][c.name] >= saved["threshold"] for c in comps}
+    results = {"experiment": "mask_blocks", "source": str(run), "model": hp["model"], "kept": source["kept"],
+               "rel_gaps": list(args.rel_gaps), "per_gap": []}
+    for i, gap in enumerate(args.rel_gaps):
+        kb = kept_blocks(comps, keep, gap)
+        report = block_report(comps, gap)
+        blocks = {c.name: component_blocks(c, gap) for c in comps}
+        at = lambda comp, head, direction: direction_block(blocks[comp], head, direction)
+        entry = {"rel_gap": gap, **{k: kb[k] for k in ("kept", "isolated", "isolated_fraction", "per_kind")},
+                 "all_directions": report["per_kind"],
+                 "receptors": [{**r, **at(f"L{r['layer']}.ov", r["head"], r["direction"])}
+                               for r in source["receptors"]]}
+        if source.get("steering"):
+            st = source["steering"]
+            entry["steering"] = {**st, **at(st["component"], st["head"], st["direction"])}
+        if source.get("steering_swap"):
+            entry["steering_swap_directions"] = [{**r, **at(r["component"], r["head"], r["direction"])}
+                                                 for r in source["steering_swap"]["directions"]]
+        if i == 0:
+            results.update(kept_directions=kb["directions"], kept_blocks=kb["blocks"], directions_rel_gap=gap,
+                           blocks_file="blocks.json")
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "blocks.json").write_text(json.dumps(report))
+        results["per_gap"].append(entry)
+        print(f"rel_gap {gap}: {kb['isolated']} of {kb['kept']} kept directions isolated; "
+              + ", ".join(f"{k} {v['isolated']}/{v['kept']}" for k, v in kb["per_kind"].items()), flush=True)
+    (out / "results.json").write_text(json.dumps(results))
+    print(f"figure: {plot_isolated(results, out / 'mask_blocks.png')}")
+    return results
+
+
+def plot_isolated(results: dict, path: Path) -> Path:
+    """Per kind: fraction of kept directions that are isolated, next to the fraction of all directions, per gap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    kinds = list(results["per_gap"][0]["per_kind"])
+    gaps = results["per_gap"]
+    fig, ax = plt.subplots(figsize=(1.5 + 1.2 * len(kinds), 3.2))
+    x = np.arange(len(kinds))
+    width = 0.8 / len(gaps)
+    for j, e in enumerate(gaps):
+        kept = [e["per_kind"][k]["isolated_fraction"] or 0.0 for k in kinds]
+        every = [e["all_directions"][k]["isolated_fraction"] for k in kinds]
+        bars = ax.bar(x - 0.4 + width * (j + 0.5), kept, width, label=f"kept, rel_gap {e['rel_gap']:g}")
+        ax.scatter(x - 0.4 + width * (j + 0.5), every, color="black", marker="_", s=200, zorder=3)
+    ax.set_xticks(x, kinds)
+    ax.set_ylabel("fraction isolated")
+    ax.set_ylim(0, 1)
+    ax.set_title("kept directions that are isolated (bars) vs all directions (ticks)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: Sequence[str] | None = None):
     parser = argparse.ArgumentParser(prog="python -m lit_svd.cli_tools", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -145,6 +231,13 @@ def main(argv: Sequence[str] | None = None):
     mc.add_argument("runs", nargs="+", help="run folders (or results.json files)")
     mc.add_argument("--out", default="masks_sparsity_kl.png", help="figure path")
     mc.set_defaults(run=mask_curve)
+    mb = sub.add_parser("mask-blocks", help=mask_blocks.__doc__)
+    mb.add_argument("folder", metavar="RUN",
+                    help="a finished direction-mask run folder (config.yaml, masks.pt, results.json)")
+    mb.add_argument("--out", required=True, help="new output folder")
+    mb.add_argument("--rel-gaps", type=float, nargs="+", default=[0.05, 0.02, 0.01],
+                    help="relative gaps; the first is the one of kept_directions and blocks.json")
+    mb.set_defaults(run=mask_blocks)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -161,3 +161,33 @@ def test_configs_parse(name, capsys):
     assert stop.value.code in (0, None)
     out = capsys.readouterr().out
     assert "lit_svd.modules.sad.SADAnalysisModule" in out or "LanguageModelModule" in out
+
+
+def test_report_annotates_each_head_with_the_blocks_of_its_omega0(tiny_lm_dir):
+    """Each head row's ``basis`` lists the singular values of the dense ``Omega(0) = A_q A_k^T`` built from
+    the model's own q / k weights (the rotary offset 0 is the identity), with their blocks."""
+    from lit_svd.callbacks.sad import annotate_basis
+    from lit_svd.linalg import direction_blocks
+
+    mod = make_module(tiny_lm_dir, min_pairs=1, heads=[[1, 0], [0, 3]])
+    enc = mod.tokenizer(["When Mary and John went to the store , John gave a drink to"], return_tensors="pt")
+    mod.analyse_batch(enc["input_ids"], enc["attention_mask"])
+    res = mod.results()
+    annotate_basis(res, mod.view, rel_gap=0.05, top=3)
+    assert res["rel_gap"] == 0.05
+    attn = mod.lm.model.layers
+    for row in res["heads"]:
+        a = attn[row["layer"]].self_attn
+        dh = a.head_dim
+        n_rep = a.config.num_attention_heads // a.config.num_key_value_heads
+        W_q = a.q_proj.weight[row["head"] * dh:(row["head"] + 1) * dh].double()  # [dh, d]
+        kv = row["head"] // n_rep
+        W_k = a.k_proj.weight[kv * dh:(kv + 1) * dh].double()
+        g = mod.lm.model.layers[row["layer"]].input_layernorm.weight.double()
+        omega = (W_q * g).mT @ (W_k * g) / dh ** 0.5  # folded norm gain on both sides, score scale 1/sqrt(dh)
+        S = torch.linalg.svdvals(omega)[:dh]
+        want = direction_blocks(S, 0.05, size=omega.shape[-1] + 1)
+        terms = row["basis"]["top_terms"]
+        assert [t["sigma"] for t in terms] == pytest.approx(S[:3].tolist(), rel=1e-5)
+        assert [t["block"]["size"] for t in terms] == want.size[:3].tolist()
+        assert row["basis"]["n_isolated"] == int(want.isolated.sum()) and row["basis"]["rank"] == dh

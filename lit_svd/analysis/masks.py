@@ -13,6 +13,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from lit_svd.analysis.blocks import block_first, component_blocks, direction_block
+from lit_svd.linalg import REL_GAP
 from lit_svd.metrics import kl_divergence, logit_diff, top1_correct
 from lit_svd.models.base import ModelView
 from lit_svd.models.intervene import Component, Intervention
@@ -135,11 +137,13 @@ def write_readings(view: ModelView, point: str, layer: int, V: Tensor) -> Tensor
 
 
 @torch.no_grad()
-def logit_receptors(view: ModelView, component: Component, keep: Tensor, tokenizer, top_k: int = 8) -> list[dict]:
+def logit_receptors(view: ModelView, component: Component, keep: Tensor, tokenizer, top_k: int = 8, *,
+                    rel_gap: float = REL_GAP) -> list[dict]:
     """For each kept OV direction, its write direction ``v_k`` read through what follows it (``write_readings``:
     Gemma's post-attention norm, the final norm, the unembedding): the ``top_k`` tokens it promotes (``+v``)
     and those it promotes with the opposite sign (``-v``). (The norms' gains and centring are applied; their
-    data-dependent RMS only rescales.)"""
+    data-dependent RMS only rescales.) Each row carries its block fields at ``rel_gap``
+    (``analysis.blocks.direction_block``): inside a block the single ``v_k`` is arbitrary."""
     if component.kind != "ov":
         raise ValueError(f"logit receptors are read from OV components; got {component.kind!r}")
     out = []
@@ -148,8 +152,11 @@ def logit_receptors(view: ModelView, component: Component, keep: Tensor, tokeniz
         return out
     logits = write_readings(view, "attn", component.layer, component.V[heads, :, dirs])  # [n, vocab]
     pos, neg = logits.topk(top_k, dim=-1).indices, (-logits).topk(top_k, dim=-1).indices
+    blocks = component_blocks(component, rel_gap)
+    first = block_first(blocks)
     for i, (h, k) in enumerate(zip(heads.tolist(), dirs.tolist())):
         out.append({"layer": component.layer, "head": h, "direction": k, "sigma": float(component.S[h, k]),
+                    **direction_block(blocks, h, k, first),
                     "promotes": [tokenizer.decode([t]) for t in pos[i].tolist()],
                     "promotes_negative": [tokenizer.decode([t]) for t in neg[i].tolist()]})
     return out

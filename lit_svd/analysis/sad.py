@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lit_svd.linalg import haar_orthogonal, rolls_tovee_sparsity, svd_factored
+from lit_svd.linalg import REL_GAP, direction_blocks, haar_orthogonal, rolls_tovee_sparsity, svd_factored
 from lit_svd.models.base import augment_inputs, inverse_rms  # [1, x]; per-head norm factors
 from lit_svd.models.hooks import capture
 
@@ -134,6 +134,24 @@ def qk_heads_from_view(view, layer: int) -> QKHeads:
     A_k = torch.cat([w.b_K.unsqueeze(1), w.W_K], dim=1)
     rotate = partial(view.rotate, layer=layer) if view.rotary_dim else None
     return QKHeads(A_q, A_k, rotate, view.attn_softcap, view.head_norm_maps(layer))
+
+
+@torch.no_grad()
+def basis_blocks(qk: QKHeads, rel_gap: float = REL_GAP, top: int = 8) -> list[dict]:
+    """Per head of ``qk``: how identifiable the SAD basis directions are. The basis ``U`` is that of
+    ``Omega(0) = A_q A_k^T`` for every offset (module docstring), so a term ``t_k`` is as well defined as
+    ``u_k`` is, i.e. by ``Omega(0)``'s spectrum; the spectra of ``Omega(delta)`` at other rotary offsets do
+    not enter (the decomposition never uses their singular vectors). Returns ``rank``, ``n_isolated`` and
+    ``top_terms``: the ``top`` largest directions with ``sigma``, ``block`` (id, size, first, last), ``gap``
+    and ``isolated`` (``lit_svd.analysis.blocks.direction_block``)."""
+    from lit_svd.analysis.blocks import block_first, direction_block
+
+    S = svd_factored(qk.A_q.double(), qk.A_k.double()).S.cpu()  # [h, k]
+    b = direction_blocks(S, rel_gap, size=qk.A_q.shape[-2])
+    first = block_first(b)
+    return [{"rank": int(b.rank[h]), "n_isolated": int(b.isolated[h].sum()),
+             "top_terms": [{"direction": k, "sigma": float(S[h, k]), **direction_block(b, h, k, first)}
+                           for k in range(min(top, S.shape[-1]))]} for h in range(S.shape[0])]
 
 
 def attention_window(view, layer: int) -> int | None:

@@ -15,8 +15,16 @@ the test split. It writes (rank zero):
   direction scaled) and ``steering_swap`` (two-class tasks: the most class-separating kept OV
   directions swapped toward the other class's mean); the trajectory and steering use the validation
   split, never the test split;
+  Identifiability (docs/masks.md, "Blocks"): ``mask_unit``, ``rel_gap``; ``kept_isolated`` (kept
+  directions that are isolated vs in blocks of near-equal singular values vs past the rank, per kind);
+  ``kept_directions`` (every kept direction with its ``block`` (id, size, first, last), ``gap``,
+  ``isolated``, ``kept_in_block`` and ``claim``: "direction" or "block"); ``kept_blocks`` (the block-level
+  claims: "k of m kept in block b"); ``blocks_per_kind`` and ``blocks_file`` (``blocks.json``: every
+  component's ranks, blocks and per-direction gaps). Receptor, steering and swap rows carry their
+  direction's block fields too;
 * ``masks.pt``: ``torch.load`` it for ``{"lambdas": {component: [groups, directions]}, "threshold", ...}``;
-* ``masks_kept_<kind>.png``: kept directions per layer and head (group), also in TensorBoard.
+* ``masks_kept_<kind>.png``: kept directions per layer and head (group), also in TensorBoard;
+* ``masks_blocks.png``: kept directions per kind, isolated vs in blocks vs past the rank.
 
 During training it logs the kept fraction per component type to TensorBoard every ``log_every`` steps
 (the module itself logs KL, L1 and the overall kept fraction every step).
@@ -29,6 +37,7 @@ from typing import Literal, Sequence
 import lightning.pytorch as pl
 import torch
 
+from lit_svd.analysis.blocks import block_report, direction_block, kept_blocks
 from lit_svd.analysis.masks import logit_receptors, steer, swap_steer
 from lit_svd.output import run_dir, save_figure, write_results
 
@@ -161,20 +170,28 @@ class DirectionMaskReport(pl.Callback):
             "train_wall_s": self.train_wall_s if fit else None, "trajectory_split": self.trajectory_split,
             "steering_split": probe_split,
         }
+        kb = kept_blocks(module.components, {n: h.bool() for n, h in module.hard().items()}, module.rel_gap)
+        report = block_report(module.components, module.rel_gap)
+        results.update(mask_unit=module.mask_unit, rel_gap=module.rel_gap,
+                       kept_isolated={k: kb[k] for k in ("kept", "isolated", "isolated_fraction", "per_kind")},
+                       kept_directions=kb["directions"], kept_blocks=kb["blocks"],
+                       blocks_per_kind=report["per_kind"], blocks_file="blocks.json")
         results["receptors"] = self.receptors(module)
         results["steering"] = self.steering(module, first)
         results["steering_swap"] = self.swap(module, first)
         write_results(trainer, results)
+        write_results(trainer, report, "blocks.json")
         if trainer.is_global_zero:
             torch.save(module.masks_state(), run_dir(trainer) / "masks.pt")
             self.figures(trainer, module, kept)
+            self.blocks_figure(trainer, results["kept_isolated"]["per_kind"], module.rel_gap)
 
     def receptors(self, module) -> list[dict]:
         hard = module.hard()
         rows = []
         for c in module.components:
             if c.kind == "ov":
-                rows += logit_receptors(module.view, c, hard[c.name].bool(), module.tokenizer)
+                rows += logit_receptors(module.view, c, hard[c.name].bool(), module.tokenizer, rel_gap=module.rel_gap)
         rows.sort(key=lambda r: -r["sigma"])
         return rows[: self.receptors_top]
 
@@ -187,8 +204,9 @@ class DirectionMaskReport(pl.Callback):
             name, head, direction = picked
         rows = steer(_steered_run(module, batch), module.intervention, batch, name, head, direction, self.steer_factors,
                      task=module.task)
-        return {"component": name, "head": head, "direction": direction, "n_examples": len(batch["answer_pos"]),
-                "factors": rows}
+        blocks = module.blocks()[name]
+        return {"component": name, "head": head, "direction": direction, **direction_block(blocks, head, direction),
+                "n_examples": len(batch["answer_pos"]), "factors": rows}
 
     def swap(self, module, batch: dict) -> dict | None:
         """Two-class tasks (GP): kept OV directions swapped toward the other class's mean coefficient."""
@@ -198,8 +216,13 @@ class DirectionMaskReport(pl.Callback):
         with torch.no_grad(), module.intervention.record(names, positions=batch["answer_pos"]) as coefficients:
             module.answer_logits(batch["clean_ids"], batch)
         hard = module.hard()
-        return swap_steer(_steered_run(module, batch), batch, dict(coefficients), {n: hard[n] for n in names},
-                          self.swap_counts, task=module.task)
+        out = swap_steer(_steered_run(module, batch), batch, dict(coefficients), {n: hard[n] for n in names},
+                         self.swap_counts, task=module.task)
+        if out is not None:
+            blocks = module.blocks()
+            for row in out["directions"]:
+                row.update(direction_block(blocks[row["component"]], row["head"], row["direction"]))
+        return out
 
     def figures(self, trainer, module, kept: dict) -> None:
         import matplotlib
@@ -227,6 +250,27 @@ class DirectionMaskReport(pl.Callback):
             ax.set_title(f"kept {kind} directions (of {per_group})")
             fig.colorbar(im, ax=ax)
             save_figure(trainer, fig, f"masks_kept_{kind}")
+
+
+    @staticmethod
+    def blocks_figure(trainer, per_kind: dict, rel_gap: float) -> None:
+        """``masks_blocks.png``: kept directions per kind, split into isolated, in blocks and past the rank."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        kinds = list(per_kind)
+        fig, ax = plt.subplots(figsize=(1.5 + 0.9 * len(kinds), 3.0))
+        bottom = [0] * len(kinds)
+        for key, color in (("isolated", "tab:green"), ("in_blocks", "tab:orange"), ("past_rank", "tab:gray")):
+            values = [per_kind[k][key] for k in kinds]
+            ax.bar(kinds, values, bottom=bottom, color=color, label=key.replace("_", " "))
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_ylabel("kept directions")
+        ax.set_title(f"kept directions: isolated or in blocks (rel_gap {rel_gap:g})", fontsize=9)
+        ax.legend(fontsize=7)
+        save_figure(trainer, fig, "masks_blocks")
 
 
 def _steered_run(module, batch: dict):

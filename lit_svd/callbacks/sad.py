@@ -29,8 +29,11 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, check_null_draws, check_threshold,
-                                  check_tolerance, lm_head_sparsity, toy_head_sparsity)
+from lit_svd.analysis.blocks import check_rel_gap
+from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, basis_blocks, check_null_draws,
+                                  check_threshold, check_tolerance, lm_head_sparsity, qk_heads_from_view,
+                                  toy_head_sparsity)
+from lit_svd.linalg import REL_GAP
 from lit_svd.callbacks.training import held_out_probe, log_scalars
 from lit_svd.output import save_figure, write_results
 
@@ -50,16 +53,42 @@ class SADReport(Callback):
     """Writes a ``SADAnalysisModule`` test run: ``results.json`` (keys in docs/sad.md), ``sad_heatmap.png``
     (layer x head maps against the matched null, the pair null and the rotated control) and
     ``sad_n_recon.png`` (N_recon histograms). ``results()`` syncs the metric states, so it runs on every
-    rank; only rank zero writes."""
+    rank; only rank zero writes.
+
+    Every head row also carries ``basis`` (``analysis.sad.basis_blocks``): the numerical rank of its
+    ``Omega(0)``, how many of its basis directions are isolated at ``rel_gap``, and its ``top_terms`` largest
+    directions with their block and isolation gap (a term inside a block is basis-dependent).
+
+    Args:
+        rel_gap: relative gap below which neighbouring singular values share a block.
+        top_terms: how many of each head's largest directions are listed with their blocks.
+    """
+
+    def __init__(self, rel_gap: float = REL_GAP, top_terms: int = 8):
+        self.rel_gap = check_rel_gap(rel_gap)
+        if top_terms < 0:
+            raise ValueError(f"top_terms={top_terms!r} is invalid; give an integer >= 0")
+        self.top_terms = top_terms
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
         results = pl_module.results()
+        annotate_basis(results, pl_module.view, self.rel_gap, self.top_terms)
         write_results(trainer, results)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(report_scalars(results), step=0)
             plot_head_heatmap(trainer, results)
             plot_n_recon(trainer, results)
+
+
+def annotate_basis(results: dict, view, rel_gap: float = REL_GAP, top: int = 8) -> None:
+    """Add ``basis`` (blocks of the head's SAD basis, ``basis_blocks``) to every head row, and ``rel_gap``."""
+    per_layer: dict[int, list[dict]] = {}
+    for row in results["heads"]:
+        if row["layer"] not in per_layer:
+            per_layer[row["layer"]] = basis_blocks(qk_heads_from_view(view, row["layer"]), rel_gap, top)
+        row["basis"] = per_layer[row["layer"]][row["head"]]
+    results["rel_gap"] = rel_gap
 
 
 def report_scalars(results: dict) -> dict[str, float]:

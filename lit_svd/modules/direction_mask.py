@@ -16,8 +16,10 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
+from lit_svd.analysis.blocks import MaskUnit, check_mask_unit, check_rel_gap, component_blocks, mask_units
 from lit_svd.analysis.masks import (check_mask_config, hard_masks, initial_logits, kept_report, mask_loss,
                                     most_effective_direction, task_scores)
+from lit_svd.linalg import REL_GAP
 from lit_svd.models.intervene import Intervention, build_components
 from lit_svd.modules.pretrained import PretrainedLMModule
 
@@ -57,6 +59,11 @@ class DirectionMaskModule(PretrainedLMModule):
         soft_steps: with ``straight_through``, train the soft masks for this many optimiser steps first
             (a warm-up: at the full model the straight-through KL gradient is zero, so without it every
             lambda falls at the same rate until one step cuts them all at once).
+        mask_unit: ``direction`` (one mask value per singular direction) or ``block`` (one per block of
+            near-equal singular values, ``rel_gap``: the block's whole subspace is kept or dropped together;
+            the L1 term still counts every direction, so a block of m costs m times its lambda).
+        rel_gap: relative gap below which neighbouring singular values share a block (blocks in the
+            reports, and the units of ``mask_unit=block``); default ``lit_svd.linalg.REL_GAP``.
     """
 
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
@@ -65,8 +72,11 @@ class DirectionMaskModule(PretrainedLMModule):
                  weight_decay: float = 0.0, grad_clip: float = 1.0, lr_min: float | None = None,
                  init: float = 0.99, ablation: Literal["zero", "patch"] = "zero",
                  positions: Literal["answer", "all"] = "answer", threshold: float = 1e-3, steps_per_batch: int = 1,
-                 straight_through: bool = False, soft_steps: int = 0):
+                 straight_through: bool = False, soft_steps: int = 0, mask_unit: MaskUnit = "direction",
+                 rel_gap: float = REL_GAP):
         check_mask_config(alpha, init, threshold, ablation, positions)
+        check_mask_unit(mask_unit)
+        check_rel_gap(rel_gap)
         if steps_per_batch < 1:
             raise ValueError(f"steps_per_batch={steps_per_batch} is invalid; give an integer >= 1")
         if lr_min is not None and not 0 <= lr_min <= lr:
@@ -77,9 +87,14 @@ class DirectionMaskModule(PretrainedLMModule):
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.alpha, self.threshold, self.ablation, self.positions = alpha, threshold, ablation, positions
+        self.mask_unit, self.rel_gap = mask_unit, rel_gap
         self.components = build_components(self.view, components, layers, progress=True)
         self.intervention = Intervention(self.view, self.components)
-        self.theta = nn.ParameterDict({_key(n): nn.Parameter(t) for n, t in initial_logits(self.components, init).items()})
+        self.units = mask_units(self.components, mask_unit, rel_gap)  # None: one logit per direction
+        logits = initial_logits(self.components, init)
+        if self.units is not None:  # one logit per block: theta[units] spreads it over the block's directions
+            logits = {n: t.flatten()[: int(self.units[n].max()) + 1].clone() for n, t in logits.items()}
+        self.theta = nn.ParameterDict({_key(n): nn.Parameter(t) for n, t in logits.items()})
         self.n_directions = sum(c.n_directions for c in self.components)
         self.eval_metrics = nn.ModuleDict({f"{s}_{m}": MeanMetric() for s in ("full", "soft", "hard") for m in SCORES})
         self.last_eval: dict[str, float] = {}
@@ -87,7 +102,15 @@ class DirectionMaskModule(PretrainedLMModule):
 
     # --- masks -----------------------------------------------------------------------------------
     def lambdas(self) -> dict[str, Tensor]:
-        return {c.name: self.theta[_key(c.name)].sigmoid() for c in self.components}
+        """``lambda = sigmoid(theta)`` per direction ``[G, K]`` (``mask_unit=block``: each block's value on
+        every one of its directions)."""
+        if self.units is None:
+            return {c.name: self.theta[_key(c.name)].sigmoid() for c in self.components}
+        return {c.name: self.theta[_key(c.name)].sigmoid()[self.units[c.name]] for c in self.components}
+
+    def blocks(self) -> dict:
+        """``lit_svd.linalg.DirectionBlocks`` of every component at this run's ``rel_gap``."""
+        return {c.name: component_blocks(c, self.rel_gap) for c in self.components}
 
     def hard(self) -> dict[str, Tensor]:
         return hard_masks({n: lam.detach() for n, lam in self.lambdas().items()}, self.threshold)
@@ -95,7 +118,8 @@ class DirectionMaskModule(PretrainedLMModule):
     def masks_state(self) -> dict:
         """Everything needed to reload the masks: per component its lambdas and SVD shape."""
         return {"lambdas": {n: lam.detach().cpu() for n, lam in self.lambdas().items()},
-                "threshold": self.threshold, "model": self.model_name, "hparams": dict(self.hparams)}
+                "threshold": self.threshold, "mask_unit": self.mask_unit, "rel_gap": self.rel_gap,
+                "model": self.model_name, "hparams": dict(self.hparams)}
 
     def setup(self, stage: str) -> None:
         task = getattr(getattr(self.trainer, "datamodule", None), "task", None)
@@ -124,6 +148,8 @@ class DirectionMaskModule(PretrainedLMModule):
                 t = getattr(c, attr)
                 if t is not None and t.device != self.device:
                     setattr(c, attr, t.to(self.device))
+        if self.units is not None:
+            self.units = {n: u.to(self.device) for n, u in self.units.items()}
 
     # --- forward passes ------------------------------------------------------------------------
     def answer_logits(self, ids: Tensor, batch: dict, scales: dict[str, Tensor] | None = None,

@@ -1,0 +1,199 @@
+"""DirectionCheckModule: the claimed directions of a finished direction-mask run, one row each, for ``test``.
+
+For each claimed direction (the kept mask directions of the requested kinds, or the GP class-mean swap
+directions of ``results.json["steering_swap"]``) it measures the causal check of ``lit_svd.analysis.causal``
+on the test batches (summed over batches through the named state ``changes``), and at the end of the epoch
+builds the table: component, layer, head, direction, sigma, block (id, size, first, last, claimed in it),
+isolation gap, isolated, past_rank, effect, z, percentile, passes, readout. ``callbacks.direction_report.DirectionReport`` writes it.
+
+The data module must give the run's own test split (checked against the run's ``config.yaml``): nothing
+here is chosen on those prompts (``n_random``, ``seed`` and the level are fixed before the run).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Literal, Sequence
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from lit_svd.analysis.causal import (N_RANDOM, PATCHABLE, Probes, corrupted_coefficients, judge, patched_metrics,
+                                     probe_set)
+from lit_svd.analysis.readouts import readouts
+from lit_svd.analysis.blocks import block_first, component_blocks, direction_block
+from lit_svd.linalg import REL_GAP
+from lit_svd.models.intervene import Component, build_components
+from lit_svd.modules.pretrained import PretrainedLMModule
+
+
+class ProbeChanges(Metric):
+    """Sum over prompts of each probe's change of the task metric, and the number of prompts."""
+
+    def __init__(self, n_probes: int):
+        super().__init__()
+        self.add_state("change", torch.zeros(n_probes, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("prompts", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, change: Tensor) -> None:  # [prompts, probes]
+        self.change += change.double().sum(0)
+        self.prompts += change.shape[0]
+
+    def compute(self) -> dict[str, Tensor]:
+        """``mean``: each probe's mean change over every prompt seen (all ranks); ``prompts``: their number."""
+        return {"mean": self.change / self.prompts.clamp_min(1), "prompts": self.prompts.clone()}
+
+
+def run_claims(run: Path, claims: str, kinds: Sequence[str]) -> tuple[dict, dict[str, list[tuple[int, int]]]]:
+    """``(masks_state, {component name: [(group, direction)]})`` of a finished mask run."""
+    masks = run / "masks.pt"
+    if not masks.is_file():
+        raise ValueError(f"run={str(run)!r}: no masks.pt there; give the folder of a finished direction-mask run")
+    state = torch.load(masks, map_location="cpu", weights_only=False)
+    out: dict[str, list[tuple[int, int]]] = {}
+    if claims == "kept":
+        for name, lam in state["lambdas"].items():
+            if name.split(".", 1)[1] in kinds:
+                keep = torch.nonzero(lam >= state["threshold"]).tolist()
+                if keep:
+                    out[name] = [(int(g), int(k)) for g, k in keep]
+    else:
+        results = run / "results.json"
+        swap = json.loads(results.read_text()).get("steering_swap") if results.is_file() else None
+        if not swap:
+            raise ValueError(f"claims='swap' but {str(results)!r} has no steering_swap (a two-class task's run, e.g. GP)")
+        for d in swap["directions"]:
+            out.setdefault(d["component"], []).append((int(d["head"]), int(d["direction"])))
+    return state, out
+
+
+def block_columns(component: Component, claims: Sequence[tuple[int, int]], rel_gap: float) -> list[dict]:
+    """Per claim its block fields as every mask report gives them (``analysis.blocks.direction_block``:
+    ``block`` {id, size, first, last}, ``gap``, ``isolated``, ``past_rank``) and ``block_claimed``: how many
+    claims share its block (k of the block's m directions)."""
+    blocks = component_blocks(component, rel_gap)
+    first = block_first(blocks)
+    rows = [direction_block(blocks, g, k, first) for g, k in claims]
+    count: dict[tuple[int, int], int] = {}
+    for (g, _), row in zip(claims, rows):
+        count[(g, row["block"]["id"])] = count.get((g, row["block"]["id"]), 0) + 1
+    return [{**row, "block_claimed": count[(g, row["block"]["id"])]} for (g, _), row in zip(claims, rows)]
+
+
+class DirectionCheckModule(PretrainedLMModule):
+    """Causal check, blocks and readouts of the claimed directions of a finished direction-mask run.
+
+    Args:
+        run: folder of the finished mask run (``masks.pt``; ``results.json`` for ``claims: swap``); read only.
+        claims: ``kept`` (the kept mask directions of ``kinds``) or ``swap`` (the class-mean swap directions of
+            a two-class run, ``results.json["steering_swap"]``).
+        kinds: component kinds whose kept directions are checked (``ov``, ``mlp_in``, ``mlp_gate``, ``mlp_out``).
+        n_random: random unit directions per head (group) in the null.
+        seed: seeds the random directions.
+        rows_per_forward: (prompt, direction) rows per batched forward (memory against speed).
+        top_k: tokens per readout side.
+        rel_gap: relative gap below which neighbouring singular values share a block (``linalg.REL_GAP``).
+        model: the model (default: the run's).
+    """
+
+    def __init__(self, run: str, claims: Literal["kept", "swap"] = "kept", kinds: Sequence[str] = ("ov",),
+                 n_random: int = N_RANDOM, seed: int = 0, rows_per_forward: int = 512, top_k: int = 8,
+                 rel_gap: float = REL_GAP, model: str | None = None):
+        bad = [k for k in kinds if k not in PATCHABLE]
+        if bad:
+            raise ValueError(f"kinds={list(kinds)!r}: {bad[0]!r} cannot be patched; allowed: {', '.join(PATCHABLE)}")
+        if n_random < 2:
+            raise ValueError(f"n_random={n_random}: the null needs at least 2 random directions")
+        if rows_per_forward < 1:
+            raise ValueError(f"rows_per_forward={rows_per_forward}: must be >= 1")
+        if not 0 <= rel_gap < 1:
+            raise ValueError(f"rel_gap={rel_gap!r}: must be in [0, 1)")
+        self.run_path = Path(run)
+        state, self.claims = run_claims(self.run_path, claims, kinds)
+        hp = state.get("hparams", {})
+        super().__init__(model=model or state["model"], gguf_file=hp.get("gguf_file"), revision=hp.get("revision"),
+                         fold_norms=hp.get("fold_norms", True))
+        self.save_hyperparameters()
+        layers = sorted({int(n.split(".")[0][1:]) for n in self.claims})
+        wanted = sorted({n.split(".", 1)[1] for n in self.claims})
+        comps = build_components(self.view, wanted, layers, progress=True) if self.claims else []
+        self.components = [c for c in comps if c.name in self.claims]
+        self.probes = {c.name: probe_set(c, self.claims[c.name], n_random, seed) for c in self.components}
+        self.changes = torch.nn.ModuleDict({_key(n): ProbeChanges(len(p) - 1) for n, p in self.probes.items()})
+        self.task: str | None = None
+        self.table: list[dict] = []
+        self.timing: dict = {}
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        self.task = getattr(getattr(dm, "task", None), "name", None)
+        check_same_test_split(self.run_path, dm)
+
+    def on_test_start(self) -> None:
+        for c in self.components:
+            for attr in ("U", "S", "V", "read"):
+                t = getattr(c, attr)
+                if t is not None:
+                    setattr(c, attr, t.to(self.device))
+        self.probes = {c.name: Probes(c, self.probes[c.name].group.to(self.device),
+                                      self.probes[c.name].coords.to(self.device)) for c in self.components}
+        self._wall = 0.0
+
+    @torch.no_grad()
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        from tqdm.auto import tqdm
+
+        start = time.monotonic()
+        reference = corrupted_coefficients(self.view, self.components, batch)
+        show = self.trainer.is_global_zero and self.trainer.progress_bar_callback is not None
+        total = sum(len(p) for p in self.probes.values()) * len(batch["answer_pos"])
+        with tqdm(total=total, desc=f"batch {batch_idx}: (prompt, direction) rows", disable=not show, leave=False) as bar:
+            for c in self.components:
+                metrics = patched_metrics(self.view, self.probes[c.name], batch, reference[c.name], self.task,
+                                          self.hparams.rows_per_forward, bar.update)
+                self.changes[_key(c.name)].update(metrics[:, 1:] - metrics[:, :1])
+        self._wall += time.monotonic() - start
+
+    def on_test_epoch_end(self) -> None:
+        hp = self.hparams
+        rows, n_prompts = [], 0
+        for c in self.components:
+            metric = self.changes[_key(c.name)]
+            reduced = metric.compute()
+            n_prompts = int(reduced["prompts"])
+            claims = self.claims[c.name]
+            judged = judge(c, claims, reduced["mean"].float().cpu(), hp.n_random)
+            reads = readouts(self.view, c, claims, self.tokenizer, hp.top_k)
+            for row, blk, read in zip(judged, block_columns(c, claims, hp.rel_gap), reads):
+                rows.append({**row, **blk, "readout": read})
+            metric.reset()
+        rows.sort(key=lambda r: (r["layer"], r["kind"], r["head"], r["direction"]))
+        self.table = rows
+        n_probes = sum(len(p) for p in self.probes.values())
+        self.timing = {"wall_s": self._wall, "directions": len(rows), "probes": n_probes, "n_prompts": n_prompts,
+                       "directions_per_s": len(rows) / max(self._wall, 1e-9),
+                       "probe_rows_per_s": n_probes * n_prompts / max(self._wall, 1e-9)}
+
+
+def check_same_test_split(run: Path, dm) -> None:
+    """The data module's test prompts must be the run's (its ``config.yaml`` data section), else one-line error."""
+    import yaml
+
+    from lit_svd.datamodules.tasks import TaskDataModule
+
+    config = run / "config.yaml"
+    if dm is None or not config.is_file():
+        raise ValueError(f"run={str(run)!r}: the check needs the run's config.yaml and a TaskDataModule of its data")
+    args = dict((yaml.safe_load(config.read_text()).get("data") or {}).get("init_args") or {})
+    args.pop("num_workers", None)
+    theirs = TaskDataModule(**args).splits["test"]
+    ours = dm.splits["test"]
+    if theirs.examples != ours.examples:
+        raise ValueError(f"data: the test split differs from the run's ({config}); use its data section"
+                         f" (task, tokenizer, n_train, n_val, n_test, seed, test_last, prepend_bos)")
+
+
+def _key(name: str) -> str:
+    return name.replace(".", "_")
