@@ -271,6 +271,24 @@ def test_span_ceiling_is_the_top_principal_subspace_and_bounds_every_strategy():
     assert row["ceiling_fraction_whole"] < 1  # dh is not W x alone (noise), so the weights' SVD falls short
 
 
+def test_input_side_ceiling_and_own_writes_equal_the_direct_sums():
+    """A linear site with d_in + 1 < d_out sums the ceiling on the input side ([x, 1] / ||dh||, mapped back
+    by [W | b]); ``dh=None`` scores the plan's own writes x W^T. Both equal the direct computation."""
+    g = torch.Generator().manual_seed(5)
+    W, b = torch.randn(40, 12, generator=g, dtype=torch.float64), torch.randn(40, generator=g, dtype=torch.float64)
+    x = torch.randn(150, 12, generator=g, dtype=torch.float64)
+    out = M.plan_site(W, 4, 2, [1, 2], k_active=3)  # ceiling on the output side
+    inp = M.plan_site(W, 4, 2, [1, 2], k_active=3, linear=True, bias=b)
+    assert out.affine is None and (out.gram_dim, inp.gram_dim) == (40, 13)
+    dh = x @ W.mT + b
+    a, c = M.site_sums(inp, x, dh), M.site_sums(out, x, dh)
+    assert tuple(a["gram"].shape) == M.sum_shapes(inp.n, 2, inp.gram_dim)["gram"]
+    assert M.summarize(inp, a)["span_ceiling"] == pytest.approx(M.summarize(out, c)["span_ceiling"], abs=1e-6)
+    own, direct = M.site_sums(out, x, None), M.site_sums(out, x, x @ W.mT)
+    for name in direct:
+        torch.testing.assert_close(own[name], direct[name], rtol=1e-5, atol=1e-5)
+
+
 def test_scaled_tile_widths_give_the_papers_tile_counts():
     # the paper's own setting (Gemma-2-2B) is reproduced exactly
     for site, d_in in M.PAPER_D_IN.items():

@@ -184,6 +184,23 @@ def test_module_fits_effective_paths_on_held_out_batches_only(tiny_llama_dir):
     assert -1 <= rows[("o", 1)]["steer_rho"] <= 1 and "steer_rho" not in rows[("q", 1)]
 
 
+@pytest.mark.parametrize("arch,site", [("llama", "gate"), ("gpt2", "up")])
+def test_input_side_ceiling_equals_the_output_pca(tiny_dirs, arch, site):
+    """Wide module sites (d_in + 1 < d_out) sum the ceiling's Gram on the input side ([x, 1], mapped back by
+    [W | b]; GPT-2's c_fc has a bias): the same figure as a numpy PCA of the site's real outputs."""
+    batches = _batches(n=2)
+    module = MountsAnalysisModule(model=tiny_dirs[arch], tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], layers=[1],
+                                  sites=[site], effective_paths=False, null_control=False)
+    rows = _run(module, batches)
+    plan = module.plans[f"L1_{site}"]
+    assert plan.affine is not None and plan.gram_dim == plan.W.shape[1] + 1 < plan.d_out
+    hf = module.lm.model.layers[1].mlp.gate_proj if arch == "llama" else module.lm.transformer.h[1].mlp.c_fc
+    y = torch.cat([out for _, out in _capture(module.lm, batches, {"w": hf})["w"]]).double()
+    Y = (y / y.norm(dim=1, keepdim=True)).numpy()
+    evals = np.linalg.eigvalsh(Y.T @ Y)[::-1]
+    assert rows[(site, 1)]["span_ceiling"] == pytest.approx(evals[: plan.n].sum() / len(Y), abs=1e-5)
+
+
 def test_module_scores_the_null_and_the_ceiling_on_the_same_tokens(tiny_llama_dir):
     batches = _batches(n=2)
     module = MountsAnalysisModule(model=tiny_llama_dir, tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], layers=[1],

@@ -220,3 +220,19 @@ def test_smollm2_ioi_metrics_match_unpadded_hf_forward(smollm2):
     assert abs(got["accuracy"] - sum(hits) / len(hits)) < 1e-6
     assert got["logit_diff"] > 2 and got["accuracy"] >= 0.75
     assert got["corrupt_accuracy"] < 0.2 and abs(got["corrupt_logit_diff"]) < 1.5
+
+
+def test_order_seed_changes_only_the_training_order(bpe2):
+    """The training seed reorders the training prompts and leaves every split as it was; the default is
+    the split seed's order (what runs used before the option), drawn as a seeded shuffled loader does."""
+    kwargs = dict(n_train=40, n_val=8, n_test=8, batch_size=8, seed=3)
+    base, same = TaskDataModule("ioi", bpe2, **kwargs), TaskDataModule("ioi", bpe2, order_seed=3, **kwargs)
+    other = TaskDataModule("ioi", bpe2, order_seed=4, **kwargs)
+    order = lambda dm: torch.cat([b["index"] for b in dm.train_dataloader()]).tolist()
+    for split in ("train", "val", "test"):
+        assert [e.clean_ids for e in other.splits[split].examples] == [e.clean_ids for e in base.splits[split].examples]
+    # independent: DataLoader(shuffle=True) with a generator seeded by the split seed, first epoch
+    loader = torch.utils.data.DataLoader(range(40), batch_size=8, shuffle=True,
+                                         generator=torch.Generator().manual_seed(3))
+    assert order(base) == torch.cat(list(loader)).tolist() == order(same)
+    assert order(other) != order(base) and sorted(order(other)) == list(range(40))

@@ -191,20 +191,33 @@ def sparse_explained(c: Tensor, G: Tensor, k_active: int) -> Tensor:
     ``k_active`` dictionary atoms of largest ``|<dh_t, d>|``, from the projections ``c = dh D: [T, n]``
     and the dictionary's Gram matrix ``G = D^T D``. The fit is solved on the atoms' Gram block
     (explained energy ``c_k^T G_k^{-1} c_k``), so nothing of size ``d_out`` is gathered per token."""
-    c = c.double()
-    k = min(k_active, c.shape[1])
-    idx = c.abs().topk(k, dim=1).indices  # [T, k]
-    ck = c.gather(1, idx).unsqueeze(2)
-    Gk = G[idx.unsqueeze(2), idx.unsqueeze(1)]  # [T, k, k]
+    return sparse_explained_many([(c, G)], k_active)[0]
+
+
+def sparse_explained_many(pairs: list[tuple[Tensor, Tensor]], k_active: int) -> Tensor:
+    """``sparse_explained`` of several dictionaries ``[(c, G), ...]`` at once ``[len(pairs)]``: the
+    Gram blocks of every dictionary and token go through one batched Cholesky solve."""
+    cks, Gks, owner = [], [], []
+    for i, (c, G) in enumerate(pairs):
+        c = c.double()
+        k = min(k_active, c.shape[1])
+        idx = c.abs().topk(k, dim=1).indices  # [T, k]
+        cks.append(c.gather(1, idx).unsqueeze(2))
+        Gks.append(G[idx.unsqueeze(2), idx.unsqueeze(1)])  # [T, k, k]
+        owner.append(torch.full((c.shape[0],), i))
+    if len({ck.shape[1] for ck in cks}) > 1:  # a dictionary smaller than k_active: solve separately
+        return torch.cat([sparse_explained_many([p], k_active) for p in pairs])
+    ck, Gk, owner = torch.cat(cks), torch.cat(Gks), torch.cat(owner)
     L, info = torch.linalg.cholesky_ex(Gk)
     ok = info == 0
-    total = (torch.linalg.solve_triangular(L[ok], ck[ok], upper=False) ** 2).sum()
+    per_token = torch.zeros(len(ck), dtype=torch.float64)
+    per_token[ok] = (torch.linalg.solve_triangular(L[ok], ck[ok], upper=False) ** 2).sum((1, 2))
     if not ok.all():  # (near-)dependent atoms: pseudo-inverse through the eigenbasis
         evals, evecs = torch.linalg.eigh(Gk[~ok])
         proj = (evecs.mT @ ck[~ok]).squeeze(2)
         keep = evals > 1e-10 * evals[:, -1:].clamp_min(EPS)
-        total = total + (proj ** 2 / torch.where(keep, evals, torch.ones_like(evals)) * keep).sum()
-    return total
+        per_token[~ok] = (proj ** 2 / torch.where(keep, evals, torch.ones_like(evals)) * keep).sum(1)
+    return torch.zeros(len(pairs), dtype=torch.float64).index_add_(0, owner, per_token)
 
 
 @dataclass(frozen=True)
@@ -222,6 +235,7 @@ class SitePlan:
     proj: Tensor  # [d_out, N] float32: every direction dh is projected on, side by side
     blocks: dict[str, slice]  # where each group of directions sits in proj
     V32: Tensor  # [d_in, n] float32: sigma_j v_j of the tiled mounts
+    affine: Tensor | None = None  # [d_out, d_in + 1] float64 [W | b]: the ceiling is summed on the input side
 
     @property
     def n(self) -> int:
@@ -231,12 +245,35 @@ class SitePlan:
     def d_out(self) -> int:
         return self.W.shape[0]
 
+    @property
+    def gram_dim(self) -> int:
+        """Side of the ceiling's Gram statistic (``d_out``, or ``d_in + 1`` on the input side)."""
+        return self.d_out if self.affine is None else self.affine.shape[1]
+
+    @property
+    def n_stat(self) -> int:
+        """Columns of ``proj`` whose energy ratios are summed (lifts, references, spans; coverage follows)."""
+        return self.blocks[f"span_{STRATEGIES[-1]}"].stop
+
+
+def ceiling_dim(d_in: int, d_out: int, linear: bool) -> int:
+    """Side of a site's ceiling Gram: ``d_in + 1`` when the scored write is exactly ``W x + b``
+    (``linear``) and that side is smaller (e.g. gate / up: 577 against 1536), else ``d_out``."""
+    return d_in + 1 if linear and d_in + 1 < d_out else d_out
+
 
 def plan_site(W: Tensor, tile_width: int, modes: int, modes_sweep: list[int] | tuple[int, ...], k_active: int,
-              seed: int = 0, key: str = "tile_width") -> SitePlan:
-    """Build the mounts of all strategies, references, span bases and coverage dictionaries of ``W``."""
+              seed: int = 0, key: str = "tile_width", linear: bool = False, bias: Tensor | None = None) -> SitePlan:
+    """Build the mounts of all strategies, references, span bases and coverage dictionaries of ``W``.
+
+    ``linear``: the scored writes are exactly ``dh = W x + bias`` (a module site), so the ceiling's
+    Gram may be summed on the input side when that is smaller (``ceiling_dim``)."""
     W = W.detach().double().cpu()
     d_out, d_in = W.shape
+    affine = None
+    if ceiling_dim(d_in, d_out, linear) != d_out:
+        b = torch.zeros(d_out, dtype=torch.float64) if bias is None else bias.detach().double().cpu()
+        affine = torch.cat([W, b.reshape(d_out, 1)], dim=1)
     tiles = tile_bounds(d_in, tile_width, key)
     if not isinstance(k_active, int) or k_active <= 0:
         raise ValueError(f"k_active={k_active!r} is not allowed: it must be a positive integer")
@@ -265,7 +302,7 @@ def plan_site(W: Tensor, tile_width: int, modes: int, modes_sweep: list[int] | t
     coverage = [(m, CoverageDict(proj[:, blocks[f"cov_t{i}"]], t.G), CoverageDict(proj[:, blocks[f"cov_r{i}"]], r.G))
                 for i, (m, t, r) in enumerate(coverage)]
     return SitePlan(W.float(), strategies, ref, spans, coverage, tiles, k_active, proj, blocks,
-                    (strategies["tiled"].V * strategies["tiled"].S).float())
+                    (strategies["tiled"].V * strategies["tiled"].S).float(), affine)
 
 
 # --- tile widths ---------------------------------------------------------------------------------
@@ -330,61 +367,70 @@ def haar_null(W: Tensor, seed: int) -> Tensor:
 
 
 # --- streaming statistics: named token sums ------------------------------------------------------
-def sum_shapes(n: int, n_sweep: int, d_out: int, ceiling: bool = True) -> dict[str, tuple[int, ...]]:
+def sum_shapes(n: int, n_sweep: int, d_gram: int, ceiling: bool = True) -> dict[str, tuple[int, ...]]:
     """Name and shape of every token sum ``site_sums`` returns for a plan with ``n`` mounts, a
-    coverage sweep of ``n_sweep`` points and ``d_out`` outputs (``gram``: the ceiling's statistic)."""
+    coverage sweep of ``n_sweep`` points and a ceiling Gram of side ``d_gram`` (``plan.gram_dim``:
+    ``d_out``, or ``d_in + 1`` on the input side; ``gram``: the ceiling's statistic)."""
     shapes = {"tokens": (), "energy": (), "lift": (len(STRATEGIES), n), "ref": (n,), "span": (len(STRATEGIES),),
               "cover_tiled": (n_sweep,), "cover_random": (n_sweep,), "tile_mode": (n,), "tile_ref": (n,),
               "ident_err": (n,), "ident_norm": (n,)}
     if ceiling:
-        shapes["gram"] = (d_out, d_out)
+        shapes["gram"] = (d_gram, d_gram)
     return shapes
 
 
-def site_sums(plan: SitePlan, x: Tensor, dh: Tensor, ceiling: bool = True) -> dict[str, Tensor]:
+def site_sums(plan: SitePlan, x: Tensor, dh: Tensor | None, ceiling: bool = True) -> dict[str, Tensor]:
     """All token sums of one batch, by name (float64; see ``sum_shapes``).
 
     ``x: [T, d_in]`` is the site input (what ``W`` reads), ``dh: [T, d_out]`` the write scored
-    (the site output, or the gated product / mixed value on effective paths). ``gram`` (with
-    ``ceiling``) is ``sum_t dh_t dh_t^T / (||dh_t||^2 + eps)``, whose top ``n`` eigenvalues are the
-    data ceiling of the span figure."""
-    x, dh = x.float(), dh.float()
-    P = dh @ plan.proj  # [T, N]: every projection at once
-    norm2 = (dh.double() ** 2).sum(1)
-    ratio = (P.double() ** 2 / (norm2 + EPS).unsqueeze(1)).sum(0)  # [N]
-    b = plan.blocks
-    out = {"tokens": torch.tensor(float(dh.shape[0]), dtype=torch.float64), "energy": norm2.sum(),
-           "lift": torch.stack([ratio[b[f"lift_{s}"]] for s in STRATEGIES]), "ref": ratio[b["ref"]],
-           "span": torch.stack([ratio[b[f"span_{s}"]].sum() for s in STRATEGIES]),
-           "cover_tiled": torch.stack([sparse_explained(P[:, b[f"cov_t{i}"]], t.G, plan.k_active)
-                                       for i, (_, t, _) in enumerate(plan.coverage)]),
-           "cover_random": torch.stack([sparse_explained(P[:, b[f"cov_r{i}"]], r.G, plan.k_active)
-                                        for i, (_, _, r) in enumerate(plan.coverage)])}
+    (the site output, or the gated product / mixed value on effective paths); ``dh=None`` scores the
+    plan's own outputs ``x W^T`` (the structureless null), summed from the tile writes computed anyway.
+    ``gram`` (with ``ceiling``) is ``sum_t dh_t dh_t^T / (||dh_t||^2 + eps)``, whose top ``n``
+    eigenvalues are the data ceiling of the span figure (on the input side when ``plan.affine``)."""
+    x = x.float().contiguous()  # a strided token subset (the null's) is gathered once, not once per tile
     # tile-local statistics of the tiled mounts: tile write tw = B_t x_t, its energy along u_j
     # (tile_mode), along the reference (tile_ref), and the SVD identity tw . u_j = sigma_j (v_j . x)
-    tiled = plan.strategies["tiled"]
+    tiled, b = plan.strategies["tiled"], plan.blocks
     trig = (x @ plan.V32).double()  # [T, n]: sigma_j (v_j . x_t)
     U32, ref32 = plan.proj[:, b["lift_tiled"]], plan.proj[:, b["ref"]]
     tm, tr, ie, inn = (torch.zeros(plan.n, dtype=torch.float64) for _ in range(4))
+    own = dh is None
     for t, (s, e) in enumerate(plan.tiles):
         j = (tiled.tile == t).nonzero().squeeze(1)
         tw = x[:, s:e] @ plan.W[:, s:e].mT
-        tn2 = (tw.double() ** 2).sum(1).unsqueeze(1) + EPS
+        if own:  # the tiles' writes add up to x W^T
+            dh = tw if t == 0 else dh.add_(tw)
+        tn2 = (tw * tw).sum(1).double().unsqueeze(1) + EPS
         proj, rp = (tw @ U32[:, j]).double(), (tw @ ref32[:, j]).double()
         tm[j] = (proj ** 2 / tn2).sum(0)
         tr[j] = (rp ** 2 / tn2).sum(0)
         ie[j] = ((proj - trig[:, j]) ** 2).sum(0)
         inn[j] = (proj ** 2).sum(0)
-    out.update(tile_mode=tm, tile_ref=tr, ident_err=ie, ident_norm=inn)
+    dh = dh.float()
+    P = dh @ plan.proj  # [T, N]: every projection at once
+    norm2 = (dh.double() ** 2).sum(1)
+    ratio = (P[:, : plan.n_stat].double() ** 2 / (norm2 + EPS).unsqueeze(1)).sum(0)  # lifts, refs, spans
+    cover = sparse_explained_many([(P[:, b[f"cov_{kind}{i}"]], d.G) for kind in "tr"
+                                   for i, d in enumerate(c[1 if kind == "t" else 2] for c in plan.coverage)],
+                                  plan.k_active)
+    n_sweep = len(plan.coverage)
+    out = {"tokens": torch.tensor(float(dh.shape[0]), dtype=torch.float64), "energy": norm2.sum(),
+           "lift": torch.stack([ratio[b[f"lift_{s}"]] for s in STRATEGIES]), "ref": ratio[b["ref"]],
+           "span": torch.stack([ratio[b[f"span_{s}"]].sum() for s in STRATEGIES]),
+           "cover_tiled": cover[:n_sweep], "cover_random": cover[n_sweep:],
+           "tile_mode": tm, "tile_ref": tr, "ident_err": ie, "ident_norm": inn}
     if ceiling:
-        out["gram"] = ceiling_sum(dh)
+        out["gram"] = ceiling_sum(dh, x if plan.affine is not None else None)
     return out
 
 
-def ceiling_sum(dh: Tensor) -> Tensor:
-    """``sum_t dh_t dh_t^T / (||dh_t||^2 + eps)`` ``[d_out, d_out]`` (float64): the ceiling's statistic."""
+def ceiling_sum(dh: Tensor, x: Tensor | None = None) -> Tensor:
+    """The ceiling's statistic (float64): ``sum_t dh_t dh_t^T / (||dh_t||^2 + eps)`` ``[d_out, d_out]``,
+    or, with the inputs ``x`` of a linear site ``dh = W x + b``, the same sum on the input side,
+    ``sum_t x~_t x~_t^T / (||dh_t||^2 + eps)`` with ``x~ = [x, 1]`` (``[W | b]`` maps it back: ``summarize``)."""
     dh = dh.float()
-    y = dh / ((dh.double() ** 2).sum(1) + EPS).sqrt().float().unsqueeze(1)
+    scale = ((dh * dh).sum(1) + EPS).rsqrt().unsqueeze(1)  # float32 norms: y feeds a float32 product anyway
+    y = dh * scale if x is None else torch.cat([x.float(), torch.ones_like(scale)], dim=1) * scale
     return (y.mT @ y).double()
 
 
@@ -421,7 +467,8 @@ def summarize(plan: SitePlan, sums: dict[str, Tensor]) -> dict:
         row[f"span_{s}"] = span[i].item()
         row[f"span_lift_{s}"] = (span[i] - span[STRATEGIES.index("random")]).item()
     if "gram" in p:
-        row["span_ceiling"] = span_ceiling(p["gram"], n, T)
+        gram = p["gram"] if plan.affine is None else plan.affine @ p["gram"] @ plan.affine.mT
+        row["span_ceiling"] = span_ceiling(gram, n, T)
         row["span_lift_ceiling"] = row["span_ceiling"] - row["span_random"]
         for s in STRATEGIES[:-1]:
             row[f"ceiling_fraction_{s}"] = row[f"span_lift_{s}"] / max(row["span_lift_ceiling"], EPS)

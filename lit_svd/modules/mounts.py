@@ -169,21 +169,22 @@ class MountsAnalysisModule(PretrainedLMModule):
         d_in, d_out = self._site_shape(site)
         hp = self.hparams
         n = M.mount_count(d_in, d_out, self.tile_widths[site], hp.modes_per_tile)
-        return M.sum_shapes(n, len(hp.modes_sweep), d_out, ceiling)
+        return M.sum_shapes(n, len(hp.modes_sweep), M.ceiling_dim(d_in, d_out, site not in self.effective), ceiling)
 
     @staticmethod
     def key(layer: int, site: str) -> str:
         return f"L{layer}_{site}"
 
-    def _plan(self, W_out_in: Tensor, site: str) -> M.SitePlan:
+    def _plan(self, W_out_in: Tensor, site: str, bias: Tensor | None = None) -> M.SitePlan:
         hp = self.hparams
         return M.plan_site(W_out_in, self.tile_widths[site], hp.modes_per_tile, list(hp.modes_sweep), hp.k_active,
-                           hp.seed, f"tile_widths.{site}")
+                           hp.seed, f"tile_widths.{site}", linear=site not in self.effective, bias=bias)
 
-    def _add_plans(self, layer: int, site: str, W_out_in: Tensor) -> None:
-        """The site-layer's plan and, with ``null``, its structureless null's plan."""
+    def _add_plans(self, layer: int, site: str, W_out_in: Tensor, bias: Tensor | None = None) -> None:
+        """The site-layer's plan and, with ``null``, its structureless null's plan (module sites score
+        ``x W^T + bias`` exactly, so their ceiling may be summed on the input side)."""
         k = self.key(layer, site)
-        self.plans[k] = self._plan(W_out_in, site)
+        self.plans[k] = self._plan(W_out_in, site, bias)
         if self.hparams.null_control:
             self.null_plans[k] = self._plan(M.haar_null(W_out_in, M.null_seed(layer, site)), site)
 
@@ -192,8 +193,8 @@ class MountsAnalysisModule(PretrainedLMModule):
             return
         jobs = [(l, s) for l in self.layers for s in self.sites if s not in self.effective]
         for l, s in tqdm(jobs, desc="mount plans", disable=not self._is_zero()):
-            W, _ = self.view.site_weight(l, s)
-            self._add_plans(l, s, W.mT)
+            W, b = self.view.site_weight(l, s)
+            self._add_plans(l, s, W.mT, b)
         # every state exists from the start (sizes follow from the shapes); effective plans come after the fit
         v = self.view
         fit_shapes = {"count": ()}
@@ -262,7 +263,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         self.sums[k].update(M.site_sums(self.plans[k], x, dh))
         if self.hparams.null_control:
             null, xs = self.null_plans[k], x[:: self.hparams.null_stride]
-            self.null_sums[k].update(M.site_sums(null, xs, xs.float() @ null.W.mT, ceiling=False))
+            self.null_sums[k].update(M.site_sums(null, xs, None, ceiling=False))  # its writes: xs W0^T
 
     def _reduce_layer(self, l: int, store: dict, mask: Tensor | None, fitting: bool) -> None:
         for s in self.sites:
