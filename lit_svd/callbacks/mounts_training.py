@@ -68,7 +68,7 @@ def score_site_layers(view, lm, ids, mask, keys: list[tuple[int, str]], tile_wid
         shapes = M.sum_shapes(plan.n, len(plan.coverage), plan.d_out, ceiling=real)
         if key in acts:
             x, dh = acts[key]
-            sums = M.site_sums(plan, x, dh if real else x.float() @ plan.W.mT, ceiling=real)
+            sums = M.site_sums(plan, x, dh if real else None, ceiling=real)  # None: the null scores its own writes
         else:
             sums = {}
         flat += [sums[k].reshape(-1).double() if k in sums else torch.zeros(shape, dtype=torch.float64).reshape(-1)
