@@ -357,12 +357,27 @@ def test_discrimination_counts_real_against_null_per_site():
         mk = lambda p: {c: p for c in ("A1", "A2", "A3", "A4", "B1")} | {"C1": None, "pass": p}
         return {"site": site, "checks": mk(real), "pass": real, "null": {"checks": mk(null), "pass": null}}
 
-    rows = [row("q", True, False), row("q", True, True), row("o", True, True), row("o", False, True)]
-    assert pass_table(rows)["q"]["A1"] == "2/2" and pass_table(rows, null=True)["q"]["A1"] == "1/2"
-    assert pass_table(rows, null=True)["all"]["pass"] == "3/4"
+    rows = ([row("q", True, False)] * 9 + [row("q", True, True)]  # q: 10/10 real against 1/10 null
+            + [row("o", True, True)] * 9 + [row("o", True, False)])  # o: 10/10 against 9/10, no difference
+    assert pass_table(rows)["q"]["A1"] == "10/10" and pass_table(rows, null=True)["q"]["A1"] == "1/10"
+    assert pass_table(rows, null=True)["all"]["pass"] == "10/20"
     d = discrimination(rows)
     assert d["q"]["A1"] is True and d["o"]["A1"] is False and d["q"]["C1"] is None
-    assert d["all"]["pass"] is False  # 3 real passes against 3 null passes
+    assert d["all"]["pass"] is True  # 20/20 against 10/20
+
+
+def test_discriminates_is_a_one_sided_fisher_test():
+    from scipy.stats import hypergeom
+
+    from lit_svd.callbacks.mounts import discriminates
+
+    def p_value(p, n, q, m):  # P(real passes >= p | p + q passes among n + m), by the hypergeometric tail
+        return hypergeom.sf(p - 1, n + m, p + q, n)
+
+    for real, null in [((30, 30), (29, 30)), ((30, 30), (11, 30)), ((30, 30), (26, 30)), ((30, 30), (25, 30)),
+                       ((5, 30), (0, 30)), ((12, 30), (25, 30))]:
+        assert discriminates(real, null) == (p_value(*real, *null) < 0.05), (real, null)
+    assert not discriminates((30, 30), (29, 30)) and discriminates((30, 30), (11, 30))
 
 
 def test_site_summary_counts_per_site_layer():

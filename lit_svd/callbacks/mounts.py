@@ -39,11 +39,24 @@ def pass_table(rows: list[dict], null: bool = False) -> dict[str, dict[str, str]
     return table
 
 
+DISCRIMINATION_LEVEL = 0.05
+
+
+def discriminates(real: tuple[int, int], null: tuple[int, int], level: float = DISCRIMINATION_LEVEL) -> bool:
+    """Whether ``real = (passed, required)`` passes significantly more often than ``null``: one-sided Fisher
+    exact test on the 2x2 counts at ``level`` (30/30 against 29/30 is not a difference; 30/30 against 11/30 is)."""
+    from scipy.stats import fisher_exact
+
+    (p, n), (q, m) = real, null
+    return bool(fisher_exact([[p, n - p], [q, m - q]], alternative="greater")[1] < level)
+
+
 def discrimination(rows: list[dict]) -> dict[str, dict[str, bool | None]]:
-    """Per site (and "all") and check: True where the real matrices pass more often than their nulls,
-    False where the null passes at least as often (non-discriminating), None where nothing is required."""
+    """Per site (and "all") and check: True where the real matrices pass significantly more often than their
+    nulls (``discriminates``), False where they do not (non-discriminating), None where nothing is required."""
     real, null = _counts(rows, False), _counts(rows, True)
-    return {site: {c: (None if n == 0 else real[site][c][0] > null[site][c][0]) for c, (_, n) in by.items()}
+    return {site: {c: (None if n == 0 or null[site][c][1] == 0 else discriminates((p, n), null[site][c]))
+                   for c, (p, n) in by.items()}
             for site, by in real.items()}
 
 
