@@ -199,7 +199,7 @@ def main():
     ap.add_argument("--layer", type=int, default=10)
     ap.add_argument("--site", default="down", choices=sorted(M.PAPER_TILE_WIDTHS))
     ap.add_argument("--widths", default="scaled", choices=["scaled", "fixed"])
-    ap.add_argument("--null-stride", type=int, default=4)  # the shipped config's null_stride
+    ap.add_argument("--null-stride", type=int, default=8)  # the shipped config's null_stride
     args = ap.parse_args()
     report_conditions()
     print(f"SmolLM2 site {args.site} layer {args.layer} ({args.widths} tile widths, null on every {args.null_stride}"
