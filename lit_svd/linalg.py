@@ -147,12 +147,13 @@ REL_GAP = 0.05
 @dataclass
 class DirectionBlocks:
     """Per direction of a descending spectrum ``S: [..., k]``: ``block`` (0-based id, in order of sigma),
-    ``size`` (directions in its block), ``gap`` (relative gap from its block to the nearest singular value
+    ``size`` (directions in its block), ``first`` (its block's first direction), ``gap`` (relative gap from its block to the nearest singular value
     outside it, in [0, 1]; 1 where there is no neighbour), ``isolated`` (a block of one, within the rank) and
     ``rank`` (numerical rank ``[...]``). Directions past the rank form one block of their own."""
 
     block: Tensor
     size: Tensor
+    first: Tensor
     gap: Tensor
     isolated: Tensor
     rank: Tensor
@@ -195,7 +196,7 @@ def direction_blocks(S: Tensor, rel_gap: float = REL_GAP, size: int | None = Non
     padded = torch.cat([one, gaps, one], -1)  # padded[i] = gap above direction i, padded[i+1] = gap below
     gap = torch.minimum(padded.gather(-1, start), padded.gather(-1, end + 1))
     size_ = end - start + 1
-    return DirectionBlocks(block, size_, gap, (size_ == 1) & (idx < rank.unsqueeze(-1)), rank)
+    return DirectionBlocks(block, size_, start, gap, (size_ == 1) & (idx < rank.unsqueeze(-1)), rank)
 
 
 def sign_fixed(svd: SVD) -> SVD:

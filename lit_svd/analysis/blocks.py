@@ -42,20 +42,11 @@ def component_blocks(component: Component, rel_gap: float = REL_GAP) -> Directio
     return direction_blocks(component.S.detach().cpu(), rel_gap, size=size)
 
 
-def block_first(blocks: DirectionBlocks) -> Tensor:
-    """The first direction of each direction's block ``[..., K]``."""
-    K = blocks.block.shape[-1]
-    idx = torch.arange(K).expand_as(blocks.block)
-    new = torch.cat([torch.ones_like(blocks.block[..., :1], dtype=torch.bool),
-                     blocks.block[..., 1:] != blocks.block[..., :-1]], -1)
-    return torch.where(new, idx, 0).cummax(-1).values
-
-
-def direction_block(blocks: DirectionBlocks, group: int, direction: int, first: Tensor | None = None) -> dict:
+def direction_block(blocks: DirectionBlocks, group: int, direction: int) -> dict:
     """The block fields of one direction: ``block`` (``id``, ``size``, ``first``, ``last`` direction),
     ``gap`` (relative gap from its block to the nearest outside singular value), ``isolated`` (a block of
     one within the rank) and ``past_rank``."""
-    first = int(block_first(blocks)[group, direction])
+    first = int(blocks.first[group, direction])
     size = int(blocks.size[group, direction])
     return {"block": {"id": int(blocks.block[group, direction]), "size": size, "first": first,
                       "last": first + size - 1},
@@ -70,7 +61,7 @@ def block_report(components: Sequence[Component], rel_gap: float = REL_GAP) -> d
     records, per_kind = [], {}
     for c in components:
         b = component_blocks(c, rel_gap)
-        first = block_first(b)
+        first = b.first
         groups = []
         for g in range(c.shape[0]):
             starts = (first[g] == torch.arange(c.shape[1])).nonzero().squeeze(1).tolist()
@@ -104,7 +95,6 @@ def kept_blocks(components: Sequence[Component], keep: dict[str, Tensor], rel_ga
     rows, block_rows, per_kind = [], [], {}
     for c in components:
         b = component_blocks(c, rel_gap)
-        first = block_first(b)
         kept = keep[c.name].detach().cpu().bool()
         # kept per block: count the kept directions of each (group, block) pair
         n_blocks = int(b.block.max()) + 1
@@ -116,7 +106,7 @@ def kept_blocks(components: Sequence[Component], keep: dict[str, Tensor], rel_ga
         seen = set()
         for g, k in zip(*torch.nonzero(kept, as_tuple=True)):
             g, k = int(g), int(k)
-            info = direction_block(b, g, k, first)
+            info = direction_block(b, g, k)
             m, kk, bid = info["block"]["size"], int(k_in_block[g, k]), info["block"]["id"]
             kind = "direction" if info["isolated"] else "null" if info["past_rank"] else "block"
             claim = {"direction": "direction", "null": f"{kk} of {m} kept past the numerical rank",

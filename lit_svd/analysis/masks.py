@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from lit_svd.analysis.blocks import block_first, component_blocks, direction_block
+from lit_svd.analysis.blocks import component_blocks, direction_block
 from lit_svd.linalg import REL_GAP
 from lit_svd.metrics import kl_divergence, logit_diff, top1_correct
 from lit_svd.models.base import ModelView
@@ -153,10 +153,9 @@ def logit_receptors(view: ModelView, component: Component, keep: Tensor, tokeniz
     logits = write_readings(view, "attn", component.layer, component.V[heads, :, dirs])  # [n, vocab]
     pos, neg = logits.topk(top_k, dim=-1).indices, (-logits).topk(top_k, dim=-1).indices
     blocks = component_blocks(component, rel_gap)
-    first = block_first(blocks)
     for i, (h, k) in enumerate(zip(heads.tolist(), dirs.tolist())):
         out.append({"layer": component.layer, "head": h, "direction": k, "sigma": float(component.S[h, k]),
-                    **direction_block(blocks, h, k, first),
+                    **direction_block(blocks, h, k),
                     "promotes": [tokenizer.decode([t]) for t in pos[i].tolist()],
                     "promotes_negative": [tokenizer.decode([t]) for t in neg[i].tolist()]})
     return out

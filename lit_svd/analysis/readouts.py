@@ -31,12 +31,11 @@ def _top(scores: Tensor, tokenizer, top_k: int) -> tuple[list[str], list[str]]:
 
 
 @torch.no_grad()
-def read_scores(view: ModelView, component: Component, group: int, direction: int, key_side: bool = False) -> Tensor:
-    """``[vocab]``: each token's embedding, through the norm the site reads it with, projected on ``u_k``
-    (``key_side``: the ``qk`` key side ``v_k``)."""
+def read_scores(emb: Tensor, component: Component, group: int, direction: int, key_side: bool = False) -> Tensor:
+    """``[vocab]``: each token's embedding as the site reads it (``emb``: ``W_E`` through the site's norm),
+    projected on ``u_k`` (``key_side``: the ``qk`` key side ``v_k``)."""
     basis = component.V if key_side else component.U
     u = basis[group, 1:, direction]  # the bias row (index 0) reads the constant 1
-    emb = view.normalized(NORM_OF[component.kind], component.layer, view.W_E.float())
     return emb @ u.to(emb.dtype)
 
 
@@ -62,11 +61,12 @@ def readouts(view: ModelView, component: Component, claims: Sequence[tuple[int, 
             plus, minus = _top(row, tokenizer, top_k)
             out[(g, k)] = {"side": "write", "plus": plus, "minus": minus}
     elif component.kind in NORM_OF:
+        emb = view.normalized(NORM_OF[component.kind], component.layer, view.W_E.float())  # once per component
         for g, k in claims:
-            plus, minus = _top(read_scores(view, component, g, k), tokenizer, top_k)
+            plus, minus = _top(read_scores(emb, component, g, k), tokenizer, top_k)
             out[(g, k)] = {"side": "read", "plus": plus, "minus": minus}
             if component.kind == "qk":
-                kp, km = _top(read_scores(view, component, g, k, key_side=True), tokenizer, top_k)
+                kp, km = _top(read_scores(emb, component, g, k, key_side=True), tokenizer, top_k)
                 out[(g, k)].update(key_plus=kp, key_minus=km)
     else:
         raise ValueError(f"component {component.name}: no readout for kind {component.kind!r}")

@@ -144,13 +144,12 @@ def basis_blocks(qk: QKHeads, rel_gap: float = REL_GAP, top: int = 8) -> list[di
     not enter (the decomposition never uses their singular vectors). Returns ``rank``, ``n_isolated`` and
     ``top_terms``: the ``top`` largest directions with ``sigma``, ``block`` (id, size, first, last), ``gap``
     and ``isolated`` (``lit_svd.analysis.blocks.direction_block``)."""
-    from lit_svd.analysis.blocks import block_first, direction_block
+    from lit_svd.analysis.blocks import direction_block
 
     S = svd_factored(qk.A_q.double(), qk.A_k.double()).S.cpu()  # [h, k]
     b = direction_blocks(S, rel_gap, size=qk.A_q.shape[-2])
-    first = block_first(b)
     return [{"rank": int(b.rank[h]), "n_isolated": int(b.isolated[h].sum()),
-             "top_terms": [{"direction": k, "sigma": float(S[h, k]), **direction_block(b, h, k, first)}
+             "top_terms": [{"direction": k, "sigma": float(S[h, k]), **direction_block(b, h, k)}
                            for k in range(min(top, S.shape[-1]))]} for h in range(S.shape[0])]
 
 

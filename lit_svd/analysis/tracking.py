@@ -78,6 +78,7 @@ class DirectionTrack:
             raise ValueError(f"min_cos={min_cos!r}: must be in (0, 1]")
         self.n_track, self.rel_gap, self.min_cos = n_track, rel_gap, min_cos
         self.prev: SVD | None = None
+        self.prev_blocks = None  # the previous step's DirectionBlocks
         self.position: Tensor | None = None  # [k] slot -> index in prev (sorted)
         self.sign: Tensor | None = None
         self.since: Tensor | None = None
@@ -98,17 +99,16 @@ class DirectionTrack:
                 raise ValueError(f"the tracked matrix changed shape: {tuple(self.prev.S.shape)} -> {tuple(svd.S.shape)}")
             match = match_directions(self.prev, svd, self.rel_gap)
             old = self.position
-            prev_blocks = direction_blocks(self.prev.S, self.rel_gap, size=max(svd.U.shape[-2], svd.V.shape[-2]))
             cos, block_cos = match.cos.abs()[old], match.block_cos[old]
-            isolated = prev_blocks.isolated[old]
+            isolated = self.prev_blocks.isolated[old]
             state = ["kept" if iso and c >= self.min_cos else "block" if not iso and b >= self.min_cos else "lost"
                      for iso, c, b in zip(isolated.tolist(), cos.tolist(), block_cos.tolist())]
             self.position = match.index[old]
             self.sign = self.sign * match.sign.double()[old]
             self.since = torch.where(torch.tensor([s == "lost" for s in state]), step, self.since)
             self._restart([i for i in range(n) if state[i] == "lost"], n)
-        self.prev = svd
         blocks = direction_blocks(svd.S, self.rel_gap, size=max(svd.U.shape[-2], svd.V.shape[-2]))
+        self.prev, self.prev_blocks = svd, blocks
         pos = self.position[:n]
         b = blocks.block
         lo = torch.stack([svd.S[b == b[p]].min() for p in pos.tolist()]) if n else svd.S[:0]

@@ -23,7 +23,7 @@ from torchmetrics import Metric
 from lit_svd.analysis.causal import (N_RANDOM, PATCHABLE, Probes, corrupted_coefficients, judge, patched_metrics,
                                      probe_set)
 from lit_svd.analysis.readouts import readouts
-from lit_svd.analysis.blocks import block_first, component_blocks, direction_block
+from lit_svd.analysis.blocks import component_blocks, direction_block
 from lit_svd.linalg import REL_GAP
 from lit_svd.models.intervene import Component, build_components
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -74,8 +74,7 @@ def block_columns(component: Component, claims: Sequence[tuple[int, int]], rel_g
     ``block`` {id, size, first, last}, ``gap``, ``isolated``, ``past_rank``) and ``block_claimed``: how many
     claims share its block (k of the block's m directions)."""
     blocks = component_blocks(component, rel_gap)
-    first = block_first(blocks)
-    rows = [direction_block(blocks, g, k, first) for g, k in claims]
+    rows = [direction_block(blocks, g, k) for g, k in claims]
     count: dict[tuple[int, int], int] = {}
     for (g, _), row in zip(claims, rows):
         count[(g, row["block"]["id"])] = count.get((g, row["block"]["id"]), 0) + 1
