@@ -139,6 +139,7 @@ def mask_blocks(args: argparse.Namespace) -> dict:
     import yaml
 
     from lit_svd.analysis.blocks import block_report, component_blocks, direction_block, kept_blocks
+    from lit_svd.analysis.masks import hard_masks
     from lit_svd.models import view as make_view
     from lit_svd.models.intervene import build_components
     from lit_svd.models.loading import load_causal_lm
@@ -155,7 +156,8 @@ def mask_blocks(args: argparse.Namespace) -> dict:
     model, _ = load_causal_lm(hp["model"], gguf_file=hp.get("gguf_file"), revision=hp.get("revision"))
     comps = build_components(make_view(model, fold_norms=hp.get("fold_norms", True)), hp["components"],
                              hp.get("layers"), progress=True)
-    keep = {c.name: saved["lambdas"][c.name] >= saved["threshold"] for c in comps}
+    hard = hard_masks(saved["lambdas"], saved["threshold"])
+    keep = {c.name: hard[c.name].bool() for c in comps}
     results = {"experiment": "mask_blocks", "source": str(run), "model": hp["model"], "kept": source["kept"],
                "rel_gaps": list(args.rel_gaps), "per_gap": []}
     for i, gap in enumerate(args.rel_gaps):

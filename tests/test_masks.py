@@ -317,6 +317,7 @@ def test_results_report_test_and_validation_and_stopped_early(tiny_dirs, tokeniz
         res = results[label]
         assert res["splits"]["test"]["n_examples"] == 12 and res["splits"]["val"]["n_examples"] == 8
         assert res["eval_split"] == "test" and res["kl_hard"] == res["splits"]["test"]["kl_hard"]
+        assert (res["data_seed"], res["order_seed"]) == (0, 0)  # the training order defaults to the split seed
         # an independent evaluation of the final masks on each split gives the same figures
         for split in ("val", "test"):
             ev = module.evaluate(getattr(dm, f"{split}_dataloader")())

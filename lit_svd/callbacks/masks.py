@@ -169,6 +169,8 @@ class DirectionMaskReport(pl.Callback):
             "stopped_early": fit and max_steps > 0 and trainer.global_step < max_steps,
             "train_wall_s": self.train_wall_s if fit else None, "trajectory_split": self.trajectory_split,
             "steering_split": probe_split,
+            "data_seed": getattr(trainer.datamodule, "seed", None),
+            "order_seed": getattr(trainer.datamodule, "order_seed", None),
         }
         kb = kept_blocks(module.components, {n: h.bool() for n, h in module.hard().items()}, module.rel_gap)
         report = block_report(module.components, module.rel_gap)

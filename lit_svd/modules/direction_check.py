@@ -20,10 +20,11 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from lit_svd.analysis.blocks import component_blocks, direction_block
 from lit_svd.analysis.causal import (N_RANDOM, PATCHABLE, Probes, corrupted_coefficients, judge, patched_metrics,
                                      probe_set)
+from lit_svd.analysis.masks import hard_masks
 from lit_svd.analysis.readouts import readouts
-from lit_svd.analysis.blocks import component_blocks, direction_block
 from lit_svd.linalg import REL_GAP
 from lit_svd.models.intervene import Component, build_components
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -54,9 +55,9 @@ def run_claims(run: Path, claims: str, kinds: Sequence[str]) -> tuple[dict, dict
     state = torch.load(masks, map_location="cpu", weights_only=False)
     out: dict[str, list[tuple[int, int]]] = {}
     if claims == "kept":
-        for name, lam in state["lambdas"].items():
+        for name, hard in hard_masks(state["lambdas"], state["threshold"]).items():
             if name.split(".", 1)[1] in kinds:
-                keep = torch.nonzero(lam >= state["threshold"]).tolist()
+                keep = torch.nonzero(hard).tolist()
                 if keep:
                     out[name] = [(int(g), int(k)) for g, k in keep]
     else:

@@ -104,7 +104,8 @@ class MountsAnalysisModule(PretrainedLMModule):
         rules: thresholds of the pass rule (null: the paper's values; see configs/mounts/*.yaml).
         null_control: also score each site-layer's structureless null (same singular values, Haar-random
             singular vectors) by the same rules, steering included.
-        null_stride: the null sees every so many-th token of the same stream (1: every token).
+        null_stride: the null sees every so many-th token of the same stream (1: every token, exact; the shipped
+            configs use 8, which bench/mounts_bench.py and the SmolLM2 run show changes no verdict).
     """
 
     def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
