@@ -78,6 +78,31 @@ def test_accumulated_heads_equal_direct_recomputation(tiny_lm_dir):
         assert row["sparsity_unattended"] == pytest.approx(full.unattended.sparsity[un].mean().item(), rel=1e-12)
 
 
+def test_null_stride_scores_the_null_on_every_kth_prompt_only(tiny_lm_dir):
+    """null_stride 2: the matched null's draws equal a full decomposition of prompts 0 and 2 alone, while
+    the head itself is scored on all four prompts."""
+    mod = make_module(tiny_lm_dir, min_pairs=1, layers=[1], null_stride=2, pair_null=False)
+    enc = mod.tokenizer(["When Mary and John went to the store , John gave a drink to",
+                         "Then , Anna and Tom went to the garden", "The cat sat on the mat and looked at",
+                         "After the game , Lisa and Mark walked home ; Mark said hello to"],
+                        return_tensors="pt", padding=True)
+    with torch.no_grad():
+        mod.analyse_batch(enc["input_ids"], enc["attention_mask"])
+    res = mod.results()
+    assert res["null_stride"] == 2
+    X = attention_inputs(mod.view, enc["input_ids"], enc["attention_mask"], [1])[1]
+    bases = layer_bases(mod.view, 1, dtype=torch.float64, null_draws=16)
+    every = decompose_layer(bases, X, enc["attention_mask"])
+    even = decompose_layer(bases, X[::2], enc["attention_mask"][::2])
+    for row in res["heads"]:
+        mine = every.head == row["head"]
+        assert row["sparsity"] == pytest.approx(every.sparsity[mine].mean().item(), rel=1e-12)
+        assert row["sparsity_null_draws"] == pytest.approx(
+            null_head_means(even.null, mod.view.n_heads, 16)[row["head"]].tolist(), rel=1e-12)
+        assert row["sparsity_null_draws"] != pytest.approx(
+            null_head_means(every.null, mod.view.n_heads, 16)[row["head"]].tolist(), rel=1e-6)
+
+
 @pytest.mark.parametrize("kw,exc,match", [
     (dict(threshold=1.5), ValueError, r"model.threshold=1.5 is outside \[0, 1\]"),
     (dict(threshold=-0.01), ValueError, r"model.threshold=-0.01 is outside \[0, 1\]"),
@@ -88,6 +113,7 @@ def test_accumulated_heads_equal_direct_recomputation(tiny_lm_dir):
     (dict(dtype="float16"), ValueError, r"model.dtype='float16' is not supported"),
     (dict(layers=[0], heads=[[0, 0]]), ValueError, r"give model.layers or model.heads, not both"),
     (dict(null_draws=1), ValueError, r"model.null_draws=1: must be 0 \(no matched null\) or an integer >= 2"),
+    (dict(null_stride=0), ValueError, r"model.null_stride=0: must be a positive integer"),
 ])
 def test_bad_configuration_fails_at_construction(tiny_lm_dir, kw, exc, match):
     with pytest.raises(exc, match=match):

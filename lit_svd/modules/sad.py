@@ -16,7 +16,8 @@ from torchmetrics import Metric
 from tqdm.auto import tqdm
 
 from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, PairStats, attention_inputs, check_null_draws,
-                                  check_threshold, check_tolerance, decompose_layer, layer_bases, summarise_heads)
+                                  check_null_stride, check_threshold, check_tolerance, decompose_layer, layer_bases,
+                                  summarise_heads)
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -125,6 +126,9 @@ class SADAnalysisModule(PretrainedLMModule):
         null_draws: random heads with each head's exact spectrum (through its rotary map) per head, fed the
             same inputs and scored on the same pairs; a head is sparser than this null below the draws'
             5th percentile (0: no matched null).
+        null_stride: the matched null is scored on every so many-th prompt of each batch (1: every prompt,
+            exact; the shipped configs use 4, which keeps the 16 draws and changes no verdict on SmolLM2 or
+            Gemma-3; see docs/sad.md).
         pair_null: also decompose each head on the visible pairs it does not attend to (the pair null).
         min_pairs: heads with fewer analysed pairs are left out of the summary.
         input_key: the batch key holding token ids (``clean_ids`` for task prompts; ``input_ids`` as fallback).
@@ -135,7 +139,7 @@ class SADAnalysisModule(PretrainedLMModule):
                  fold_norms: bool = True, layers: list[int] | None = None, heads: list[list[int]] | None = None,
                  threshold: float | None = None, recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0,
                  min_pairs: int = 20, input_key: str = "clean_ids", dtype: Literal["float32", "float64"] = "float32",
-                 null_draws: int = DEFAULT_NULL_DRAWS, pair_null: bool = True):
+                 null_draws: int = DEFAULT_NULL_DRAWS, pair_null: bool = True, null_stride: int = 1):
         check_threshold(threshold, "model.threshold")
         check_tolerance(recon_tol, "model.recon_tol")
         if dtype not in DTYPES:
@@ -143,6 +147,7 @@ class SADAnalysisModule(PretrainedLMModule):
         if not isinstance(min_pairs, int) or min_pairs < 1:
             raise ValueError(f"model.min_pairs={min_pairs!r} must be a positive integer")
         check_null_draws(null_draws, "model.null_draws")
+        check_null_stride(null_stride, "model.null_stride")
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=fold_norms)
         self.save_hyperparameters()
         self.lm.to(DTYPES[dtype])
@@ -192,7 +197,8 @@ class SADAnalysisModule(PretrainedLMModule):
         out = {}
         for row, layer in enumerate(tqdm(self.layer_list, desc="SAD layers", leave=False, disable=not self._is_zero())):
             out[layer] = decompose_layer(self.bases[layer], X.pop(layer), mask, self.hparams.threshold,
-                                         self.hparams.recon_tol, unattended=self.hparams.pair_null)
+                                         self.hparams.recon_tol, unattended=self.hparams.pair_null,
+                                         null_stride=self.hparams.null_stride)
             self.stats.update(row, out[layer])
         self.stats.add_prompts(ids.shape[0])
         return out
@@ -218,5 +224,5 @@ class SADAnalysisModule(PretrainedLMModule):
                 "n_prompts": int(sums["n_prompts"].item()), "n_directions": self.stats.recon_hist.shape[-1],
                 "threshold": hp.threshold, "threshold_rule": "uniform 1/n_visible" if hp.threshold is None else "fixed",
                 "recon_tol": hp.recon_tol, "seed": hp.seed, "dtype": hp.dtype, "null_draws": hp.null_draws,
-                "pair_null": hp.pair_null, "n_layers": self.view.n_layers, "n_heads_per_layer": self.view.n_heads,
+                "null_stride": hp.null_stride, "pair_null": hp.pair_null, "n_layers": self.view.n_layers, "n_heads_per_layer": self.view.n_heads,
                 "summary": summary, "heads": rows}
