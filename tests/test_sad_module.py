@@ -79,21 +79,21 @@ def test_accumulated_heads_equal_direct_recomputation(tiny_lm_dir):
 
 
 def test_null_stride_scores_the_null_on_every_kth_prompt_only(tiny_lm_dir):
-    """null_stride 2: the matched null's draws equal a full decomposition of prompts 0 and 2 alone, while
-    the head itself is scored on all four prompts."""
+    """null_stride 2: the matched null's draws equal a full decomposition of the prompts whose split index is
+    even (here rows 1 and 3) alone, while the head itself is scored on all four prompts."""
     mod = make_module(tiny_lm_dir, min_pairs=1, layers=[1], null_stride=2, pair_null=False)
     enc = mod.tokenizer(["When Mary and John went to the store , John gave a drink to",
                          "Then , Anna and Tom went to the garden", "The cat sat on the mat and looked at",
                          "After the game , Lisa and Mark walked home ; Mark said hello to"],
                         return_tensors="pt", padding=True)
     with torch.no_grad():
-        mod.analyse_batch(enc["input_ids"], enc["attention_mask"])
+        mod.analyse_batch(enc["input_ids"], enc["attention_mask"], index=torch.tensor([7, 8, 9, 10]))
     res = mod.results()
     assert res["null_stride"] == 2
     X = attention_inputs(mod.view, enc["input_ids"], enc["attention_mask"], [1])[1]
     bases = layer_bases(mod.view, 1, dtype=torch.float64, null_draws=16)
     every = decompose_layer(bases, X, enc["attention_mask"])
-    even = decompose_layer(bases, X[::2], enc["attention_mask"][::2])
+    even = decompose_layer(bases, X[1::2], enc["attention_mask"][1::2])
     for row in res["heads"]:
         mine = every.head == row["head"]
         assert row["sparsity"] == pytest.approx(every.sparsity[mine].mean().item(), rel=1e-12)
@@ -158,7 +158,7 @@ def test_ddp_two_processes_equal_one(tiny_lm_dir, tmp_path):
     """The CLI split over two CPU processes (DDP, gloo) writes the results.json of one in-process run."""
     from lit_svd.datamodules.tasks import TaskDataModule
 
-    mod = make_module(tiny_lm_dir, min_pairs=5)
+    mod = make_module(tiny_lm_dir, min_pairs=5, null_stride=4)  # as the config
     dm = TaskDataModule(task="ioi", tokenizer=tiny_lm_dir, n_train=0, n_val=0, n_test=10, batch_size=2, seed=0)
     trainer = pl.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, default_root_dir=tmp_path / "one",
                          callbacks=[SADReport()])

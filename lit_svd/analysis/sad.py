@@ -73,10 +73,21 @@ def check_null_draws(n: int, key: str = "null_draws") -> int:
 
 
 def check_null_stride(n: int, key: str = "null_stride") -> int:
-    """A positive integer: the matched null sees every n-th prompt of each batch."""
+    """A positive integer: the matched null sees every n-th prompt (``null_prompts``)."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"{key}={n!r}: must be a positive integer (1: every prompt)")
     return n
+
+
+def null_prompts(n_rows: int, index: Tensor | None, stride: int) -> Tensor | None:
+    """Rows of a batch the matched null is scored on: the prompts whose index in their split (``index``, as
+    the data modules give it) is a multiple of ``stride``, so the subset does not depend on batching or DDP
+    sharding; without ``index``, every ``stride``-th row of the batch. None (all rows) for stride 1."""
+    if stride == 1:
+        return None
+    if index is None:
+        return torch.arange(0, n_rows, stride)
+    return torch.nonzero(index.reshape(-1) % stride == 0).squeeze(1)
 
 
 @dataclass
@@ -440,13 +451,13 @@ def null_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, null: NullH
 def sad_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, U_rot: Tensor,
               threshold: float | None = None, tol: float = DEFAULT_RECON_TOL,
               keep_contributions: bool = False, null: NullHeads | None = None,
-              unattended: bool = False, null_stride: int = 1) -> PairStats:
+              unattended: bool = False, null_rows: Tensor | None = None) -> PairStats:
     """Decompose every analysed pair of ``h`` heads over a batch of prompts.
 
     ``xq: [B, T_d, D]``, ``xk: [B, T_s, D]`` augmented inputs (``augment_inputs``; the same tensor for self-attention),
     ``visible: [B, T_d, T_s]``, ``U, U_rot: [h, D, k]`` (``qk.basis()`` and ``rotated_bases(U)``). ``null``: also
-    decompose the matched-spectrum null heads (``null_pairs``) on every ``null_stride``-th prompt of the batch;
-    ``unattended``: also the pair null.
+    decompose the matched-spectrum null heads (``null_pairs``) on the prompts ``null_rows`` (row indices; None:
+    all; no rows: no null for this batch); ``unattended``: also the pair null.
     """
     if xq.shape[0] == 0:
         raise ValueError("sad_pairs got an empty batch (0 prompts); give at least one prompt")
@@ -467,9 +478,9 @@ def sad_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, U
     c, c_rot = decompose(U, idx), decompose(U_rot, idx)
     stats = PairStats(*idx, r, rolls_tovee_sparsity(c), n_recon(c, r, tol), rolls_tovee_sparsity(c_rot),
                       n_recon(c_rot, r, tol), c if keep_contributions else None)
-    if null is not None:
-        s = check_null_stride(null_stride)
-        stats.null = null_pairs(xq[::s], xk[::s], visible[::s], qk, null, threshold, tol)
+    if null is not None and (null_rows is None or len(null_rows)):
+        rows = slice(None) if null_rows is None else null_rows
+        stats.null = null_pairs(xq[rows], xk[rows], visible[rows], qk, null, threshold, tol)
     if unattended:
         n_vis = visible.sum(-1)[:, None, :, None]
         level = 1.0 / n_vis.clamp_min(1) if threshold is None else torch.full_like(probs, threshold)
@@ -523,14 +534,14 @@ def attention_inputs(view, input_ids: Tensor, attention_mask: Tensor, layers: li
 
 def decompose_layer(bases: LayerBases, x: Tensor, attention_mask: Tensor, threshold: float | None = None,
                     tol: float = DEFAULT_RECON_TOL, keep_contributions: bool = False,
-                    unattended: bool = False, null_stride: int = 1) -> PairStats:
-    """All analysed pairs of one layer's heads over a batch (with the nulls the bases carry, on every
-    ``null_stride``-th prompt, and the pair null when ``unattended``); ``PairStats.head`` and
+                    unattended: bool = False, null_rows: Tensor | None = None) -> PairStats:
+    """All analysed pairs of one layer's heads over a batch (with the nulls the bases carry, on the
+    prompts ``null_rows`` (None: all), and the pair null when ``unattended``); ``PairStats.head`` and
     ``.unattended.head`` hold model head indices."""
     x = x.to(bases.U.dtype)
     visible = causal_visibility(attention_mask, bases.window)
     stats = sad_pairs(x, x, visible, bases.qk, bases.U, bases.U_rot, threshold, tol, keep_contributions,
-                      bases.null, unattended, null_stride)
+                      bases.null, unattended, null_rows)
     heads = bases.heads.to(stats.head.device)
     stats.head = heads[stats.head]
     for extra in (stats.null, stats.unattended):

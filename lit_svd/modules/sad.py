@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, PairStats, attention_inputs, check_null_draws,
                                   check_null_stride, check_threshold, check_tolerance, decompose_layer, layer_bases,
-                                  summarise_heads)
+                                  null_prompts, summarise_heads)
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -126,7 +126,8 @@ class SADAnalysisModule(PretrainedLMModule):
         null_draws: random heads with each head's exact spectrum (through its rotary map) per head, fed the
             same inputs and scored on the same pairs; a head is sparser than this null below the draws'
             5th percentile (0: no matched null).
-        null_stride: the matched null is scored on every so many-th prompt of each batch (1: every prompt,
+        null_stride: the matched null is scored on every so many-th prompt, by the prompt's index in its split
+            (the batch's ``index``; without one, by row in the batch) so DDP and batching do not change it (1: every prompt,
             exact; the shipped configs use 4, which keeps the 16 draws and changes no verdict on SmolLM2 or
             Gemma-3; see docs/sad.md).
         pair_null: also decompose each head on the visible pairs it does not attend to (the pair null).
@@ -177,28 +178,31 @@ class SADAnalysisModule(PretrainedLMModule):
         self.bases = {l: layer_bases(self.view, l, self.selection[l], self.hparams.seed, dtype, self.hparams.null_draws)
                       for l in tqdm(self.layer_list, desc="SAD bases", disable=not self._is_zero())}
 
-    def _unpack(self, batch) -> tuple[Tensor, Tensor]:
+    def _unpack(self, batch) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(ids, attention_mask, index)``; ``index`` (the prompts' indices in their split) when the batch has one."""
         if isinstance(batch, Tensor):
-            return batch, torch.ones_like(batch)
+            return batch, torch.ones_like(batch), None
         key = self.hparams.input_key if self.hparams.input_key in batch else "input_ids"
         if key not in batch:
             raise ValueError(f"batch has no {self.hparams.input_key!r} or 'input_ids' key (keys: {', '.join(batch)});"
                              " set model.input_key")
         ids = batch[key]
-        return ids, batch.get("attention_mask", torch.ones_like(ids))
+        return ids, batch.get("attention_mask", torch.ones_like(ids)), batch.get("index")
 
-    def analyse_batch(self, ids: Tensor, mask: Tensor) -> dict[int, PairStats]:
-        """Decompose every selected head on one batch; returns the pairs per layer (also accumulated)."""
+    def analyse_batch(self, ids: Tensor, mask: Tensor, index: Tensor | None = None) -> dict[int, PairStats]:
+        """Decompose every selected head on one batch; returns the pairs per layer (also accumulated).
+        ``index``: the prompts' indices in their split, which pick the matched null's prompts (``null_prompts``)."""
         if ids.shape[0] == 0:
             raise ValueError("empty batch of prompts; give at least one prompt")
         if not self.bases:
             self.on_test_start()
         X = attention_inputs(self.view, ids, mask, self.layer_list)
+        null_rows = null_prompts(ids.shape[0], index, self.hparams.null_stride)
         out = {}
         for row, layer in enumerate(tqdm(self.layer_list, desc="SAD layers", leave=False, disable=not self._is_zero())):
             out[layer] = decompose_layer(self.bases[layer], X.pop(layer), mask, self.hparams.threshold,
                                          self.hparams.recon_tol, unattended=self.hparams.pair_null,
-                                         null_stride=self.hparams.null_stride)
+                                         null_rows=null_rows)
             self.stats.update(row, out[layer])
         self.stats.add_prompts(ids.shape[0])
         return out
