@@ -3,6 +3,7 @@
     python -m lit_svd.cli_tools evaluate --task ioi gp gt --n-test 256 [--figure tasks.png]
     python -m lit_svd.cli_tools mask-curve runs/masks_a* [--out curve.png]
     python -m lit_svd.cli_tools mask-blocks RUN --out DIR [--rel-gaps 0.01 0.02 0.05]
+    python -m lit_svd.cli_tools mask-thresholds RUN --out DIR [--thresholds 1e-3 0.01 0.1 0.5] [--max-kl 0.25]
 
 ``evaluate`` runs a model on the test split of one or more tasks (``TaskDataModule``) and prints each
 task's clean and corrupted metrics as JSON (``lit_svd.metrics.evaluate_task``). ``mask-curve`` reads the
@@ -13,6 +14,9 @@ direction-mask run (its config.yaml, masks.pt and results.json; nothing is retra
 with the blocks of near-equal singular values of its components, at one or more ``rel_gap``: writes
 results.json (kept directions isolated vs in blocks per kind and gap; kept directions and block-level
 claims, receptors and steering rows with their block fields), blocks.json and mask_blocks.png into DIR.
+``mask-thresholds`` re-cuts a run's hard masks at several lambda thresholds (soft-trained runs leave many
+lambdas small but above 1e-3) and evaluates each on the validation and test splits; the threshold is
+chosen on validation only.
 """
 from __future__ import annotations
 
@@ -217,6 +221,92 @@ def plot_isolated(results: dict, path: Path) -> Path:
     return path
 
 
+def choose_threshold(rows: Sequence[dict], max_kl: float) -> dict | None:
+    """The sparsest row (largest ``threshold``) whose *validation* hard-mask KL is at most ``max_kl``;
+    None when no threshold qualifies. Test figures play no part in the choice."""
+    ok = [r for r in rows if r["val"]["kl_hard"] <= max_kl]
+    return max(ok, key=lambda r: r["threshold"]) if ok else None
+
+
+def mask_thresholds(args: argparse.Namespace) -> dict:
+    """Re-cut the hard masks of a finished direction-mask run at several lambda thresholds (nothing is
+    retrained): kept fraction and hard / soft scores on the validation and the test split per threshold,
+    the threshold chosen on validation, its test figures; results.json and mask_thresholds.png in --out."""
+    import yaml
+
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.modules.direction_mask import DirectionMaskModule, _key
+
+    run, out = Path(args.folder), Path(args.out)
+    if out.resolve() == run.resolve():
+        raise ValueError(f"--out {out} is the run folder; give a new folder (the run is read only)")
+    for name in ("config.yaml", "masks.pt"):
+        if not (run / name).is_file():
+            raise FileNotFoundError(f"{run / name}: no {name}; give a direction-mask run folder")
+    if any(not 0 < t < 1 for t in args.thresholds):
+        raise ValueError(f"--thresholds {args.thresholds}: every threshold must lie in (0, 1)")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    saved = torch.load(run / "masks.pt", weights_only=False)
+    if saved.get("mask_unit", "direction") != "direction":
+        raise ValueError(f"{run}: mask_unit {saved['mask_unit']!r}; only per-direction runs can be re-cut")
+    module = DirectionMaskModule(**config["model"]["init_args"]).eval()
+    dm = TaskDataModule(**config["data"]["init_args"])
+    with torch.no_grad():  # theta = logit(lambda): the run's lambdas exactly up to float rounding
+        for c in module.components:
+            module.theta[_key(c.name)].copy_(torch.logit(saved["lambdas"][c.name].double()).float())
+    rows = []
+    for t in sorted(args.thresholds):
+        module.threshold = t
+        row = {"threshold": t, "kept_fraction": module.kept()["kept_fraction"]}
+        for split in ("val", "test"):
+            ev = module.evaluate(getattr(dm, f"{split}_dataloader")(), progress=True)
+            row[split] = {"kl_hard": ev["hard_kl"], "kl_soft": ev["soft_kl"], "accuracy_hard": ev["hard_correct"],
+                          "metric_hard": ev["hard_metric"], "metric_full": ev["full_metric"]}
+        rows.append(row)
+        print(f"threshold {t:g}: kept {100 * row['kept_fraction']:.2f} %, kl_hard val {row['val']['kl_hard']:.3f}"
+              f" test {row['test']['kl_hard']:.3f}", flush=True)
+    chosen = choose_threshold(rows, args.max_kl)
+    results = {"experiment": "mask_thresholds", "source": str(run), "max_kl": args.max_kl,
+               "chosen_on": "val", "rows": rows, "chosen": chosen}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print("chosen on validation: " + (f"threshold {chosen['threshold']:g}, kept {100 * chosen['kept_fraction']:.2f} %,"
+                                       f" test kl_hard {chosen['test']['kl_hard']:.3f}" if chosen else "none"))
+    print(f"figure: {plot_thresholds(results, out / 'mask_thresholds.png')}")
+    return results
+
+
+def plot_thresholds(results: dict, path: Path) -> Path:
+    """Hard-mask KL against kept fraction over the thresholds, validation and test, the choice ringed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["rows"]
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    kept = [100 * r["kept_fraction"] for r in rows]
+    for split, style in (("val", "o--"), ("test", "s-")):
+        ax.plot(kept, [r[split]["kl_hard"] for r in rows], style, label=f"{split} hard-mask KL")
+    for r, x in zip(rows, kept):
+        ax.annotate(f"{r['threshold']:g}", (x, r["test"]["kl_hard"]), fontsize=7, xytext=(3, 3),
+                    textcoords="offset points")
+    if results["chosen"]:
+        c = results["chosen"]
+        ax.plot(100 * c["kept_fraction"], c["test"]["kl_hard"], "o", ms=12, mfc="none", color="k",
+                label=f"chosen on val (KL <= {results['max_kl']:g})")
+    ax.axhline(results["max_kl"], color="grey", lw=0.6)
+    ax.set_xscale("log")
+    ax.set_xlabel("kept directions (%) at each lambda threshold (labels)")
+    ax.set_ylabel("KL(full || hard-masked)")
+    ax.set_title(f"hard masks re-cut from {'/'.join(Path(results['source']).parts[-3:])}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: Sequence[str] | None = None):
     parser = argparse.ArgumentParser(prog="python -m lit_svd.cli_tools", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -240,6 +330,14 @@ def main(argv: Sequence[str] | None = None):
     mb.add_argument("--rel-gaps", type=float, nargs="+", default=[0.05, 0.02, 0.01],
                     help="relative gaps; the first is the one of kept_directions and blocks.json")
     mb.set_defaults(run=mask_blocks)
+    mt = sub.add_parser("mask-thresholds", help=mask_thresholds.__doc__)
+    mt.add_argument("folder", metavar="RUN", help="a finished direction-mask run folder (config.yaml, masks.pt)")
+    mt.add_argument("--out", required=True, help="new output folder")
+    mt.add_argument("--thresholds", type=float, nargs="+", default=[1e-3, 1e-2, 3e-2, 0.1, 0.3, 0.5],
+                    help="lambda thresholds to cut the hard masks at")
+    mt.add_argument("--max-kl", type=float, default=0.25,
+                    help="the choice: the largest threshold whose validation hard-mask KL is at most this")
+    mt.set_defaults(run=mask_thresholds)
     args = parser.parse_args(argv)
     return args.run(args)
 

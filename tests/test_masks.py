@@ -456,3 +456,47 @@ def test_evaluate_tool_prints_the_metrics_of_evaluate_task(tiny_dirs, tmp_path, 
     assert json.loads(capsys.readouterr().out)["logit_diff"] == pytest.approx(want["logit_diff"], abs=1e-5)
     assert got[0]["kl_clean_corrupt"] == pytest.approx(want["kl_clean_corrupt"], abs=1e-5)
     assert (tmp_path / "tasks.png").stat().st_size > 1000
+
+
+def test_mask_thresholds_recuts_a_finished_run_and_chooses_on_validation(tiny_dirs, tokenizer, tmp_path):
+    """The tool reloads masks.pt: at the run's own threshold it reproduces the run's test figures; below every
+    lambda it keeps everything at KL 0; kept fractions equal a recount of masks.pt; the choice reads
+    validation only."""
+    import lightning.pytorch as pl
+    import yaml
+
+    from lit_svd.callbacks import DirectionMaskReport
+    from lit_svd.cli_tools import choose_threshold, main
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.modules import DirectionMaskModule
+
+    model_kw = dict(model=tiny_dirs["llama"], lr=0.5, alpha=1e-5, init=0.6, threshold=0.3)
+    data_kw = dict(task="ioi", tokenizer=tiny_dirs["llama"], n_train=8, n_val=8, n_test=8, batch_size=8)
+    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=1, default_root_dir=str(tmp_path / "run"),
+                         limit_val_batches=0, num_sanity_val_steps=0, enable_progress_bar=False,
+                         enable_checkpointing=False, callbacks=[DirectionMaskReport(
+                             eval_split="test", steer_component="L1.ov", steer_head=0, steer_direction=0)])
+    trainer.fit(DirectionMaskModule(**model_kw), TaskDataModule(**data_kw))
+    run = Path(trainer.log_dir)
+    (run / "config.yaml").write_text(yaml.safe_dump({"model": {"init_args": model_kw}, "data": {"init_args": data_kw}}))
+    res = json.loads((run / "results.json").read_text())
+    lam = torch.cat([v.flatten() for v in torch.load(run / "masks.pt")["lambdas"].values()])
+    low = float(lam.min()) / 2
+    tool = main(["mask-thresholds", str(run), "--out", str(tmp_path / "cut"), "--thresholds", str(low), "0.3", "0.9",
+                 "--max-kl", "1e9"])
+    rows = {r["threshold"]: r for r in tool["rows"]}
+    for t, row in rows.items():
+        assert row["kept_fraction"] == pytest.approx(float((lam >= t).double().mean()), abs=1e-12)
+    assert 0 < rows[0.3]["kept_fraction"] < 1  # the run pruned something
+    for split in ("val", "test"):
+        assert rows[0.3][split]["kl_hard"] == pytest.approx(res["splits"][split]["kl_hard"], rel=1e-4, abs=1e-7)
+        assert rows[0.3][split]["kl_soft"] == pytest.approx(res["splits"][split]["kl_soft"], rel=1e-4, abs=1e-7)
+        assert rows[low][split]["kl_hard"] == pytest.approx(0.0, abs=1e-6)
+    assert tool["chosen"]["threshold"] == 0.9  # every threshold qualifies: the sparsest
+    assert (tmp_path / "cut" / "mask_thresholds.png").stat().st_size > 1000
+    # the choice reads validation only: a threshold that is better on test but over the line on val loses
+    synthetic = [{"threshold": 0.1, "val": {"kl_hard": 0.20}, "test": {"kl_hard": 0.40}},
+                 {"threshold": 0.5, "val": {"kl_hard": 0.30}, "test": {"kl_hard": 0.10}}]
+    assert choose_threshold(synthetic, 0.25)["threshold"] == 0.1 and choose_threshold(synthetic, 0.05) is None
+    with pytest.raises(ValueError, match="must lie in"):
+        main(["mask-thresholds", str(run), "--out", str(tmp_path / "x"), "--thresholds", "1.5"])
