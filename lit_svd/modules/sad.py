@@ -127,9 +127,9 @@ class SADAnalysisModule(PretrainedLMModule):
             same inputs and scored on the same pairs; a head is sparser than this null below the draws'
             5th percentile (0: no matched null).
         null_stride: the matched null is scored on every so many-th prompt, by the prompt's index in its split
-            (the batch's ``index``; without one, by row in the batch) so DDP and batching do not change it (1: every prompt,
-            exact; the shipped configs use 4, which keeps the 16 draws and changes no verdict on SmolLM2 or
-            Gemma-3; see docs/sad.md).
+            (the batch's ``index``; without one, by row in the batch), so DDP and batching do not change the
+            subset (1: every prompt, exact; the shipped configs use 4, which keeps the 16 draws and flips 3
+            borderline heads of SmolLM2's 270, none of Gemma-3's; see docs/sad.md).
         pair_null: also decompose each head on the visible pairs it does not attend to (the pair null).
         min_pairs: heads with fewer analysed pairs are left out of the summary.
         input_key: the batch key holding token ids (``clean_ids`` for task prompts; ``input_ids`` as fallback).
@@ -228,5 +228,6 @@ class SADAnalysisModule(PretrainedLMModule):
                 "n_prompts": int(sums["n_prompts"].item()), "n_directions": self.stats.recon_hist.shape[-1],
                 "threshold": hp.threshold, "threshold_rule": "uniform 1/n_visible" if hp.threshold is None else "fixed",
                 "recon_tol": hp.recon_tol, "seed": hp.seed, "dtype": hp.dtype, "null_draws": hp.null_draws,
-                "null_stride": hp.null_stride, "pair_null": hp.pair_null, "n_layers": self.view.n_layers, "n_heads_per_layer": self.view.n_heads,
+                "null_stride": hp.null_stride, "pair_null": hp.pair_null, "n_layers": self.view.n_layers,
+                "n_heads_per_layer": self.view.n_heads,
                 "summary": summary, "heads": rows}
