@@ -4,6 +4,7 @@
     python -m lit_svd.cli_tools mask-curve runs/masks_a* [--out curve.png]
     python -m lit_svd.cli_tools mask-blocks RUN --out DIR [--rel-gaps 0.01 0.02 0.05]
     python -m lit_svd.cli_tools mask-thresholds RUN --out DIR [--thresholds 1e-3 0.01 0.1 0.5] [--max-kl 0.25]
+    python -m lit_svd.cli_tools compare-directions MODEL_A MODEL_B --out DIR [--kinds qk ov] [--top 8]
 
 ``evaluate`` runs a model on the test split of one or more tasks (``TaskDataModule``) and prints each
 task's clean and corrupted metrics as JSON (``lit_svd.metrics.evaluate_task``). ``mask-curve`` reads the
@@ -16,7 +17,8 @@ results.json (kept directions isolated vs in blocks per kind and gap; kept direc
 claims, receptors and steering rows with their block fields), blocks.json and mask_blocks.png into DIR.
 ``mask-thresholds`` re-cuts a run's hard masks at several lambda thresholds (soft-trained runs leave many
 lambdas small but above 1e-3) and evaluates each on the validation and test splits; the threshold is
-chosen on validation only.
+chosen on validation only. ``compare-directions`` follows the top singular directions of every head of
+one model into another of the same architecture (kept / block / lost, as tracking over training steps).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from typing import Sequence
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 COLUMNS = ("alpha", "kept_fraction", "kl_hard", "kl_soft", "logit_diff_hard", "accuracy_hard", "steps")
 
@@ -307,6 +310,88 @@ def plot_thresholds(results: dict, path: Path) -> Path:
     return path
 
 
+def compare_directions(args: argparse.Namespace) -> dict:
+    """Follow the top singular directions of every QK / OV head (and MLP map) of model A into model B of the
+    same architecture (two checkpoints, a base and a fine-tune): per matrix how many keep their identity
+    (kept / block / lost, as tracking over training steps), their cosines and singular-value ratios;
+    results.json and compare_directions.png in --out."""
+    from lit_svd.analysis.spectrum import layer_svds
+    from lit_svd.analysis.tracking import compare_svds
+    from lit_svd.linalg import SVD
+    from lit_svd.models import view as make_view
+    from lit_svd.models.loading import load_causal_lm
+
+    views = [make_view(load_causal_lm(m, gguf_file=g)[0]) for m, g in ((args.model_a, args.gguf_a),
+                                                                       (args.model_b, args.gguf_b))]
+    shapes = [(v.model_type, v.n_layers, v.n_heads, v.d_model) for v in views]
+    if shapes[0] != shapes[1]:
+        raise ValueError(f"model A is {shapes[0]} and model B {shapes[1]} (type, layers, heads, d_model): "
+                         "directions can only be compared between models of one architecture")
+    layers = list(range(views[0].n_layers)) if args.layers is None else args.layers
+    rows = []
+    for layer in tqdm(layers, desc="compare layers"):
+        a, b = (layer_svds(v, views[0].check_layer(layer)) for v in views)
+        for kind in args.kinds:
+            if kind not in a:
+                raise ValueError(f"kind {kind!r} is not a matrix of this model; choose from {', '.join(a)}")
+            batched = a[kind].S.dim() == 2
+            for head in range(a[kind].S.shape[0]) if batched else [None]:
+                pick = (lambda s: SVD(s.U[head], s.S[head], s.V[head])) if batched else (lambda s: s)
+                ref, new = pick(a[kind]), pick(b[kind])
+                step = compare_svds(ref, new, args.top, args.rel_gap, args.min_cos)
+                n = len(step.sigma)
+                ratio = [step.sigma[i] / float(ref.S[i]) if float(ref.S[i]) > 0 else float("nan") for i in range(n)]
+                rows.append({"matrix": kind, "layer": layer, "head": head, **step.as_dict(), "sigma_ref":
+                             ref.S[:n].tolist(), "sigma_ratio": ratio})
+    summary = {}
+    for kind in args.kinds:
+        mine = [r for r in rows if r["matrix"] == kind]
+        total = sum(len(r["state"]) for r in mine)
+        summary[kind] = {"matrices": len(mine), "directions": total,
+                         **{s: sum(r[f"n_{s}"] for r in mine) for s in ("kept", "block", "lost")}}
+    results = {"experiment": "compare_directions", "model_a": args.model_a, "model_b": args.model_b,
+               "top": args.top, "rel_gap": args.rel_gap, "min_cos": args.min_cos, "summary": summary,
+               "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results))
+    for kind, s in summary.items():
+        print(f"{kind}: of {s['directions']} top directions in {s['matrices']} matrices, {s['kept']} kept, "
+              f"{s['block']} carried as blocks, {s['lost']} lost", flush=True)
+    print(f"figure: {plot_compare(results, out / 'compare_directions.png')}")
+    return results
+
+
+def plot_compare(results: dict, path: Path) -> Path:
+    """Per kind, layers x heads: the fraction of the top directions that keep their identity (kept or block)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    kinds = list(results["summary"])
+    fig, axes = plt.subplots(1, len(kinds), figsize=(3.2 * len(kinds) + 1, 3.6), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        mine = [r for r in results["rows"] if r["matrix"] == kind]
+        layers = sorted({r["layer"] for r in mine})
+        heads = sorted({r["head"] or 0 for r in mine})
+        grid = np.full((len(layers), len(heads)), np.nan)
+        for r in mine:
+            grid[layers.index(r["layer"]), heads.index(r["head"] or 0)] = (r["n_kept"] + r["n_block"]) / len(r["state"])
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        ax.set_title(f"{kind}: top {results['top']} directions held", fontsize=9)
+        ax.set_xlabel("head" if len(heads) > 1 else "")
+        ax.set_xticks(range(len(heads)) if len(heads) > 1 else [])
+        ax.set_ylabel("layer")
+        ax.set_yticks(range(len(layers)), layers, fontsize=6)
+    fig.colorbar(im, ax=axes[0].tolist(), fraction=0.03)
+    fig.suptitle(f"{Path(results['model_a']).name} -> {Path(results['model_b']).name}", fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: Sequence[str] | None = None):
     parser = argparse.ArgumentParser(prog="python -m lit_svd.cli_tools", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -338,6 +423,18 @@ def main(argv: Sequence[str] | None = None):
     mt.add_argument("--max-kl", type=float, default=0.25,
                     help="the choice: the largest threshold whose validation hard-mask KL is at most this")
     mt.set_defaults(run=mask_thresholds)
+    cd = sub.add_parser("compare-directions", help=compare_directions.__doc__)
+    cd.add_argument("model_a", help="reference model: hub name, local folder or GGUF file")
+    cd.add_argument("model_b", help="model of the same architecture whose directions are matched to A's")
+    cd.add_argument("--gguf-a", default=None, help="GGUF file name inside model_a's repository or folder")
+    cd.add_argument("--gguf-b", default=None, help="GGUF file name inside model_b's repository or folder")
+    cd.add_argument("--out", required=True, help="new output folder")
+    cd.add_argument("--kinds", nargs="+", default=["qk", "ov"], help="qk, ov, mlp_in, mlp_gate, mlp_out")
+    cd.add_argument("--layers", type=int, nargs="+", default=None, help="default: every layer")
+    cd.add_argument("--top", type=int, default=8, help="top directions of A followed per matrix")
+    cd.add_argument("--rel-gap", type=float, default=0.05, help="relative gap of a block (linalg.REL_GAP)")
+    cd.add_argument("--min-cos", type=float, default=0.9, help="|cos| below which a direction is lost")
+    cd.set_defaults(run=compare_directions)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -122,3 +122,47 @@ def test_the_callbacks_follow_the_planted_directions():
         for inst in toy.follow(10 * t, batched):
             assert inst.sigma == pytest.approx(s[:3].tolist()) and inst.state == ["kept"] * 3
     assert rows[0]["tracked"]["position"] == [0, 2, 1]  # the crossing happened; the tags did not swap
+
+
+def test_compare_directions_between_two_models(tmp_path, tokenizer):
+    """A model against itself keeps every top direction (cos 1, sigma ratio 1); against a copy whose layer-1
+    o_proj is redrawn, layer 1's OV directions are lost and every other matrix is untouched. The tool's
+    per-matrix rows equal compare_svds on the dense SVDs of the views' own matrices."""
+    from lit_svd.analysis.tracking import compare_svds
+    from lit_svd.cli_tools import main
+    from lit_svd.models import view as make_view
+    from lit_svd.models.tiny import tiny_causal_lm
+
+    model = tiny_causal_lm("llama")
+    a, b = tmp_path / "a", tmp_path / "b"
+    model.save_pretrained(a)
+    tokenizer.save_pretrained(a)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.o_proj.weight.normal_(generator=torch.Generator().manual_seed(1))
+    model.save_pretrained(b)
+    tokenizer.save_pretrained(b)
+
+    same = main(["compare-directions", str(a), str(a), "--out", str(tmp_path / "same"), "--top", "4"])
+    assert all(s["lost"] == 0 and s["kept"] + s["block"] == s["directions"] > 0 for s in same["summary"].values())
+    for row in same["rows"]:  # isolated directions find themselves; inside a block the order is arbitrary
+        kept = [r for r, st in zip(row["sigma_ratio"], row["state"]) if st == "kept"]
+        assert kept == pytest.approx([1.0] * len(kept), abs=1e-9)
+    assert same["summary"]["ov"]["kept"] > 0
+    res = main(["compare-directions", str(a), str(b), "--out", str(tmp_path / "diff"), "--top", "4"])
+    for row in res["rows"]:
+        if row["matrix"] == "ov" and row["layer"] == 1:
+            assert row["n_lost"] >= 3, row  # a redrawn o_proj: new directions
+        else:
+            assert row["n_lost"] == 0
+    # one row by hand: head 0 of layer 1's OV, dense SVD of the per-head matrices
+    va, vb = (make_view(m) for m in (tiny_causal_lm("llama"), model))
+    dense = [svd_dense(v.ov(1).dense()[0].double()) for v in (va, vb)]
+    hand = compare_svds(*dense, n_track=4)
+    row = next(r for r in res["rows"] if r["matrix"] == "ov" and r["layer"] == 1 and r["head"] == 0)
+    assert row["state"] == hand.state and row["cos"] == pytest.approx(hand.cos, abs=1e-6)
+    assert (tmp_path / "diff" / "compare_directions.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="one architecture"):
+        other = tmp_path / "gpt2"
+        tiny_causal_lm("gpt2").save_pretrained(other)
+        tokenizer.save_pretrained(other)
+        main(["compare-directions", str(a), str(other), "--out", str(tmp_path / "x")])

@@ -152,3 +152,14 @@ def track_scalars(prefix: str, step: TrackStep) -> dict[str, float]:
     for key, value in step.counts.items():
         out[f"{prefix}/directions_{key[2:]}"] = float(value)
     return out
+
+
+def compare_svds(ref: SVD, new: SVD, n_track: int | None = None, rel_gap: float = REL_GAP,
+                 min_cos: float = MIN_COS) -> TrackStep:
+    """The top ``n_track`` directions of ``ref`` (unbatched) followed into ``new`` of the same shape, as
+    ``DirectionTrack`` follows them from one logged step to the next: per direction where its partner
+    sits in ``new``, its singular value there, |cos| / block cosine, and ``kept`` / ``block`` / ``lost``.
+    For two models (a base and a fine-tune, two checkpoints) of one architecture."""
+    track = DirectionTrack(n_track, rel_gap, min_cos)
+    track.update(0, ref)
+    return track.update(1, new)
