@@ -330,7 +330,8 @@ def compare_directions(args: argparse.Namespace) -> dict:
     layers = list(range(views[0].n_layers)) if args.layers is None else args.layers
     rows = []
     for layer in tqdm(layers, desc="compare layers"):
-        a, b = (layer_svds(v, views[0].check_layer(layer)) for v in views)
+        with torch.no_grad():
+            a, b = (layer_svds(v, views[0].check_layer(layer)) for v in views)
         for kind in args.kinds:
             if kind not in a:
                 raise ValueError(f"kind {kind!r} is not a matrix of this model; choose from {', '.join(a)}")
