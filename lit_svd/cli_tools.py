@@ -237,6 +237,8 @@ def mask_thresholds(args: argparse.Namespace) -> dict:
     the threshold chosen on validation, its test figures; results.json and mask_thresholds.png in --out."""
     import yaml
 
+    from torchmetrics import MeanMetric
+
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.modules.direction_mask import DirectionMaskModule, _key
 
@@ -257,14 +259,26 @@ def mask_thresholds(args: argparse.Namespace) -> dict:
     with torch.no_grad():  # theta = logit(lambda): the run's lambdas exactly up to float rounding
         for c in module.components:
             module.theta[_key(c.name)].copy_(torch.logit(saved["lambdas"][c.name].double()).float())
+    thresholds = sorted(args.thresholds)
+    module.components_to_device()
+    means: dict[tuple, MeanMetric] = {}  # (split, "full" / "soft" / threshold, score) -> mean over prompts
+    for split in ("val", "test"):
+        loader = getattr(dm, f"{split}_dataloader")()
+        module.task = loader.dataset.task
+        for batch in tqdm(loader, desc=f"{split} batches"):  # full, reference and soft once per batch
+            batch = {k: v.to(module.device) for k, v in batch.items()}
+            for key, scores in module.batch_scores(batch, thresholds).items():
+                for name, values in scores.items():
+                    means.setdefault((split, key, name), MeanMetric()).update(values)
+    mean = {k: float(m.compute()) for k, m in means.items()}
     rows = []
-    for t in sorted(args.thresholds):
+    for t in thresholds:
         module.threshold = t
         row = {"threshold": t, "kept_fraction": module.kept()["kept_fraction"]}
         for split in ("val", "test"):
-            ev = module.evaluate(getattr(dm, f"{split}_dataloader")(), progress=True)
-            row[split] = {"kl_hard": ev["hard_kl"], "kl_soft": ev["soft_kl"], "accuracy_hard": ev["hard_correct"],
-                          "metric_hard": ev["hard_metric"], "metric_full": ev["full_metric"]}
+            row[split] = {"kl_hard": mean[split, t, "kl"], "kl_soft": mean[split, "soft", "kl"],
+                          "accuracy_hard": mean[split, t, "correct"], "metric_hard": mean[split, t, "metric"],
+                          "metric_full": mean[split, "full", "metric"]}
         rows.append(row)
         print(f"threshold {t:g}: kept {100 * row['kept_fraction']:.2f} %, kl_hard val {row['val']['kl_hard']:.3f}"
               f" test {row['test']['kl_hard']:.3f}", flush=True)
@@ -315,7 +329,7 @@ def compare_directions(args: argparse.Namespace) -> dict:
     same architecture (two checkpoints, a base and a fine-tune): per matrix how many keep their identity
     (kept / block / lost, as tracking over training steps), their cosines and singular-value ratios;
     results.json and compare_directions.png in --out."""
-    from lit_svd.analysis.spectrum import layer_svds
+    from lit_svd.analysis.spectrum import layer_kinds, layer_svds
     from lit_svd.analysis.tracking import compare_svds
     from lit_svd.linalg import SVD
     from lit_svd.models import view as make_view
@@ -327,14 +341,16 @@ def compare_directions(args: argparse.Namespace) -> dict:
     if shapes[0] != shapes[1]:
         raise ValueError(f"model A is {shapes[0]} and model B {shapes[1]} (type, layers, heads, d_model): "
                          "directions can only be compared between models of one architecture")
+    unknown = [k for k in args.kinds if k not in layer_kinds(views[0])]
+    if unknown:
+        raise ValueError(f"kinds {unknown} are not matrices of this model; choose from"
+                         f" {', '.join(layer_kinds(views[0]))}")
     layers = list(range(views[0].n_layers)) if args.layers is None else args.layers
     rows = []
     for layer in tqdm(layers, desc="compare layers"):
-        with torch.no_grad():
-            a, b = (layer_svds(v, views[0].check_layer(layer)) for v in views)
+        with torch.no_grad():  # only the asked-for matrices
+            a, b = (layer_svds(v, views[0].check_layer(layer), args.kinds) for v in views)
         for kind in args.kinds:
-            if kind not in a:
-                raise ValueError(f"kind {kind!r} is not a matrix of this model; choose from {', '.join(a)}")
             batched = a[kind].S.dim() == 2
             for head in range(a[kind].S.shape[0]) if batched else [None]:
                 pick = (lambda s: SVD(s.U[head], s.S[head], s.V[head])) if batched else (lambda s: s)

@@ -9,6 +9,8 @@ results.json are plain arrays (position 0 holds sigma_1).
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
@@ -33,15 +35,21 @@ def top_k_energy(S: Tensor, k: int) -> Tensor:
     return E[..., :k].sum(-1) / E.sum(-1).clamp_min(EPS)
 
 
-def layer_svds(view, layer: int) -> dict[str, SVD]:
-    """Thin SVDs (descending, float64) of one layer's maps: ``qk`` and ``ov`` batched over heads
-    (``S: [n_heads, k]``); ``mlp_in``, ``mlp_gate`` (gated MLPs only) and ``mlp_out`` unbatched."""
-    qk = view.qk(layer, 0 if view.rotary_dim else None)
-    out = {"qk": _factored_svd(qk), "ov": _factored_svd(view.ov(layer)), "mlp_in": svd_dense(view.mlp_in(layer).double())}
-    if view.gated_mlp:
-        out["mlp_gate"] = svd_dense(view.mlp_gate(layer).double())
-    out["mlp_out"] = svd_dense(view.mlp_out(layer).double())
-    return out
+def layer_kinds(view) -> list[str]:
+    """The matrices ``layer_svds`` gives for this model, in its order."""
+    return ["qk", "ov", "mlp_in", *(["mlp_gate"] if view.gated_mlp else []), "mlp_out"]
+
+
+def layer_svds(view, layer: int, kinds: Sequence[str] | None = None) -> dict[str, SVD]:
+    """Thin SVDs (descending, float64) of one layer's maps (``kinds``, default all of ``layer_kinds``):
+    ``qk`` and ``ov`` batched over heads (``S: [n_heads, k]``); ``mlp_in``, ``mlp_gate`` (gated MLPs only) and
+    ``mlp_out`` unbatched."""
+    build = {"qk": lambda: _factored_svd(view.qk(layer, 0 if view.rotary_dim else None)),
+             "ov": lambda: _factored_svd(view.ov(layer)),
+             "mlp_in": lambda: svd_dense(view.mlp_in(layer).double()),
+             "mlp_gate": lambda: svd_dense(view.mlp_gate(layer).double()),
+             "mlp_out": lambda: svd_dense(view.mlp_out(layer).double())}
+    return {k: build[k]() for k in (layer_kinds(view) if kinds is None else kinds)}
 
 
 def layer_spectra(view, layer: int) -> dict[str, Tensor]:

@@ -212,15 +212,26 @@ class DirectionMaskModule(PretrainedLMModule):
 
     # --- evaluation (soft and hard masks) --------------------------------------------------------
     @torch.no_grad()
-    def evaluate_batch(self, batch: dict) -> None:
-        """Update the full / soft / hard metric states with one batch."""
+    def batch_scores(self, batch: dict, thresholds: Sequence[float]) -> dict:
+        """Per-example scores (``SCORES``) of one batch: ``"full"``, ``"soft"`` and, per threshold ``t``, the
+        hard masks cut at ``t`` (key ``t``). The full model, the corrupted reference and the soft masks run
+        once, whatever the number of thresholds."""
         ids = batch["clean_ids"]
         full = self.answer_logits(ids, batch)
         reference = self.reference(batch)
-        soft = self.answer_logits(ids, batch, {n: l.detach() for n, l in self.lambdas().items()}, reference)
-        hard = self.answer_logits(ids, batch, self.hard(), reference)
-        for setting, logits in (("full", full), ("soft", soft), ("hard", hard)):
-            for name, values in self.scores(logits, full, batch).items():
+        lambdas = {n: l.detach() for n, l in self.lambdas().items()}
+        out = {"full": self.scores(full, full, batch),
+               "soft": self.scores(self.answer_logits(ids, batch, lambdas, reference), full, batch)}
+        for t in thresholds:
+            out[t] = self.scores(self.answer_logits(ids, batch, hard_masks(lambdas, t), reference), full, batch)
+        return out
+
+    @torch.no_grad()
+    def evaluate_batch(self, batch: dict) -> None:
+        """Update the full / soft / hard metric states with one batch."""
+        scores = self.batch_scores(batch, [self.threshold])
+        for setting, key in (("full", "full"), ("soft", "soft"), ("hard", self.threshold)):
+            for name, values in scores[key].items():
                 self.eval_metrics[f"{setting}_{name}"].update(values)
 
     @torch.no_grad()
