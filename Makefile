@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install demo test bench clean
+.PHONY: install demo lint test bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,12 @@ demo: install
 	@ls -dt $(RUNS)/toy_single_pair/lightning_logs/version_* | head -n 1
 	@echo "watch with: $(VENV)/bin/tensorboard --logdir $(RUNS)"
 
-test: install
+# Rules that check themselves: lint and format at the project's line length (pyproject's [tool.ruff]).
+lint: install
+	$(VENV)/bin/ruff check lit_svd tests bench
+	$(VENV)/bin/ruff format --check lit_svd tests bench
+
+test: install lint
 	$(PY) -m pytest -q -x --durations=15 tests
 
 bench: install

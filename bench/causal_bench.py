@@ -17,6 +17,7 @@ The three are checked to agree (max |difference| of the metric printed) and time
 under the same load. Prints directions/s (claims only, null draws included in the time), (prompt, direction)
 rows/s, and the ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,11 @@ def main() -> None:
     probes = {c.name: probe_set(c, claims[c.name], args.n_random) for c in comps}
     n_probes = sum(len(p) for p in probes.values())
     n = len(batch["answer_pos"])
-    print(f"{n_claims} kept OV directions of layers {[c.layer for c in comps]}, {n_probes} probes with"
-          f" {args.n_random} random per head, {n} test prompts ({task})", flush=True)
+    print(
+        f"{n_claims} kept OV directions of layers {[c.layer for c in comps]}, {n_probes} probes with"
+        f" {args.n_random} random per head, {n} test prompts ({task})",
+        flush=True,
+    )
 
     def timed(rows: int):
         start = time.monotonic()
@@ -87,24 +91,33 @@ def main() -> None:
     for g, k in claims[c.name][: args.full]:
         scales = iv.ones()
         scales[c.name][g, k] = 0.0
-        with torch.no_grad(), iv.apply(scales, positions=batch["answer_pos"], reference=refs), \
-                capture({"final": view.norm_module("final", None)}, "pre") as got:
+        with (
+            torch.no_grad(),
+            iv.apply(scales, positions=batch["answer_pos"], reference=refs),
+            capture({"final": view.norm_module("final", None)}, "pre") as got,
+        ):
             model(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"], logits_to_keep=1)
         logits = unembed_columns(view, got["final"][torch.arange(n), batch["answer_pos"]], cols)
         full.append(logits[:, 0] - logits[:, 1])
     t_full = (time.monotonic() - start) / len(full)  # per direction
     diff_single = max(float((batched[k] - single[k]).abs().max()) for k in batched)
-    diff_full = float((torch.stack(full, 1) - batched[c.name][:, 1:1 + len(full)]).abs().max())
+    diff_full = float((torch.stack(full, 1) - batched[c.name][:, 1 : 1 + len(full)]).abs().max())
     per_probe = {"batched": t_batched / n_probes, "one-at-a-time": t_single / n_probes, "full forward": t_full}
     print(f"agreement: batched vs one-at-a-time max |d metric| {diff_single:.2e}; vs full forward {diff_full:.2e}")
     for name, t in per_probe.items():
         claims_per_s = n_claims / (t * n_probes)
-        print(f"{name:>14}: {t * 1e3:8.1f} ms per direction ({n} prompts), {n / t:8.1f} rows/s,"
-              f" {claims_per_s:6.3f} claimed directions/s (with their null)")
-    print(f"ratio batched / one-at-a-time: {per_probe['one-at-a-time'] / per_probe['batched']:.1f}x faster;"
-          f" batched / full forward: {per_probe['full forward'] / per_probe['batched']:.1f}x faster")
-    print(f"wall: batched {t_batched:.1f} s, one-at-a-time {t_single:.1f} s, full forward {t_full * len(full):.1f} s"
-          f" for {len(full)} directions")
+        print(
+            f"{name:>14}: {t * 1e3:8.1f} ms per direction ({n} prompts), {n / t:8.1f} rows/s,"
+            f" {claims_per_s:6.3f} claimed directions/s (with their null)"
+        )
+    print(
+        f"ratio batched / one-at-a-time: {per_probe['one-at-a-time'] / per_probe['batched']:.1f}x faster;"
+        f" batched / full forward: {per_probe['full forward'] / per_probe['batched']:.1f}x faster"
+    )
+    print(
+        f"wall: batched {t_batched:.1f} s, one-at-a-time {t_single:.1f} s, full forward {t_full * len(full):.1f} s"
+        f" for {len(full)} directions"
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ only), and prints prompts/s and tokens/s for both and the ratio forward time / b
 The text row builds a 16,384-token WikiText subsample from the local file and times the forward pass
 on some of its windows, per token. Not a test: numbers depend on the machine and its load.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,10 @@ def forward_seconds(model, batches) -> tuple[float, int, int]:
 
 def row(name, n_items, n_tokens, build_s, fwd_s, fwd_items):
     build_per, fwd_per = build_s / n_items, fwd_s / fwd_items
-    print(f"{name:5s} build {n_items / build_s:10.0f} items/s {n_tokens / build_s:11.0f} tokens/s | forward"
-          f" {fwd_items / fwd_s:8.1f} items/s | forward/build per item {fwd_per / build_per:8.1f}x")
+    print(
+        f"{name:5s} build {n_items / build_s:10.0f} items/s {n_tokens / build_s:11.0f} tokens/s | forward"
+        f" {fwd_items / fwd_s:8.1f} items/s | forward/build per item {fwd_per / build_per:8.1f}x"
+    )
 
 
 def main():
@@ -66,22 +69,29 @@ def main():
     model, tok = load_causal_lm(args.model)
     print(f"model {args.model}, torch threads {torch.get_num_threads()}, {args.n} prompts per task")
     for task in ("ioi", "gp", "gt"):
-        dm, build_s = timed(lambda: TaskDataModule(task, tok, n_train=0, n_val=0, n_test=args.n,
-                                                   batch_size=args.batch_size))
+        dm, build_s = timed(
+            lambda: TaskDataModule(task, tok, n_train=0, n_val=0, n_test=args.n, batch_size=args.batch_size)
+        )
         examples = dm.splits["test"].examples
         n_tokens = sum(len(e.clean_ids) + len(e.corrupt_ids) for e in examples)
-        batches = [(b["clean_ids"], b["attention_mask"]) for b, _ in zip(dm.test_dataloader(), range(args.forward_batches))]
+        batches = [
+            (b["clean_ids"], b["attention_mask"]) for b, _ in zip(dm.test_dataloader(), range(args.forward_batches))
+        ]
         fwd_s, fwd_items, _ = forward_seconds(model, batches)
         row(task, len(examples), n_tokens, build_s, fwd_s, fwd_items)
     if WIKITEXT.is_file():
         dm, build_s = timed(lambda: TextDataModule(tok, path=str(WIKITEXT), seq_len=128, n_tokens=16384, batch_size=4))
-        batches = [(b["input_ids"], b["attention_mask"]) for b, _ in zip(dm.test_dataloader(), range(args.forward_batches))]
+        batches = [
+            (b["input_ids"], b["attention_mask"]) for b, _ in zip(dm.test_dataloader(), range(args.forward_batches))
+        ]
         fwd_s, _, fwd_tokens = forward_seconds(model, batches)
         # per token: building tokenizes the whole file (available_tokens), not only the 16,384 kept
         build_per, fwd_per = build_s / dm.available_tokens, fwd_s / fwd_tokens
-        print(f"text  build {dm.available_tokens / build_s:10.0f} tokens/s (whole file, {dm.available_tokens} tokens;"
-              f" {build_s:.2f} s for the 16,384-token subsample) | forward {fwd_tokens / fwd_s:8.0f} tokens/s |"
-              f" forward/build per token {fwd_per / build_per:8.1f}x")
+        print(
+            f"text  build {dm.available_tokens / build_s:10.0f} tokens/s (whole file, {dm.available_tokens} tokens;"
+            f" {build_s:.2f} s for the 16,384-token subsample) | forward {fwd_tokens / fwd_s:8.0f} tokens/s |"
+            f" forward/build per token {fwd_per / build_per:8.1f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ view, so at lambda = 1 it reproduces the model's logits; the bench checks that b
 v and o projections still run underneath the replaced attention output: a small over-count, about
 a tenth of a layer's linear work.) Llama-style models (SmolLM2 and its shapes) only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,15 @@ def _model(name: str, layers: int):
     if name == "smollm2-shapes":
         from lit_svd.models.tiny import tiny_causal_lm
 
-        return tiny_causal_lm("llama", hidden_size=576, intermediate_size=1536, num_attention_heads=9,
-                              num_key_value_heads=3, head_dim=64, num_hidden_layers=layers).eval()
+        return tiny_causal_lm(
+            "llama",
+            hidden_size=576,
+            intermediate_size=1536,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            head_dim=64,
+            num_hidden_layers=layers,
+        ).eval()
     from lit_svd.models.loading import load_causal_lm
 
     return load_causal_lm(name)[0]
@@ -71,6 +79,7 @@ def dense_reference(view, comps: dict, lambdas: dict[str, Tensor], positions: Te
         for name, c in comps.items():
             lam = lambdas[name]
             if c.kind == "ov":
+
                 def hook(module, args, kwargs, out, c=c, lam=lam):
                     A = rows_at(out[1].transpose(1, 2), positions)  # [B, (T_query,) H, T_key]
                     mixed = torch.einsum("b...hj,bjd->b...hd", A, _augmented(kwargs["hidden_states"]))
@@ -84,8 +93,15 @@ def dense_reference(view, comps: dict, lambdas: dict[str, Tensor], positions: Te
                 stack.callback(module.__dict__.pop, "forward")
                 continue
             else:
-                specs.append(Hook(view.site_module(c.layer, SITES[c.kind]), lambda module, args, kwargs, out, c=c, lam=lam:
-                                  put_rows_at(out, positions, _dense(rows_at(args[0], positions), c, lam)), "post"))
+                specs.append(
+                    Hook(
+                        view.site_module(c.layer, SITES[c.kind]),
+                        lambda module, args, kwargs, out, c=c, lam=lam: put_rows_at(
+                            out, positions, _dense(rows_at(args[0], positions), c, lam)
+                        ),
+                        "post",
+                    )
+                )
         with hooks(*specs):
             yield
 
@@ -145,7 +161,7 @@ def time_all(name: str, layers: int, batch: int, length: int, repeats: int) -> d
     so that load from other processes hits every mode alike."""
     steps, n, err = setup(name, layers, batch, length)
     times = {m: [] for m in steps}
-    for m, f in steps.items():
+    for f in steps.values():
         f()  # warm-up
     for _ in range(repeats):
         for m, f in steps.items():
@@ -177,19 +193,38 @@ def main() -> None:
     report_conditions("each measured side runs in its own process with 1 torch thread")
     memory = {}
     for mode in ("plain", "masked", "dense"):
-        out = subprocess.run([sys.executable, __file__, "--mode", mode, "--model", args.model, "--layers", str(args.layers),
-                              "--batch", str(args.batch), "--length", str(args.length)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--mode",
+                mode,
+                "--model",
+                args.model,
+                "--layers",
+                str(args.layers),
+                "--batch",
+                str(args.batch),
+                "--length",
+                str(args.length),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         memory[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     res = time_all(args.model, args.layers, args.batch, args.length, args.repeats)
     sec = res["seconds"]
     for mode in ("plain", "masked", "dense"):
         print(f"{mode:>7}: {sec[mode]:.3f} s/step, peak RSS {memory[mode]:.0f} MB (own process)")
-    print(f"model {args.model} ({args.layers if args.model == 'smollm2-shapes' else 'all'} layers), batch {args.batch}"
-          f" x {args.length} tokens, {res['n_directions']} directions, one thread, best of {args.repeats} interleaved")
+    print(
+        f"model {args.model} ({args.layers if args.model == 'smollm2-shapes' else 'all'} layers), batch {args.batch}"
+        f" x {args.length} tokens, {res['n_directions']} directions, one thread, best of {args.repeats} interleaved"
+    )
     print(f"masked / plain forward+backward: {sec['masked'] / sec['plain']:.2f}x   (target <= 2x)")
     print(f"dense reference at lambda = 1 vs the model's logits: max relative error {res['dense_error']:.1e}")
     print(f"dense rebuild+apply / masked:    {sec['dense'] / sec['masked']:.2f}x   (target >= 5x)")
+
 
 if __name__ == "__main__":
     main()

@@ -20,6 +20,7 @@ own scoring time (target: at most +30 %).
 
     .venv/bin/python bench/mounts_bench.py [--tokens 16384] [--layer 10] [--site down] [--widths scaled]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,7 +93,7 @@ def _batches(model, v, windows, args):
         for i in range(0, len(windows), 8):
             try:
                 with torch.no_grad():
-                    model(input_ids=windows[i:i + 8])
+                    model(input_ids=windows[i : i + 8])
             except _Stop:
                 pass
             yield got.pop("io")
@@ -119,9 +120,18 @@ def run_lit_svd(args, q):
     row = M.summarize(plan, {**sums, "gram": gram})
     null_row = M.summarize(null, nsums)
     dt = time.perf_counter() - t
-    q.put(dict(seconds=dt, scoring=scoring + ceil_s + null_s, scoring_base=scoring, controls=ceil_s + null_s,
-               ceiling=ceil_s, null=null_s,
-               peak_mb=_status_mb("VmHWM") - base, row=_figures(row, null_row)))
+    q.put(
+        dict(
+            seconds=dt,
+            scoring=scoring + ceil_s + null_s,
+            scoring_base=scoring,
+            controls=ceil_s + null_s,
+            ceiling=ceil_s,
+            null=null_s,
+            peak_mb=_status_mb("VmHWM") - base,
+            row=_figures(row, null_row),
+        )
+    )
 
 
 def _reference_figures(plan, X, D):
@@ -131,8 +141,9 @@ def _reference_figures(plan, X, D):
     row = {}
     for s in M.STRATEGIES:
         U = plan.strategies[s].U.numpy().astype(np.float32)
-        row[f"lift_{s}"] = float(np.mean([np.mean((D @ U[:, j]) ** 2 / n2) - np.mean((D @ ref[:, j]) ** 2 / n2)
-                                          for j in range(U.shape[1])]))
+        row[f"lift_{s}"] = float(
+            np.mean([np.mean((D @ U[:, j]) ** 2 / n2) - np.mean((D @ ref[:, j]) ** 2 / n2) for j in range(U.shape[1])])
+        )
         Q, _ = np.linalg.qr(U)
         row[f"span_{s}"] = float(np.mean(((D @ Q) ** 2).sum(1) / n2))
     lifts = []
@@ -154,8 +165,11 @@ def _reference_figures(plan, X, D):
         s, e = plan.tiles[tiled.tile[j]]
         tw = X[:, s:e] @ Wn[:, s:e].T
         tn = (tw * tw).sum(1) + M.EPS
-        tl.append(float(np.mean((tw @ tiled.U[:, j].numpy().astype(np.float32)) ** 2 / tn)
-                        - np.mean((tw @ ref[:, j]) ** 2 / tn)))
+        tl.append(
+            float(
+                np.mean((tw @ tiled.U[:, j].numpy().astype(np.float32)) ** 2 / tn) - np.mean((tw @ ref[:, j]) ** 2 / tn)
+            )
+        )
     row["tile_lift"] = tl
     return row
 
@@ -173,14 +187,23 @@ def run_reference(args, q):
     Xn = np.concatenate([x[:: args.null_stride] for x in xs])  # the null's tokens: every k-th of each batch
     null_row = _reference_figures(null, Xn, Xn @ null.W.numpy().astype(np.float32).T)
     dt = time.perf_counter() - t
-    q.put(dict(seconds=dt, scoring=time.perf_counter() - t0, peak_mb=_status_mb("VmHWM") - base,
-               row=_figures(row, null_row)))
+    q.put(
+        dict(
+            seconds=dt,
+            scoring=time.perf_counter() - t0,
+            peak_mb=_status_mb("VmHWM") - base,
+            row=_figures(row, null_row),
+        )
+    )
 
 
 def _figures(row, null_row):
     keys = [f"lift_{s}" for s in M.STRATEGIES] + [f"span_{s}" for s in M.STRATEGIES] + ["coverage_lift", "tile_lift"]
-    return {**{k: row[k] for k in keys}, "span_ceiling": row["span_ceiling"],
-            **{f"null_{k}": null_row[k] for k in keys}}
+    return {
+        **{k: row[k] for k in keys},
+        "span_ceiling": row["span_ceiling"],
+        **{f"null_{k}": null_row[k] for k in keys},
+    }
 
 
 def _child(fn, args):
@@ -202,9 +225,11 @@ def main():
     ap.add_argument("--null-stride", type=int, default=8)  # the shipped config's null_stride
     args = ap.parse_args()
     report_conditions()
-    print(f"SmolLM2 site {args.site} layer {args.layer} ({args.widths} tile widths, null on every {args.null_stride}"
-          f" token(s)), {args.tokens} WikiText-2 tokens, torch threads "
-          f"{torch.get_num_threads()} (shared machine: timings taken under load from other jobs)")
+    print(
+        f"SmolLM2 site {args.site} layer {args.layer} ({args.widths} tile widths, null on every {args.null_stride}"
+        f" token(s)), {args.tokens} WikiText-2 tokens, torch threads "
+        f"{torch.get_num_threads()} (shared machine: timings taken under load from other jobs)"
+    )
     ours = _child(run_lit_svd, args)
     ref = _child(run_reference, args)
     worst = 0.0
@@ -212,21 +237,39 @@ def main():
         b = ref["row"][k]
         worst = max(worst, float(np.max(np.abs(np.asarray(a) - np.asarray(b)))))
     for name, r in (("lit_svd (streaming sums)", ours), ("reference (store + loop)", ref)):
-        print(f"{name:26s} {args.tokens / r['seconds']:8.0f} tokens/s with the forward ({r['seconds']:7.2f} s), "
-              f"{args.tokens / r['scoring']:8.0f} tokens/s scoring only ({r['scoring']:7.2f} s), peak +{r['peak_mb']:7.1f} MB")
-    print(f"speed ratio  lit_svd / reference: {ref['seconds'] / ours['seconds']:.1f}x faster with the forward, "
-          f"{ref['scoring'] / ours['scoring']:.1f}x scoring only (target >= 3x)")
+        print(
+            f"{name:26s} {args.tokens / r['seconds']:8.0f} tokens/s with the forward ({r['seconds']:7.2f} s), "
+            f"{args.tokens / r['scoring']:8.0f} tokens/s scoring only ({r['scoring']:7.2f} s), "
+            f"peak +{r['peak_mb']:7.1f} MB"
+        )
+    print(
+        f"speed ratio  lit_svd / reference: {ref['seconds'] / ours['seconds']:.1f}x faster with the forward, "
+        f"{ref['scoring'] / ours['scoring']:.1f}x scoring only (target >= 3x)"
+    )
     base = ours["scoring_base"]
-    print(f"controls (ceiling + null) add {100 * ours['controls'] / base:.0f} % to lit_svd's scoring time"
-          f" ({ours['controls']:.2f} s on {base:.2f} s; target <= 30 %): ceiling {100 * ours['ceiling'] / base:.0f} %,"
-          f" null on every {args.null_stride} token(s) {100 * ours['null'] / base:.0f} %")
+    print(
+        f"controls (ceiling + null) add {100 * ours['controls'] / base:.0f} % to lit_svd's scoring time"
+        f" ({ours['controls']:.2f} s on {base:.2f} s; target <= 30 %): ceiling {100 * ours['ceiling'] / base:.0f} %,"
+        f" null on every {args.null_stride} token(s) {100 * ours['null'] / base:.0f} %"
+    )
     print(f"memory ratio lit_svd / reference: {ours['peak_mb'] / max(ref['peak_mb'], 1e-9):.2f} (target <= 0.5)")
     print(f"largest difference between the two sides' figures: {worst:.2e}")
-    print(json.dumps({"tokens": args.tokens, "ours": {k: ours[k] for k in ("seconds", "peak_mb")},
-                      "ours_scoring": ours["scoring"], "reference_scoring": ref["scoring"],
-                      "ours_scoring_base": ours["scoring_base"], "ours_controls": ours["controls"],
-                      "ours_ceiling": ours["ceiling"], "ours_null": ours["null"],
-                      "reference": {k: ref[k] for k in ("seconds", "peak_mb")}, "max_abs_diff": worst}))
+    print(
+        json.dumps(
+            {
+                "tokens": args.tokens,
+                "ours": {k: ours[k] for k in ("seconds", "peak_mb")},
+                "ours_scoring": ours["scoring"],
+                "reference_scoring": ref["scoring"],
+                "ours_scoring_base": ours["scoring_base"],
+                "ours_controls": ours["controls"],
+                "ours_ceiling": ours["ceiling"],
+                "ours_null": ours["null"],
+                "reference": {k: ref[k] for k in ("seconds", "peak_mb")},
+                "max_abs_diff": worst,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

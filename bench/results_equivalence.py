@@ -14,6 +14,7 @@ tied float32 logit changes now share their average rank (``linalg.spearman``) in
 position. The temporary folder of the run
 is written as <tmp> in paths.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,42 +38,118 @@ def runs(repo: Path, tiny: str, tiny_gemma: str) -> dict[str, list[str]]:
     cfg = lambda *p: ["--config", str(repo / "configs" / Path(*p))]  # noqa: E731
     model = lambda path: ["--model.init_args.model", path]  # noqa: E731
     return {
-        "toy": ["fit", *cfg("toy", "single_pair.yaml"), "--trainer.max_steps", "60",
-                "--data.init_args.batch_size", "64"],
-        "sad": ["test", *cfg("sad", "smollm2_ioi.yaml"), *model(tiny_gemma), "--data.init_args.tokenizer", tiny_gemma,
-                "--data.init_args.n_test", "8", "--data.init_args.batch_size", "4", "--model.init_args.min_pairs", "2"],
-        "sad_training": ["fit", *cfg("sad", "train_tiny_lm.yaml"), "--trainer.max_steps", "8",
-                         "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "2",
-                         "--trainer.callbacks.init_args.every_n_steps", "4", "--trainer.callbacks.init_args.n_probe", "4",
-                         "--model.init_args.d_model", "32", "--model.init_args.n_heads", "2",
-                         "--data.init_args.path", str(WIKITEXT), "--data.init_args.n_tokens", "4096"],
-        "masks": ["fit", *cfg("masks", "smollm2_ioi.yaml"), *model(tiny), "--data.init_args.tokenizer", tiny,
-                  "--trainer.max_steps", "8", "--trainer.max_time", "null", "--model.init_args.soft_steps", "4",
-                  "--model.init_args.steps_per_batch", "2", "--data.init_args.n_train", "16",
-                  "--data.init_args.n_val", "8", "--data.init_args.batch_size", "4",
-                  "--trainer.callbacks.init_args.trajectory_every", "2",
-                  # issue 12 adds a test split and reports on it; the comparison keeps the old split and headline
-                  "--data.init_args.n_test", "0", "--trainer.callbacks.init_args.eval_split", "val"],
-        "mounts": ["test", *cfg("mounts", "smollm2_wikitext.yaml"), *model(tiny), "--data.init_args.tokenizer", tiny,
-                   "--data.init_args.path", str(WIKITEXT), "--data.init_args.seq_len", "32",
-                   "--data.init_args.n_tokens", "512", "--data.init_args.batch_size", "4",
-                   "--model.init_args.tile_widths", '{"q": 16, "k": 16, "v": 16, "o": 32, "gate": 32, "up": 32, "down": 64}',
-                   "--model.init_args.modes_sweep", "[1, 2, 4]", "--model.init_args.k_active", "4",
-                   "--model.init_args.steer_mounts", "2", "--model.init_args.steer_texts", "2",
-                   "--model.init_args.steer_tokens", "8", "--model.init_args.rules",
-                   '{"c1_min_layer": 1}'],
+        "toy": [
+            "fit",
+            *cfg("toy", "single_pair.yaml"),
+            "--trainer.max_steps",
+            "60",
+            "--data.init_args.batch_size",
+            "64",
+        ],
+        "sad": [
+            "test",
+            *cfg("sad", "smollm2_ioi.yaml"),
+            *model(tiny_gemma),
+            "--data.init_args.tokenizer",
+            tiny_gemma,
+            "--data.init_args.n_test",
+            "8",
+            "--data.init_args.batch_size",
+            "4",
+            "--model.init_args.min_pairs",
+            "2",
+        ],
+        "sad_training": [
+            "fit",
+            *cfg("sad", "train_tiny_lm.yaml"),
+            "--trainer.max_steps",
+            "8",
+            "--trainer.val_check_interval",
+            "4",
+            "--trainer.limit_val_batches",
+            "2",
+            "--trainer.callbacks.init_args.every_n_steps",
+            "4",
+            "--trainer.callbacks.init_args.n_probe",
+            "4",
+            "--model.init_args.d_model",
+            "32",
+            "--model.init_args.n_heads",
+            "2",
+            "--data.init_args.path",
+            str(WIKITEXT),
+            "--data.init_args.n_tokens",
+            "4096",
+        ],
+        "masks": [
+            "fit",
+            *cfg("masks", "smollm2_ioi.yaml"),
+            *model(tiny),
+            "--data.init_args.tokenizer",
+            tiny,
+            "--trainer.max_steps",
+            "8",
+            "--trainer.max_time",
+            "null",
+            "--model.init_args.soft_steps",
+            "4",
+            "--model.init_args.steps_per_batch",
+            "2",
+            "--data.init_args.n_train",
+            "16",
+            "--data.init_args.n_val",
+            "8",
+            "--data.init_args.batch_size",
+            "4",
+            "--trainer.callbacks.init_args.trajectory_every",
+            "2",
+            # issue 12 adds a test split and reports on it; the comparison keeps the old split and headline
+            "--data.init_args.n_test",
+            "0",
+            "--trainer.callbacks.init_args.eval_split",
+            "val",
+        ],
+        "mounts": [
+            "test",
+            *cfg("mounts", "smollm2_wikitext.yaml"),
+            *model(tiny),
+            "--data.init_args.tokenizer",
+            tiny,
+            "--data.init_args.path",
+            str(WIKITEXT),
+            "--data.init_args.seq_len",
+            "32",
+            "--data.init_args.n_tokens",
+            "512",
+            "--data.init_args.batch_size",
+            "4",
+            "--model.init_args.tile_widths",
+            '{"q": 16, "k": 16, "v": 16, "o": 32, "gate": 32, "up": 32, "down": 64}',
+            "--model.init_args.modes_sweep",
+            "[1, 2, 4]",
+            "--model.init_args.k_active",
+            "4",
+            "--model.init_args.steer_mounts",
+            "2",
+            "--model.init_args.steer_texts",
+            "2",
+            "--model.init_args.steer_tokens",
+            "8",
+            "--model.init_args.rules",
+            '{"c1_min_layer": 1}',
+        ],
     }
 
 
 def tiny_folders(where: Path, repo: Path) -> tuple[str, str]:
     """A tiny Llama and a tiny Gemma-2 (sliding window 8, so that SAD's visibility rule bites), saved as
     local folders with SmolLM2's offline tokenizer (the tiny models share its vocabulary)."""
-    code = f"""
+    code = """
 import sys
 from lit_svd.models.loading import load_tokenizer
 from lit_svd.models.tiny import tiny_causal_lm
 tok = load_tokenizer("smollm2-135m")
-for arch, folder, kw in (("llama", sys.argv[1], {{}}), ("gemma2", sys.argv[2], {{"sliding_window": 8}})):
+for arch, folder, kw in (("llama", sys.argv[1], {}), ("gemma2", sys.argv[2], {"sliding_window": 8})):
     tiny_causal_lm(arch, seed=0, **kw).save_pretrained(folder)
     tok.save_pretrained(folder)
 """
@@ -82,15 +159,25 @@ for arch, folder, kw in (("llama", sys.argv[1], {{}}), ("gemma2", sys.argv[2], {
 
 
 def env_for(repo: Path) -> dict:
-    return {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-            "TOKENIZERS_PARALLELISM": "false"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(repo),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
 def run(name: str, args: list[str], repo: Path, where: Path) -> dict:
     cwd = where / name
     cwd.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "lit_svd", *args, *FAST, "--trainer.default_root_dir", str(cwd)],
-                          cwd=repo, env=env_for(repo), capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lit_svd", *args, *FAST, "--trainer.default_root_dir", str(cwd)],
+        cwd=repo,
+        env=env_for(repo),
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{name} run failed:\n{proc.stderr[-3000:]}")
     found = sorted(cwd.rglob("results.json"))
@@ -113,8 +200,10 @@ def compare(ref, new, where: str, problems: list[str], added: list[str]) -> None
         added.extend(f"{where}.{k}" for k in new if k not in ref)
     elif isinstance(ref, list):
         if not isinstance(new, list) or len(new) != len(ref):
-            problems.append(f"{where}: list of {len(ref)} became {type(new).__name__} "
-                            f"of {len(new) if isinstance(new, list) else '-'}")
+            problems.append(
+                f"{where}: list of {len(ref)} became {type(new).__name__} "
+                f"of {len(new) if isinstance(new, list) else '-'}"
+            )
             return
         for i, (a, b) in enumerate(zip(ref, new)):
             compare(a, b, f"{where}[{i}]", problems, added)

@@ -13,6 +13,7 @@ the time of the main decomposition (singular basis + rotated control), of the ma
 (``null_pairs``, ``--null-draws`` heads per head, on every ``--null-stride``-th prompt as the shipped configs)
 and of the pair null, and their ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from conditions import report_conditions  # noqa: E402  (bench/conditions.py)
 
-from lit_svd.analysis.sad import (DEFAULT_RECON_TOL, attention_inputs, causal_visibility, decompose_layer,  # noqa: E402
-                                  layer_bases, n_recon, null_pairs)
+from lit_svd.analysis.sad import (
+    DEFAULT_RECON_TOL,
+    attention_inputs,
+    causal_visibility,
+    decompose_layer,  # noqa: E402
+    layer_bases,
+    n_recon,
+    null_pairs,
+)
 from lit_svd.linalg import rolls_tovee_sparsity  # noqa: E402
 
 
@@ -71,23 +79,30 @@ def main():
     p.add_argument("--loop-pairs", type=int, default=300, help="pairs timed in the loop (it is slow)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for both sides (1: robust on a shared box)")
     p.add_argument("--null-draws", type=int, default=16, help="matched-spectrum null draws per head")
-    p.add_argument("--null-stride", type=int, default=4,
-                   help="the matched null sees every k-th prompt (the shipped configs' null_stride; 1: every prompt)")
+    p.add_argument(
+        "--null-stride",
+        type=int,
+        default=4,
+        help="the matched null sees every k-th prompt (the shipped configs' null_stride; 1: every prompt)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timings per layer for the null costs (median kept)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     report_conditions()
 
     from lit_svd.datamodules.tasks import TaskDataModule
-    from lit_svd.models import load_causal_lm, view as make_view
+    from lit_svd.models import load_causal_lm
+    from lit_svd.models import view as make_view
 
     model, tok = load_causal_lm("smollm2-135m")
     view = make_view(model)
     dm = TaskDataModule(task="ioi", tokenizer=tok, n_train=0, n_val=0, n_test=args.prompts, batch_size=args.prompts)
     batch = next(iter(dm.test_dataloader()))
     ids, mask = batch["clean_ids"], batch["attention_mask"]
-    print(f"SmolLM2-135M, {args.prompts} IOI prompts ({int(mask.sum())} tokens), layers {args.layers},"
-          f" torch threads {args.threads}")
+    print(
+        f"SmolLM2-135M, {args.prompts} IOI prompts ({int(mask.sum())} tokens), layers {args.layers},"
+        f" torch threads {args.threads}"
+    )
     print(f"{'layer':>5} {'pairs':>7} {'batched pairs/s':>16} {'loop pairs/s':>13} {'speed-up':>9} {'max |dS|':>9}")
     ratios = []
     with torch.no_grad():
@@ -105,12 +120,20 @@ def main():
             t0 = time.perf_counter()
             looped = run()
             t_loop = time.perf_counter() - t0
-            dS = max(max(abs(looped[j][0][0] - stats.sparsity[i].item()), abs(looped[j][1][0] - stats.sparsity_rotated[i].item()))
-                     for j, i in enumerate(sel.tolist()))
+            dS = max(
+                max(
+                    abs(looped[j][0][0] - stats.sparsity[i].item()),
+                    abs(looped[j][1][0] - stats.sparsity_rotated[i].item()),
+                )
+                for j, i in enumerate(sel.tolist())
+            )
             same_recon = sum(looped[j][0][1] == int(stats.n_recon[i]) for j, i in enumerate(sel.tolist())) / len(sel)
             rb, rl = n / t_batched, len(pairs) / t_loop
             ratios.append(rb / rl)
-            print(f"{layer:>5} {n:>7} {rb:>16.0f} {rl:>13.0f} {rb / rl:>8.0f}x {dS:>9.1e}  (N_recon equal: {100 * same_recon:.1f}%)")
+            print(
+                f"{layer:>5} {n:>7} {rb:>16.0f} {rl:>13.0f} {rb / rl:>8.0f}x {dS:>9.1e}  "
+                f"(N_recon equal: {100 * same_recon:.1f}%)"
+            )
     print(f"geometric-mean speed-up: {torch.tensor(ratios).log().mean().exp().item():.0f}x (target >= 20x)")
     null_costs(view, X, mask, args)
 
@@ -126,8 +149,10 @@ def median_time(fn, repeats: int) -> float:
 
 def null_costs(view, X, mask, args) -> None:
     """Per layer: main decomposition, matched null and pair null, timed on the same batch."""
-    print(f"\nnull cost ({args.null_draws} matched-null draws per head on every {args.null_stride} prompt(s);"
-          f" median of {args.repeats})")
+    print(
+        f"\nnull cost ({args.null_draws} matched-null draws per head on every {args.null_stride} prompt(s);"
+        f" median of {args.repeats})"
+    )
     print(f"{'layer':>5} {'main s':>8} {'null s':>8} {'pair s':>8} {'null/main':>10} {'pair/main':>10} {'all/main':>9}")
     totals = [0.0, 0.0, 0.0]
     with torch.no_grad():
@@ -142,11 +167,15 @@ def null_costs(view, X, mask, args) -> None:
             t_null = median_time(lambda: null_pairs(x[::k], x[::k], vis[::k], bases.qk, bases.null), args.repeats)
             for i, t in enumerate((t_main, t_null, t_pair)):
                 totals[i] += t
-            print(f"{layer:>5} {t_main:>8.3f} {t_null:>8.3f} {t_pair:>8.3f} {t_null / t_main:>9.1f}x"
-                  f" {t_pair / t_main:>9.1f}x {(t_main + t_null + t_pair) / t_main:>8.1f}x")
+            print(
+                f"{layer:>5} {t_main:>8.3f} {t_null:>8.3f} {t_pair:>8.3f} {t_null / t_main:>9.1f}x"
+                f" {t_pair / t_main:>9.1f}x {(t_main + t_null + t_pair) / t_main:>8.1f}x"
+            )
     m, n, p = totals
-    print(f"total: matched null {n / m:.1f}x, pair null {p / m:.1f}x, main + both nulls {(m + n + p) / m:.1f}x the main"
-          " decomposition (model forward not included)")
+    print(
+        f"total: matched null {n / m:.1f}x, pair null {p / m:.1f}x, main + both nulls {(m + n + p) / m:.1f}x the main"
+        " decomposition (model forward not included)"
+    )
 
 
 if __name__ == "__main__":

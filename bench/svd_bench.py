@@ -1,7 +1,7 @@
 """Factored vs dense SVD of every head's augmented QK and OV matrix, measured side by side.
 
 For SmolLM2-135M (30 layers x 9 heads, d_model 576, rank <= 64) and a random GPT-2-small-sized model
-(12 x 12, d_model 768, rank <= 64): the time of ``FactoredMatrix.svd`` (QR of the thin factors) against
+(12 x 12, d_model 768, rank <= 64): the time of ``FactoredABt.svd`` (QR of the thin factors) against
 ``torch.linalg.svd`` of the same dense augmented matrices (the dense products are formed *before* the
 clock starts, so the dense side is not charged for them), batched over heads on both sides, and the
 largest difference in the kept singular values (relative to each matrix's top singular value, and
@@ -10,6 +10,7 @@ matrix of the same size and cost).
 
     .venv/bin/python bench/svd_bench.py [--models smollm2,gpt2] [--threads 1] [--figure PATH_WITH_{model}]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,12 +23,12 @@ import torch  # noqa: E402
 from conditions import report_conditions  # noqa: E402  (bench/conditions.py)
 from tqdm import tqdm  # noqa: E402
 
-from lit_svd.linalg import FactoredMatrix  # noqa: E402
+from lit_svd.linalg import FactoredABt  # noqa: E402
 from lit_svd.models import ModelView, load_causal_lm, view  # noqa: E402
 from lit_svd.models.tiny import tiny_causal_lm  # noqa: E402
 
 
-def matrices(v: ModelView) -> list[tuple[str, FactoredMatrix]]:
+def matrices(v: ModelView) -> list[tuple[str, FactoredABt]]:
     out = []
     for layer in range(v.n_layers):
         out.append((f"qk{layer}", v.qk(layer, 0 if v.rotary_dim else None)))
@@ -76,17 +77,31 @@ def bench(name: str, v: ModelView, figure: str | None = None) -> dict[str, float
         rel_top = max(rel_top, (diff / S[..., :1]).max().item())
         rel_each = max(rel_each, (diff / S[..., :k]).max().item())
     n_heads = sum(fm.A.shape[0] for _, fm in mats)
-    return {"matrices": n_heads, "shape": tuple(mats[0][1].shape[-2:]), "factored_s": t_fact, "dense_s": t_dense,
-            "speedup": t_dense / t_fact, "max_rel_diff_vs_top": rel_top, "max_rel_diff_each": rel_each}
+    return {
+        "matrices": n_heads,
+        "shape": tuple(mats[0][1].shape[-2:]),
+        "factored_s": t_fact,
+        "dense_s": t_dense,
+        "speedup": t_dense / t_fact,
+        "max_rel_diff_vs_top": rel_top,
+        "max_rel_diff_each": rel_each,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="smollm2,gpt2", help="comma list of smollm2, gpt2")
-    parser.add_argument("--figure", default=None,
-                        help="also plot every head's normalised spectrum, e.g. docs/figures/models_{model}_spectra.png")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (1: multi-threaded LAPACK spins badly on a shared 2-core machine)")
+    parser.add_argument(
+        "--figure",
+        default=None,
+        help="also plot every head's normalised spectrum, e.g. docs/figures/models_{model}_spectra.png",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: multi-threaded LAPACK spins badly on a shared 2-core machine)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     report_conditions()
@@ -96,18 +111,23 @@ def main() -> None:
             if name == "smollm2":
                 model = load_causal_lm("smollm2-135m")[0]
             elif name == "gpt2":
-                model = tiny_causal_lm("gpt2", seed=0, vocab_size=1024, n_embd=768, n_layer=12, n_head=12,
-                                       n_positions=1024)
+                model = tiny_causal_lm(
+                    "gpt2", seed=0, vocab_size=1024, n_embd=768, n_layer=12, n_head=12, n_positions=1024
+                )
             else:
                 raise ValueError(f"--models: unknown {name!r}; allowed: smollm2, gpt2")
             rows[name] = bench(name, view(model), args.figure)
             del model
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32")
-    print(f"{'model':8} {'heads x (QK+OV)':>16} {'QK matrix':>11} {'factored s':>11} {'dense s':>9} {'speedup':>8}"
-          f" {'max rel dS (top)':>17} {'max rel dS (each)':>18}")
+    print(
+        f"{'model':8} {'heads x (QK+OV)':>16} {'QK matrix':>11} {'factored s':>11} {'dense s':>9} {'speedup':>8}"
+        f" {'max rel dS (top)':>17} {'max rel dS (each)':>18}"
+    )
     for name, r in rows.items():
-        print(f"{name:8} {r['matrices']:>16} {str(r['shape']):>11} {r['factored_s']:>11.3f} {r['dense_s']:>9.2f}"
-              f" {r['speedup']:>7.1f}x {r['max_rel_diff_vs_top']:>17.2e} {r['max_rel_diff_each']:>18.2e}")
+        print(
+            f"{name:8} {r['matrices']:>16} {str(r['shape']):>11} {r['factored_s']:>11.3f} {r['dense_s']:>9.2f}"
+            f" {r['speedup']:>7.1f}x {r['max_rel_diff_vs_top']:>17.2e} {r['max_rel_diff_each']:>18.2e}"
+        )
 
 
 if __name__ == "__main__":

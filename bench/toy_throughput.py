@@ -8,6 +8,7 @@ Each measurement is repeated and the median is reported; the sides alternate so 
 processes on a shared machine hits both alike.
     python bench/toy_throughput.py [--steps 300] [--repeats 3] [--threads 1] [--batch 256] [--skip-ensemble]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,10 +40,20 @@ class StepTimer(pl.Callback):
 
 def lightning_steps_per_s(n_instances: int, steps: int) -> float:
     timer = StepTimer()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps + WARMUP, logger=False, callbacks=[timer],
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(ToyAlignmentModule(n_instances=n_instances, **SINGLE_PAIR),
-                SparseFeatureDataModule(n_instances=n_instances, **DATA))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps + WARMUP,
+        logger=False,
+        callbacks=[timer],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(
+        ToyAlignmentModule(n_instances=n_instances, **SINGLE_PAIR),
+        SparseFeatureDataModule(n_instances=n_instances, **DATA),
+    )
     return steps / timer.seconds
 
 
@@ -77,6 +88,7 @@ def main() -> None:
     report_conditions()
     DATA["batch_size"] = args.batch
     import logging
+
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
     lit, plain, ens, one = [], [], [], []
@@ -87,8 +99,10 @@ def main() -> None:
             ens.append(plain_steps_per_s(32, args.steps))
             one.append(plain_steps_per_s(1, args.steps))
     lit_s, plain_s = statistics.median(lit), statistics.median(plain)
-    print(f"threads={args.threads} steps={args.steps} repeats={args.repeats} batch={DATA['batch_size']} "
-          f"N={SINGLE_PAIR['n_features']} D={SINGLE_PAIR['d_model']} H={SINGLE_PAIR['d_head']}")
+    print(
+        f"threads={args.threads} steps={args.steps} repeats={args.repeats} batch={DATA['batch_size']} "
+        f"N={SINGLE_PAIR['n_features']} D={SINGLE_PAIR['d_model']} H={SINGLE_PAIR['d_head']}"
+    )
     print(f"Lightning fit      : {lit_s:8.1f} steps/s")
     print(f"plain PyTorch loop : {plain_s:8.1f} steps/s")
     print(f"ratio Lightning / plain = {lit_s / plain_s:.2f}x  (target >= 0.8x)")

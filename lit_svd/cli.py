@@ -10,6 +10,7 @@ errors do not wait for a model load. ``--threads N`` (or a top-level ``threads: 
 one place that sets torch's CPU threads. ``--ckpt_path last`` resumes the newest ``last.ckpt`` under the
 run's ``default_root_dir``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,8 +63,10 @@ class OneLineErrorParser(LightningArgumentParser):
         if _debug() or not self.exit_on_error:  # nested parsers raise; the outermost one reports
             super().error(message, ex)
         print(f"error: {one_line_error(message)}", file=sys.stderr)
-        print(f"hint: `{self.prog.replace(' [options]', '')} --help` lists every option; --debug shows the details",
-              file=sys.stderr)
+        print(
+            f"hint: `{self.prog.replace(' [options]', '')} --help` lists every option; --debug shows the details",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 
@@ -103,9 +106,13 @@ class LitSVDCLI(LightningCLI):
         return super().init_parser(**kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument("--threads", type=int | None, default=None,
-                            help="torch CPU threads for this run (null: OMP_NUM_THREADS, else torch's default);"
-                                 " 1 is fastest on a shared machine")
+        parser.add_argument(
+            "--threads",
+            type=int | None,
+            default=None,
+            help="torch CPU threads for this run (null: OMP_NUM_THREADS, else torch's default);"
+            " 1 is fastest on a shared machine",
+        )
         # data before model: jsonargparse instantiates groups of equal depth in the order they were added
         actions = parser._actions
         dests = [a.dest for a in actions]
@@ -169,19 +176,26 @@ def warn_oversubscription(trainer: dict) -> None:
             return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if devices > cores:
-        print(f"warning: trainer.devices={devices} CPU processes on {cores} cores oversubscribe the machine"
-              f" (each step waits for the slowest); use --trainer.devices {cores} or fewer", file=sys.stderr)
+        print(
+            f"warning: trainer.devices={devices} CPU processes on {cores} cores oversubscribe the machine"
+            f" (each step waits for the slowest); use --trainer.devices {cores} or fewer",
+            file=sys.stderr,
+        )
 
 
 def last_checkpoint(root: str | os.PathLike | None) -> Path:
     """The newest ``last.ckpt`` of the runs under ``root`` (``--ckpt_path last``; None: ./lightning_logs)."""
     base = Path(root) if root else Path.cwd()
-    found = sorted(base.glob("**/checkpoints/last*.ckpt" if root else "lightning_logs/*/checkpoints/last*.ckpt"),
-                   key=lambda p: p.stat().st_mtime)
+    found = sorted(
+        base.glob("**/checkpoints/last*.ckpt" if root else "lightning_logs/*/checkpoints/last*.ckpt"),
+        key=lambda p: p.stat().st_mtime,
+    )
     if not found:
-        raise ConfigError(f"ckpt_path=last: no checkpoints/last.ckpt under {str(base)!r}\n"
-                          "hint: resume with the same --trainer.default_root_dir as the interrupted run, or give a"
-                          " .ckpt path")
+        raise ConfigError(
+            f"ckpt_path=last: no checkpoints/last.ckpt under {str(base)!r}\n"
+            "hint: resume with the same --trainer.default_root_dir as the interrupted run, or give a"
+            " .ckpt path"
+        )
     return found[-1]
 
 
@@ -198,9 +212,12 @@ def experiments_help() -> str:
             about = about if len(about) <= 72 else about[:69].rsplit(" ", 1)[0] + " ..."
             command = "fit " if "max_steps" in text else "test"
             lines.append(f"  {command} {cfg.relative_to(CONFIGS.parent)!s:<38} {about}")
-    lines += ["", "subcommands: fit (train, then report), validate, test (analyse a frozen model), predict.",
-              f"`{PROG} fit --help` lists every option; `{PROG} fit --model.help CLASS` one module's arguments;",
-              "--debug (or LIT_SVD_DEBUG=1) shows tracebacks; --threads N sets torch's CPU threads."]
+    lines += [
+        "",
+        "subcommands: fit (train, then report), validate, test (analyse a frozen model), predict.",
+        f"`{PROG} fit --help` lists every option; `{PROG} fit --model.help CLASS` one module's arguments;",
+        "--debug (or LIT_SVD_DEBUG=1) shows tracebacks; --threads N sets torch's CPU threads.",
+    ]
     return "\n".join(lines)
 
 
@@ -220,17 +237,24 @@ def quiet() -> None:
     """No adverts, deprecation notes or hardware banners: the run's own output and real warnings only."""
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", message=r".*(deprecated|Grad strides do not match|does not have many workers"
-                                              r"|`isinstance\(treespec, LeafSpec\)`|Checkpoint directory .* exists).*")
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed",
-                 "lightning.fabric.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
+    warnings.filterwarnings(
+        "ignore",
+        message=r".*(deprecated|Grad strides do not match|does not have many workers"
+        r"|`isinstance\(treespec, LeafSpec\)`|Checkpoint directory .* exists).*",
+    )
+    for name in (
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.seed",
+        "lightning.fabric.utilities.rank_zero",
+        "lightning.pytorch.accelerators.cuda",
+    ):
         logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def main(args: list[str] | None = None) -> LightningCLI | None:
     argv = sys.argv if args is None else list(args)  # the command line itself (None): edited in place, since
-    if "--debug" in argv:                             # DDP workers re-run it (and inherit the environment)
+    if "--debug" in argv:  # DDP workers re-run it (and inherit the environment)
         argv[:] = [a for a in argv if a != "--debug"]
         os.environ[DEBUG_ENV] = "1"
     if not _debug():
@@ -241,8 +265,15 @@ def main(args: list[str] | None = None) -> LightningCLI | None:
     import lit_svd.modules  # noqa: F401
 
     try:
-        return LitSVDCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                         parser_class=OneLineErrorParser, save_config_kwargs={"overwrite": True}, args=None if args is None else argv)
+        return LitSVDCLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            parser_class=OneLineErrorParser,
+            save_config_kwargs={"overwrite": True},
+            args=None if args is None else argv,
+        )
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:
@@ -258,8 +289,10 @@ def _is_user_error(err: BaseException) -> bool:
 
     from lit_svd.models.loading import ModelUnavailableError
 
-    return isinstance(root_error(err), (ValueError, ModelUnavailableError, MisconfigurationException, FileNotFoundError,
-                              FloatingPointError))
+    return isinstance(
+        root_error(err),
+        (ValueError, ModelUnavailableError, MisconfigurationException, FileNotFoundError, FloatingPointError),
+    )
 
 
 if __name__ == "__main__":

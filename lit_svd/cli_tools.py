@@ -20,12 +20,13 @@ lambdas small but above 1e-3) and evaluates each on the validation and test spli
 chosen on validation only. ``compare-directions`` follows the top singular directions of every head of
 one model into another of the same architecture (kept / block / lost, as tracking over training steps).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -71,10 +72,15 @@ def plot(runs: Sequence[dict], out: str | Path, target: tuple[float, float] | No
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for r in runs:
         traj = [p for p in r.get("trajectory", []) if p["kept_fraction"] < 1]
-        line, = ax.plot([100 * p["kept_fraction"] for p in traj], [p["kl_hard"] for p in traj], lw=0.8, alpha=0.5)
-        ax.plot(100 * r["kept_fraction"], r["kl_hard"], "o", color=line.get_color(),
-                label=f"{Path(r['label']).name} (alpha {r['alpha']:g}): {100 * r['kept_fraction']:.1f} %, "
-                      f"KL {r['kl_hard']:.2f} on {r.get('eval_split', 'val')}")
+        (line,) = ax.plot([100 * p["kept_fraction"] for p in traj], [p["kl_hard"] for p in traj], lw=0.8, alpha=0.5)
+        ax.plot(
+            100 * r["kept_fraction"],
+            r["kl_hard"],
+            "o",
+            color=line.get_color(),
+            label=f"{Path(r['label']).name} (alpha {r['alpha']:g}): {100 * r['kept_fraction']:.1f} %, "
+            f"KL {r['kl_hard']:.2f} on {r.get('eval_split', 'val')}",
+        )
     if target:
         ax.fill_between([0, 100 * target[0]], 0, target[1], color="tab:green", alpha=0.12, label="target")
     ax.set_xscale("log")
@@ -82,8 +88,11 @@ def plot(runs: Sequence[dict], out: str | Path, target: tuple[float, float] | No
     ax.set_ylabel("KL(full || hard-masked)")
     ax.set_ylim(0, max(0.5, 1.5 * max(r["kl_hard"] for r in runs)))  # early trajectory spikes run off the top
     splits = sorted({r.get("trajectory_split", "val") for r in runs})
-    ax.set_title(f"sparsity-KL, {runs[0].get('task', '')} on {runs[0].get('model', '')}\n"
-                 f"points: final evaluation; lines: training trajectory on {'/'.join(splits)}", fontsize=9)
+    ax.set_title(
+        f"sparsity-KL, {runs[0].get('task', '')} on {runs[0].get('model', '')}\n"
+        f"points: final evaluation; lines: training trajectory on {'/'.join(splits)}",
+        fontsize=9,
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
@@ -121,12 +130,27 @@ def evaluate(args: argparse.Namespace) -> list[dict]:
     model, tokenizer = load_causal_lm(args.model)
     results, values = [], {}
     for task in args.task:
-        dm = TaskDataModule(task, tokenizer, n_train=0, n_val=0, n_test=args.n_test,
-                            batch_size=args.batch_size, seed=args.seed, prepend_bos=args.prepend_bos)
+        dm = TaskDataModule(
+            task,
+            tokenizer,
+            n_train=0,
+            n_val=0,
+            n_test=args.n_test,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            prepend_bos=args.prepend_bos,
+        )
         values[task] = {}
-        results.append({"task": task, "model": args.model, "n_test": args.n_test, "seed": args.seed,
-                        "prepend_bos": args.prepend_bos,
-                        **evaluate_task(model, dm.test_dataloader(), task, per_example=values[task])})
+        results.append(
+            {
+                "task": task,
+                "model": args.model,
+                "n_test": args.n_test,
+                "seed": args.seed,
+                "prepend_bos": args.prepend_bos,
+                **evaluate_task(model, dm.test_dataloader(), task, per_example=values[task]),
+            }
+        )
         print(json.dumps(results[-1], indent=2), flush=True)
     if args.figure:
         plot_distributions(values, args.figure)
@@ -161,35 +185,55 @@ def mask_blocks(args: argparse.Namespace) -> dict:
     saved = torch.load(run / "masks.pt")
     source = json.loads((run / "results.json").read_text())
     model, _ = load_causal_lm(hp["model"], gguf_file=hp.get("gguf_file"), revision=hp.get("revision"))
-    comps = build_components(make_view(model, fold_norms=hp.get("fold_norms", True)), hp["components"],
-                             hp.get("layers"), progress=True)
+    comps = build_components(
+        make_view(model, fold_norms=hp.get("fold_norms", True)), hp["components"], hp.get("layers"), progress=True
+    )
     hard = hard_masks(saved["lambdas"], saved["threshold"])
     keep = {c.name: hard[c.name].bool() for c in comps}
-    results = {"experiment": "mask_blocks", "source": str(run), "model": hp["model"], "kept": source["kept"],
-               "rel_gaps": list(args.rel_gaps), "per_gap": []}
+    results = {
+        "experiment": "mask_blocks",
+        "source": str(run),
+        "model": hp["model"],
+        "kept": source["kept"],
+        "rel_gaps": list(args.rel_gaps),
+        "per_gap": [],
+    }
     for i, gap in enumerate(args.rel_gaps):
         kb = kept_blocks(comps, keep, gap)
         report = block_report(comps, gap)
         blocks = {c.name: component_blocks(c, gap) for c in comps}
-        at = lambda comp, head, direction: direction_block(blocks[comp], head, direction)
-        entry = {"rel_gap": gap, **{k: kb[k] for k in ("kept", "isolated", "isolated_fraction", "per_kind")},
-                 "all_directions": report["per_kind"],
-                 "receptors": [{**r, **at(f"L{r['layer']}.ov", r["head"], r["direction"])}
-                               for r in source["receptors"]]}
+
+        def at(comp, head, direction):
+            return direction_block(blocks[comp], head, direction)
+
+        entry = {
+            "rel_gap": gap,
+            **{k: kb[k] for k in ("kept", "isolated", "isolated_fraction", "per_kind")},
+            "all_directions": report["per_kind"],
+            "receptors": [{**r, **at(f"L{r['layer']}.ov", r["head"], r["direction"])} for r in source["receptors"]],
+        }
         if source.get("steering"):
             st = source["steering"]
             entry["steering"] = {**st, **at(st["component"], st["head"], st["direction"])}
         if source.get("steering_swap"):
-            entry["steering_swap_directions"] = [{**r, **at(r["component"], r["head"], r["direction"])}
-                                                 for r in source["steering_swap"]["directions"]]
+            entry["steering_swap_directions"] = [
+                {**r, **at(r["component"], r["head"], r["direction"])} for r in source["steering_swap"]["directions"]
+            ]
         if i == 0:
-            results.update(kept_directions=kb["directions"], kept_blocks=kb["blocks"], directions_rel_gap=gap,
-                           blocks_file="blocks.json")
+            results.update(
+                kept_directions=kb["directions"],
+                kept_blocks=kb["blocks"],
+                directions_rel_gap=gap,
+                blocks_file="blocks.json",
+            )
             out.mkdir(parents=True, exist_ok=True)
             (out / "blocks.json").write_text(json.dumps(report))
         results["per_gap"].append(entry)
-        print(f"rel_gap {gap}: {kb['isolated']} of {kb['kept']} kept directions isolated; "
-              + ", ".join(f"{k} {v['isolated']}/{v['kept']}" for k, v in kb["per_kind"].items()), flush=True)
+        print(
+            f"rel_gap {gap}: {kb['isolated']} of {kb['kept']} kept directions isolated; "
+            + ", ".join(f"{k} {v['isolated']}/{v['kept']}" for k, v in kb["per_kind"].items()),
+            flush=True,
+        )
     (out / "results.json").write_text(json.dumps(results))
     print(f"figure: {plot_isolated(results, out / 'mask_blocks.png')}")
     return results
@@ -211,7 +255,7 @@ def plot_isolated(results: dict, path: Path) -> Path:
     for j, e in enumerate(gaps):
         kept = [e["per_kind"][k]["isolated_fraction"] or 0.0 for k in kinds]
         every = [e["all_directions"][k]["isolated_fraction"] for k in kinds]
-        bars = ax.bar(x - 0.4 + width * (j + 0.5), kept, width, label=f"kept, rel_gap {e['rel_gap']:g}")
+        ax.bar(x - 0.4 + width * (j + 0.5), kept, width, label=f"kept, rel_gap {e['rel_gap']:g}")
         ax.scatter(x - 0.4 + width * (j + 0.5), every, color="black", marker="_", s=200, zorder=3)
     ax.set_xticks(x, kinds)
     ax.set_ylabel("fraction isolated")
@@ -236,7 +280,6 @@ def mask_thresholds(args: argparse.Namespace) -> dict:
     retrained): kept fraction and hard / soft scores on the validation and the test split per threshold,
     the threshold chosen on validation, its test figures; results.json and mask_thresholds.png in --out."""
     import yaml
-
     from torchmetrics import MeanMetric
 
     from lit_svd.datamodules.tasks import TaskDataModule
@@ -276,19 +319,39 @@ def mask_thresholds(args: argparse.Namespace) -> dict:
         module.threshold = t
         row = {"threshold": t, "kept_fraction": module.kept()["kept_fraction"]}
         for split in ("val", "test"):
-            row[split] = {"kl_hard": mean[split, t, "kl"], "kl_soft": mean[split, "soft", "kl"],
-                          "accuracy_hard": mean[split, t, "correct"], "metric_hard": mean[split, t, "metric"],
-                          "metric_full": mean[split, "full", "metric"]}
+            row[split] = {
+                "kl_hard": mean[split, t, "kl"],
+                "kl_soft": mean[split, "soft", "kl"],
+                "accuracy_hard": mean[split, t, "correct"],
+                "metric_hard": mean[split, t, "metric"],
+                "metric_full": mean[split, "full", "metric"],
+            }
         rows.append(row)
-        print(f"threshold {t:g}: kept {100 * row['kept_fraction']:.2f} %, kl_hard val {row['val']['kl_hard']:.3f}"
-              f" test {row['test']['kl_hard']:.3f}", flush=True)
+        print(
+            f"threshold {t:g}: kept {100 * row['kept_fraction']:.2f} %, kl_hard val {row['val']['kl_hard']:.3f}"
+            f" test {row['test']['kl_hard']:.3f}",
+            flush=True,
+        )
     chosen = choose_threshold(rows, args.max_kl)
-    results = {"experiment": "mask_thresholds", "source": str(run), "max_kl": args.max_kl,
-               "chosen_on": "val", "rows": rows, "chosen": chosen}
+    results = {
+        "experiment": "mask_thresholds",
+        "source": str(run),
+        "max_kl": args.max_kl,
+        "chosen_on": "val",
+        "rows": rows,
+        "chosen": chosen,
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    print("chosen on validation: " + (f"threshold {chosen['threshold']:g}, kept {100 * chosen['kept_fraction']:.2f} %,"
-                                       f" test kl_hard {chosen['test']['kl_hard']:.3f}" if chosen else "none"))
+    print(
+        "chosen on validation: "
+        + (
+            f"threshold {chosen['threshold']:g}, kept {100 * chosen['kept_fraction']:.2f} %,"
+            f" test kl_hard {chosen['test']['kl_hard']:.3f}"
+            if chosen
+            else "none"
+        )
+    )
     print(f"figure: {plot_thresholds(results, out / 'mask_thresholds.png')}")
     return results
 
@@ -306,12 +369,20 @@ def plot_thresholds(results: dict, path: Path) -> Path:
     for split, style in (("val", "o--"), ("test", "s-")):
         ax.plot(kept, [r[split]["kl_hard"] for r in rows], style, label=f"{split} hard-mask KL")
     for r, x in zip(rows, kept):
-        ax.annotate(f"{r['threshold']:g}", (x, r["test"]["kl_hard"]), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
+        ax.annotate(
+            f"{r['threshold']:g}", (x, r["test"]["kl_hard"]), fontsize=7, xytext=(3, 3), textcoords="offset points"
+        )
     if results["chosen"]:
         c = results["chosen"]
-        ax.plot(100 * c["kept_fraction"], c["test"]["kl_hard"], "o", ms=12, mfc="none", color="k",
-                label=f"chosen on val (KL <= {results['max_kl']:g})")
+        ax.plot(
+            100 * c["kept_fraction"],
+            c["test"]["kl_hard"],
+            "o",
+            ms=12,
+            mfc="none",
+            color="k",
+            label=f"chosen on val (KL <= {results['max_kl']:g})",
+        )
     ax.axhline(results["max_kl"], color="grey", lw=0.6)
     ax.set_xscale("log")
     ax.set_xlabel("kept directions (%) at each lambda threshold (labels)")
@@ -335,16 +406,21 @@ def compare_directions(args: argparse.Namespace) -> dict:
     from lit_svd.models import view as make_view
     from lit_svd.models.loading import load_causal_lm
 
-    views = [make_view(load_causal_lm(m, gguf_file=g)[0]) for m, g in ((args.model_a, args.gguf_a),
-                                                                       (args.model_b, args.gguf_b))]
+    views = [
+        make_view(load_causal_lm(m, gguf_file=g)[0])
+        for m, g in ((args.model_a, args.gguf_a), (args.model_b, args.gguf_b))
+    ]
     shapes = [(v.model_type, v.n_layers, v.n_heads, v.d_model) for v in views]
     if shapes[0] != shapes[1]:
-        raise ValueError(f"model A is {shapes[0]} and model B {shapes[1]} (type, layers, heads, d_model): "
-                         "directions can only be compared between models of one architecture")
+        raise ValueError(
+            f"model A is {shapes[0]} and model B {shapes[1]} (type, layers, heads, d_model): "
+            "directions can only be compared between models of one architecture"
+        )
     unknown = [k for k in args.kinds if k not in layer_kinds(views[0])]
     if unknown:
-        raise ValueError(f"kinds {unknown} are not matrices of this model; choose from"
-                         f" {', '.join(layer_kinds(views[0]))}")
+        raise ValueError(
+            f"kinds {unknown} are not matrices of this model; choose from {', '.join(layer_kinds(views[0]))}"
+        )
     layers = list(range(views[0].n_layers)) if args.layers is None else args.layers
     rows = []
     for layer in tqdm(layers, desc="compare layers"):
@@ -358,23 +434,44 @@ def compare_directions(args: argparse.Namespace) -> dict:
                 step = compare_svds(ref, new, args.top, args.rel_gap, args.min_cos)
                 n = len(step.sigma)
                 ratio = [step.sigma[i] / float(ref.S[i]) if float(ref.S[i]) > 0 else float("nan") for i in range(n)]
-                rows.append({"matrix": kind, "layer": layer, "head": head, **step.as_dict(), "sigma_ref":
-                             ref.S[:n].tolist(), "sigma_ratio": ratio})
+                rows.append(
+                    {
+                        "matrix": kind,
+                        "layer": layer,
+                        "head": head,
+                        **step.as_dict(),
+                        "sigma_ref": ref.S[:n].tolist(),
+                        "sigma_ratio": ratio,
+                    }
+                )
     summary = {}
     for kind in args.kinds:
         mine = [r for r in rows if r["matrix"] == kind]
         total = sum(len(r["state"]) for r in mine)
-        summary[kind] = {"matrices": len(mine), "directions": total,
-                         **{s: sum(r[f"n_{s}"] for r in mine) for s in ("kept", "block", "lost")}}
-    results = {"experiment": "compare_directions", "model_a": args.model_a, "model_b": args.model_b,
-               "top": args.top, "rel_gap": args.rel_gap, "min_cos": args.min_cos, "summary": summary,
-               "rows": rows}
+        summary[kind] = {
+            "matrices": len(mine),
+            "directions": total,
+            **{s: sum(r[f"n_{s}"] for r in mine) for s in ("kept", "block", "lost")},
+        }
+    results = {
+        "experiment": "compare_directions",
+        "model_a": args.model_a,
+        "model_b": args.model_b,
+        "top": args.top,
+        "rel_gap": args.rel_gap,
+        "min_cos": args.min_cos,
+        "summary": summary,
+        "rows": rows,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results))
     for kind, s in summary.items():
-        print(f"{kind}: of {s['directions']} top directions in {s['matrices']} matrices, {s['kept']} kept, "
-              f"{s['block']} carried as blocks, {s['lost']} lost", flush=True)
+        print(
+            f"{kind}: of {s['directions']} top directions in {s['matrices']} matrices, {s['kept']} kept, "
+            f"{s['block']} carried as blocks, {s['lost']} lost",
+            flush=True,
+        )
     print(f"figure: {plot_compare(results, out / 'compare_directions.png')}")
     return results
 
@@ -426,19 +523,34 @@ def main(argv: Sequence[str] | None = None):
     mc.add_argument("--out", default="masks_sparsity_kl.png", help="figure path")
     mc.set_defaults(run=mask_curve)
     mb = sub.add_parser("mask-blocks", help=mask_blocks.__doc__)
-    mb.add_argument("folder", metavar="RUN",
-                    help="a finished direction-mask run folder (config.yaml, masks.pt, results.json)")
+    mb.add_argument(
+        "folder", metavar="RUN", help="a finished direction-mask run folder (config.yaml, masks.pt, results.json)"
+    )
     mb.add_argument("--out", required=True, help="new output folder")
-    mb.add_argument("--rel-gaps", type=float, nargs="+", default=[0.05, 0.02, 0.01],
-                    help="relative gaps; the first is the one of kept_directions and blocks.json")
+    mb.add_argument(
+        "--rel-gaps",
+        type=float,
+        nargs="+",
+        default=[0.05, 0.02, 0.01],
+        help="relative gaps; the first is the one of kept_directions and blocks.json",
+    )
     mb.set_defaults(run=mask_blocks)
     mt = sub.add_parser("mask-thresholds", help=mask_thresholds.__doc__)
     mt.add_argument("folder", metavar="RUN", help="a finished direction-mask run folder (config.yaml, masks.pt)")
     mt.add_argument("--out", required=True, help="new output folder")
-    mt.add_argument("--thresholds", type=float, nargs="+", default=[1e-3, 1e-2, 3e-2, 0.1, 0.3, 0.5],
-                    help="lambda thresholds to cut the hard masks at")
-    mt.add_argument("--max-kl", type=float, default=0.25,
-                    help="the choice: the largest threshold whose validation hard-mask KL is at most this")
+    mt.add_argument(
+        "--thresholds",
+        type=float,
+        nargs="+",
+        default=[1e-3, 1e-2, 3e-2, 0.1, 0.3, 0.5],
+        help="lambda thresholds to cut the hard masks at",
+    )
+    mt.add_argument(
+        "--max-kl",
+        type=float,
+        default=0.25,
+        help="the choice: the largest threshold whose validation hard-mask KL is at most this",
+    )
     mt.set_defaults(run=mask_thresholds)
     cd = sub.add_parser("compare-directions", help=compare_directions.__doc__)
     cd.add_argument("model_a", help="reference model: hub name, local folder or GGUF file")

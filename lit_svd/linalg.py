@@ -4,6 +4,7 @@ Shapes follow the convention ``[..., rows, cols]`` with any leading batch dimens
 instances). The factored SVD never forms the dense product: ``M = A @ B.mT`` with ``A: [..., m, r]``
 and ``B: [..., n, r]`` is decomposed through QR of the thin factors, cost O((m + n) r^2).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,16 +24,20 @@ class SVD:
     def dense(self) -> Tensor:
         return (self.U * self.S.unsqueeze(-2)) @ self.V.mT
 
-    def truncate(self, k: int) -> "SVD":
+    def truncate(self, k: int) -> SVD:
         return SVD(self.U[..., :k], self.S[..., :k], self.V[..., :k])
 
-    def to(self, dtype: torch.dtype) -> "SVD":
+    def to(self, dtype: torch.dtype) -> SVD:
         return SVD(self.U.to(dtype), self.S.to(dtype), self.V.to(dtype))
 
 
 @dataclass
-class FactoredMatrix:
-    """A matrix held as ``M = A @ B^T`` (``A: [..., m, r]``, ``B: [..., n, r]``), batched over leading dims."""
+class FactoredABt:
+    """A matrix held as ``M = A @ B^T`` (``A: [..., m, r]``, ``B: [..., n, r]``), batched over leading dims.
+
+    Named for its product: TransformerLens' ``FactoredMatrix(A, B)`` means ``A @ B`` (its ``B`` is this
+    class's ``B^T``), so the two cannot be mistaken for one another.
+    """
 
     A: Tensor
     B: Tensor
@@ -40,7 +45,7 @@ class FactoredMatrix:
     def __post_init__(self) -> None:
         if self.A.shape[-1] != self.B.shape[-1] or self.A.shape[:-2] != self.B.shape[:-2]:
             raise ValueError(
-                f"FactoredMatrix factors do not match: A {tuple(self.A.shape)} and B {tuple(self.B.shape)}"
+                f"FactoredABt factors do not match: A {tuple(self.A.shape)} and B {tuple(self.B.shape)}"
                 " need the same batch dims and inner size"
             )
 
@@ -51,13 +56,13 @@ class FactoredMatrix:
     def dense(self) -> Tensor:
         return self.A @ self.B.mT
 
-    def __getitem__(self, idx) -> "FactoredMatrix":
+    def __getitem__(self, idx) -> FactoredABt:
         """Index the batch dimensions (e.g. one head)."""
-        return FactoredMatrix(self.A[idx], self.B[idx])
+        return FactoredABt(self.A[idx], self.B[idx])
 
     @property
-    def T(self) -> "FactoredMatrix":
-        return FactoredMatrix(self.B, self.A)
+    def T(self) -> FactoredABt:
+        return FactoredABt(self.B, self.A)
 
     def svd(self) -> SVD:
         return svd_factored(self.A, self.B)
@@ -114,12 +119,19 @@ def rolls_tovee_sparsity(c: Tensor, dim: int = -1, eps: float = 1e-30) -> Tensor
     return c.abs().mean(dim) ** 2 / (c.pow(2).mean(dim) + eps)
 
 
-def haar_orthogonal(n: int, *batch: int, generator: torch.Generator | None = None,
-                    dtype: torch.dtype = torch.float32, device=None, columns: int | None = None) -> Tensor:
+def haar_orthogonal(
+    n: int,
+    *batch: int,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+    columns: int | None = None,
+) -> Tensor:
     """Haar-distributed random orthogonal matrices ``[*batch, n, n]`` (QR of a Gaussian, sign-fixed);
     ``columns=r`` gives only the first ``r`` columns ``[*batch, n, r]`` (Haar on the Stiefel manifold)."""
-    G = torch.randn(*batch, n, n if columns is None else columns, generator=generator, dtype=torch.float64,
-                    device=device)
+    G = torch.randn(
+        *batch, n, n if columns is None else columns, generator=generator, dtype=torch.float64, device=device
+    )
     Q, R = torch.linalg.qr(G)
     Q = Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
     return Q.to(dtype)
@@ -147,9 +159,10 @@ REL_GAP = 0.05
 @dataclass
 class DirectionBlocks:
     """Per direction of a descending spectrum ``S: [..., k]``: ``block`` (0-based id, in order of sigma),
-    ``size`` (directions in its block), ``first`` (its block's first direction), ``gap`` (relative gap from its block to the nearest singular value
-    outside it, in [0, 1]; 1 where there is no neighbour), ``isolated`` (a block of one, within the rank) and
-    ``rank`` (numerical rank ``[...]``). Directions past the rank form one block of their own."""
+    ``size`` (directions in its block), ``first`` (its block's first direction), ``gap`` (relative gap from its
+    block to the nearest singular value outside it, in [0, 1]; 1 where there is no neighbour), ``isolated`` (a
+    block of one, within the rank) and ``rank`` (numerical rank ``[...]``). Directions past the rank form one block of
+    their own."""
 
     block: Tensor
     size: Tensor
@@ -172,8 +185,9 @@ def numerical_rank(S: Tensor, size: int, rtol: float | None = None) -> Tensor:
     return (S > rtol * S[..., :1]).sum(-1)
 
 
-def direction_blocks(S: Tensor, rel_gap: float = REL_GAP, size: int | None = None,
-                     rtol: float | None = None) -> DirectionBlocks:
+def direction_blocks(
+    S: Tensor, rel_gap: float = REL_GAP, size: int | None = None, rtol: float | None = None
+) -> DirectionBlocks:
     """Group a descending spectrum ``S: [..., k]`` into blocks: neighbours whose relative gap is below ``rel_gap``
     share a block (chains join: a slowly decaying spectrum is one block). ``size`` is ``max(m, n)`` of the
     matrix, for the rank tolerance (default ``k``)."""
@@ -222,7 +236,7 @@ class DirectionMatch:
 
 
 def _joint(svd: SVD) -> Tensor:
-    return torch.cat([svd.U, svd.V], -2).double() / 2 ** 0.5  # orthonormal columns [m + n, k]
+    return torch.cat([svd.U, svd.V], -2).double() / 2**0.5  # orthonormal columns [m + n, k]
 
 
 def match_directions(ref: SVD, new: SVD, rel_gap: float = REL_GAP) -> DirectionMatch:
@@ -233,8 +247,10 @@ def match_directions(ref: SVD, new: SVD, rel_gap: float = REL_GAP) -> DirectionM
     from scipy.optimize import linear_sum_assignment
 
     if ref.U.shape != new.U.shape or ref.V.shape != new.V.shape:
-        raise ValueError(f"match_directions needs SVDs of one shape; got U {tuple(ref.U.shape)} and "
-                         f"{tuple(new.U.shape)}, V {tuple(ref.V.shape)} and {tuple(new.V.shape)}")
+        raise ValueError(
+            f"match_directions needs SVDs of one shape; got U {tuple(ref.U.shape)} and "
+            f"{tuple(new.U.shape)}, V {tuple(ref.V.shape)} and {tuple(new.V.shape)}"
+        )
     if ref.U.dim() != 2:
         raise ValueError(f"match_directions is unbatched; got U of shape {tuple(ref.U.shape)} (index the batch first)")
     blocks = direction_blocks(ref.S, rel_gap, size=max(ref.U.shape[-2], ref.V.shape[-2]))

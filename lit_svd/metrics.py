@@ -12,6 +12,7 @@ value synced over DDP ranks is the mean over all examples of all ranks.
 
 ``python -m lit_svd.cli_tools evaluate --task ioi gp gt --n-test 256`` evaluates SmolLM2 on tasks and prints JSON.
 """
+
 from __future__ import annotations
 
 import torch
@@ -117,7 +118,8 @@ def task_metrics(task: str, with_kl: bool = False) -> MetricCollection:
 
     key = canonical_task(task)
     metrics: dict[str, Metric] = (
-        {"prob_diff": GreaterThanProbDiff()} if key == "gt"
+        {"prob_diff": GreaterThanProbDiff()}
+        if key == "gt"
         else {"logit_diff": LogitDifference(), "accuracy": AnswerAccuracy()}
     )
     if with_kl:
@@ -135,8 +137,9 @@ def main_value(task: str, logits: Tensor, batch: dict) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate_task(model, loader, task: str, progress: bool = True,
-                  per_example: dict[str, list[Tensor]] | None = None) -> dict[str, float]:
+def evaluate_task(
+    model, loader, task: str, progress: bool = True, per_example: dict[str, list[Tensor]] | None = None
+) -> dict[str, float]:
     """Run ``model`` (an HF causal LM) over ``loader``'s batches; return the task metrics on the clean
     prompts, the same on the corrupted prompts (``corrupt_*``, scored against the clean answers), and
     ``kl_clean_corrupt``, the mean KL(p_clean || p_corrupt) at the answer position. With a dict as
@@ -155,6 +158,8 @@ def evaluate_task(model, loader, task: str, progress: bool = True,
         clean.update(logits=out["clean"], batch=batch)
         corrupt.update(logits=out["corrupt"], batch=batch)
         shift.update(out["corrupt"], out["clean"])
-    return {**{k: float(v) for k, v in clean.compute().items()},
-            **{f"corrupt_{k}": float(v) for k, v in corrupt.compute().items()},
-            "kl_clean_corrupt": float(shift.compute())}
+    return {
+        **{k: float(v) for k, v in clean.compute().items()},
+        **{f"corrupt_{k}": float(v) for k, v in corrupt.compute().items()},
+        "kl_clean_corrupt": float(shift.compute()),
+    }

@@ -3,6 +3,7 @@
 Every run writes into ``trainer.log_dir`` (the TensorBoard logger's version folder), so
 ``--trainer.default_root_dir DIR`` relocates everything.
 """
+
 from __future__ import annotations
 
 import json
@@ -88,8 +89,9 @@ def save_figure(trainer: pl.Trainer, fig, name: str, step: int | None = None) ->
         if tb:
             image = mpimg.imread(io.BytesIO(buf.getvalue()), format="png")[..., :3]
             for logger in tb:
-                logger.experiment.add_image(name, image, global_step=trainer.global_step if step is None else step,
-                                            dataformats="HWC")
+                logger.experiment.add_image(
+                    name, image, global_step=trainer.global_step if step is None else step, dataformats="HWC"
+                )
     plt.close(fig)
     return path
 
@@ -100,4 +102,6 @@ def log_figure(trainer: pl.Trainer, fig, tag: str, step: int | None = None) -> N
 
     for logger in trainer.loggers:
         if isinstance(logger, TensorBoardLogger):
-            logger.experiment.add_figure(tag, fig, global_step=trainer.global_step if step is None else step, close=False)
+            logger.experiment.add_figure(
+                tag, fig, global_step=trainer.global_step if step is None else step, close=False
+            )

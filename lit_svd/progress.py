@@ -7,6 +7,7 @@ alignment callback), the masks' KL and kept fraction, losses. A callback adds it
 setting a ``progress_bar_metrics`` dict attribute. Evaluation loops (validate / test / predict) keep
 Lightning's per-batch bars, which show the batches done and an ETA.
 """
+
 from __future__ import annotations
 
 import sys
@@ -47,9 +48,17 @@ class StepProgressBar(TQDMProgressBar):
     def init_train_tqdm(self):
         if not self._step_based(self.trainer):
             return super().init_train_tqdm()
-        return Tqdm(position=2 * self.process_position, disable=self.is_disabled, leave=True, dynamic_ncols=True,
-                    file=sys.stdout, smoothing=0, bar_format=self.STEP_FORMAT, total=self.trainer.max_steps,
-                    initial=self.trainer.global_step)  # a resumed run starts at its checkpoint's step
+        return Tqdm(
+            position=2 * self.process_position,
+            disable=self.is_disabled,
+            leave=True,
+            dynamic_ncols=True,
+            file=sys.stdout,
+            smoothing=0,
+            bar_format=self.STEP_FORMAT,
+            total=self.trainer.max_steps,
+            initial=self.trainer.global_step,
+        )  # a resumed run starts at its checkpoint's step
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
         if self._step_based(trainer):

@@ -1,4 +1,5 @@
 """Shared fixtures. Tests run offline: no hub access is assumed anywhere."""
+
 from __future__ import annotations
 
 import os

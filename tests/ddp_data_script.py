@@ -3,6 +3,7 @@ task DataModules. Each rank writes the item indices it saw; rank 0 writes the DD
 
 Usage: python tests/ddp_data_script.py OUT_DIR TOKENIZER_DIR TEXT_FILE
 """
+
 from __future__ import annotations
 
 import json
@@ -53,9 +54,16 @@ def main(out: str, tokenizer_dir: str, text_file: str) -> None:
         "ioi": TaskDataModule("ioi", tok, n_train=4, n_val=4, n_test=23, batch_size=4),
     }
     for name, dm in modules.items():
-        trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False,
-                             default_root_dir=str(out_dir / "runs"))
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=2,
+            strategy="ddp",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(out_dir / "runs"),
+        )
         trainer.test(Recorder(out_dir, name, len(tok)), datamodule=dm)
 
 

@@ -1,12 +1,20 @@
 """The causal check: the batched, fanned-out patch against independent hooks on the real forward, and a planted
 direction that carries the task effect passes while random directions of the same head do not."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lit_svd.analysis.causal import (Z_PASS, Probes, causal_check, corrupted_coefficients, patched_metrics,
-                                     random_coords, summarize)
+from lit_svd.analysis.causal import (
+    Z_PASS,
+    Probes,
+    causal_check,
+    corrupted_coefficients,
+    patched_metrics,
+    random_coords,
+    summarize,
+)
 from lit_svd.models import view as make_view
 from lit_svd.models.hooks import Hook, capture, hooks
 from lit_svd.models.intervene import Intervention, build_components
@@ -23,16 +31,23 @@ def _batch(lengths=(9, 7, 9, 6, 7), seed=0, vocab=1000):
     corrupt = torch.randint(10, vocab, (n, T), generator=g)
     mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).long()
     clean, corrupt = clean * mask, corrupt * mask
-    return {"clean_ids": clean, "corrupt_ids": corrupt, "attention_mask": mask,
-            "answer_pos": torch.tensor(lengths) - 1, "correct_id": torch.randint(10, vocab, (n,), generator=g),
-            "wrong_id": torch.randint(10, vocab, (n,), generator=g)}
+    return {
+        "clean_ids": clean,
+        "corrupt_ids": corrupt,
+        "attention_mask": mask,
+        "answer_pos": torch.tensor(lengths) - 1,
+        "correct_id": torch.randint(10, vocab, (n,), generator=g),
+        "wrong_id": torch.randint(10, vocab, (n,), generator=g),
+    }
 
 
 def _answer_metric(model, batch, *specs):
     """Logit difference at the answer position of the full (padded) forward with ``specs`` hooks."""
     rows = torch.arange(len(batch["answer_pos"]))
     with torch.no_grad(), hooks(*specs):
-        logits = model(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits[rows, batch["answer_pos"]]
+        logits = model(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits[
+            rows, batch["answer_pos"]
+        ]
     return logits[rows, batch["correct_id"]] - logits[rows, batch["wrong_id"]]
 
 
@@ -121,8 +136,11 @@ def test_planted_direction_passes_and_random_directions_do_not():
     assert top["passes"] and top["z"] > 2 * Z_PASS and top["percentile"] == 1.0
     assert not bottom["passes"]  # the smallest direction of the planted head carries nothing
     # a Haar-random direction of the same head, judged against the same null, fails (at most 1 in 20 at 1 %)
-    probes = Probes(comp, torch.zeros(1 + 32 + 20, dtype=torch.long),
-                    torch.cat([torch.zeros(1, K), random_coords(52, K, torch.Generator().manual_seed(0))]))
+    probes = Probes(
+        comp,
+        torch.zeros(1 + 32 + 20, dtype=torch.long),
+        torch.cat([torch.zeros(1, K), random_coords(52, K, torch.Generator().manual_seed(0))]),
+    )
     change = (patched_metrics(view, probes, batch, reference, "ioi") - 0).mean(0)
     change = change[1:] - change[0]
     null, claimed = change[:32], change[32:]
@@ -138,14 +156,16 @@ def test_bad_inputs_fail_in_one_line():
     q = build_components(view, ["q"], layers=[0])[0]
     batch = _batch()
     with pytest.raises(ValueError, match="causal check patches"):
-        patched_metrics(view, Probes(q, torch.tensor([0]), torch.eye(q.shape[1])[:1]), batch,
-                        torch.zeros(5, *q.shape), "ioi")
+        patched_metrics(
+            view, Probes(q, torch.tensor([0]), torch.eye(q.shape[1])[:1]), batch, torch.zeros(5, *q.shape), "ioi"
+        )
     ov = build_components(view, ["ov"], layers=[0])[0]
     with pytest.raises(ValueError, match="n_random=1"):
         causal_check(view, ov, [(0, 0)], batch, "ioi", torch.zeros(5, *ov.shape), n_random=1)
     with pytest.raises(ValueError, match="task='sst'"):
-        patched_metrics(view, Probes(ov, torch.tensor([0]), torch.eye(ov.shape[1])[:1]), batch,
-                        torch.zeros(5, *ov.shape), "sst")
+        patched_metrics(
+            view, Probes(ov, torch.tensor([0]), torch.eye(ov.shape[1])[:1]), batch, torch.zeros(5, *ov.shape), "sst"
+        )
 
 
 def test_gt_probability_difference_matches_the_intervention_patch():
@@ -161,16 +181,21 @@ def test_gt_probability_difference_matches_the_intervention_patch():
     batch["greater_mask"] = torch.rand(5, V, generator=g) < 0.3
     batch["lesser_mask"] = ~batch["greater_mask"] & (torch.rand(5, V, generator=g) < 0.5)
     refs = corrupted_coefficients(view, [comp], batch)
-    got = patched_metrics(view, Probes(comp, torch.tensor([2]), torch.eye(comp.shape[1])[[1]]), batch,
-                          refs[comp.name], "gt")[:, 0]
+    got = patched_metrics(
+        view, Probes(comp, torch.tensor([2]), torch.eye(comp.shape[1])[[1]]), batch, refs[comp.name], "gt"
+    )[:, 0]
     iv = Intervention(view, [comp])
     scales = iv.ones()
     scales[comp.name][2, 1] = 0.0
     rows = torch.arange(5)
     with torch.no_grad(), iv.apply(scales, positions=batch["answer_pos"], reference=refs):
-        logits = model(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits[rows, batch["answer_pos"]]
+        logits = model(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits[
+            rows, batch["answer_pos"]
+        ]
     want = gt_prob_diff(logits, batch["greater_mask"], batch["lesser_mask"])
     assert torch.allclose(got, want, atol=1e-6)
     with torch.no_grad():
-        plain = model(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits[rows, batch["answer_pos"]]
+        plain = model(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits[
+            rows, batch["answer_pos"]
+        ]
     assert (want - gt_prob_diff(plain, batch["greater_mask"], batch["lesser_mask"])).abs().max() > 1e-5

@@ -1,4 +1,5 @@
 """The command line: --print_config, overrides, unknown keys, output relocation, TensorBoard contents."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ def test_print_config_shows_model_data_and_overrides(capsys):
         run_cli(["fit", "--config", SINGLE_PAIR, "--model.init_args.lambda_attn", "0.25", "--print_config"])
     assert code.value.code == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
-    assert cfg["model"]["class_path"] == "lit_svd.modules.ToyAlignmentModule" or \
-        cfg["model"]["class_path"].endswith("ToyAlignmentModule")
+    assert cfg["model"]["class_path"] == "lit_svd.modules.ToyAlignmentModule" or cfg["model"]["class_path"].endswith(
+        "ToyAlignmentModule"
+    )
     assert cfg["model"]["init_args"]["lambda_attn"] == 0.25
     assert cfg["model"]["init_args"]["template"] == {"pair": [0, 1, 1.0]}
     assert cfg["data"]["init_args"]["n_features"] == 20
@@ -40,8 +42,17 @@ def test_unknown_config_key_fails_with_one_line(capsys):
 
 def test_bad_value_fails_before_training(tmp_path, capsys):
     with pytest.raises((ValueError, SystemExit)) as err:
-        run_cli(["fit", "--config", SINGLE_PAIR, "--model.init_args.template", '{"pair": [0, 25, 1.0]}',
-                 "--trainer.default_root_dir", str(tmp_path)])
+        run_cli(
+            [
+                "fit",
+                "--config",
+                SINGLE_PAIR,
+                "--model.init_args.template",
+                '{"pair": [0, 25, 1.0]}',
+                "--trainer.default_root_dir",
+                str(tmp_path),
+            ]
+        )
     text = str(err.value) + capsys.readouterr().err
     assert "key_feature=25 is outside [0, n_features=20)" in text
     assert not list(tmp_path.rglob("results.json"))
@@ -61,8 +72,22 @@ def test_fit_relocates_output_and_tensorboard_shows_alignment_rising(tmp_path):
     """A short single-pair fit: everything lands under default_root_dir; the event file has the alignment
     curves, spectra and heatmaps, and the mean |cos| at the end is well above the start."""
     root = tmp_path / "elsewhere"
-    run_cli(["fit", "--config", SINGLE_PAIR, "--trainer.default_root_dir", str(root), "--trainer.max_steps", "150",
-             "--data.init_args.batch_size", "128", "--model.init_args.lambda_attn", "0.5", *FAST])
+    run_cli(
+        [
+            "fit",
+            "--config",
+            SINGLE_PAIR,
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.max_steps",
+            "150",
+            "--data.init_args.batch_size",
+            "128",
+            "--model.init_args.lambda_attn",
+            "0.5",
+            *FAST,
+        ]
+    )
     results = list(root.rglob("results.json"))
     assert len(results) == 1
     run = results[0].parent
@@ -74,9 +99,16 @@ def test_fit_relocates_output_and_tensorboard_shows_alignment_rising(tmp_path):
     assert {"query_feature", "key_feature", "target", "singular_index", "cos_query", "cos_key"} <= set(inst["pairs"][0])
 
     scalars, images = read_scalars(run)
-    for tag in ("alignment/mean_abs_cos", "alignment/mean_abs_cos/seed=0", "alignment/pair0_cos_query/seed=0",
-                "spectrum/d1/sigma/seed=0", "spectrum/d1/match_cos/seed=0", "spectrum/directions_kept/seed=0",
-                "spectrum/sigma_ratio/seed=0", "train/loss"):
+    for tag in (
+        "alignment/mean_abs_cos",
+        "alignment/mean_abs_cos/seed=0",
+        "alignment/pair0_cos_query/seed=0",
+        "spectrum/d1/sigma/seed=0",
+        "spectrum/d1/match_cos/seed=0",
+        "spectrum/directions_kept/seed=0",
+        "spectrum/sigma_ratio/seed=0",
+        "train/loss",
+    ):
         assert tag in scalars, tag
     assert not [t for t in scalars if "sigma0" in t]  # singular values are numbered from 1
     # d1 is followed, not re-read from the sorted spectrum: its last value is sigma_1 of the end (it stays on top)
@@ -93,8 +125,18 @@ def test_fit_relocates_output_and_tensorboard_shows_alignment_rising(tmp_path):
 def test_progress_shows_steps_and_alignment_without_adverts(tmp_path, capsys):
     """A step-based run counts optimizer steps (``step N/max_steps``, never ``Epoch 0/-2``), shows the toy's
     mean |cos| and no logger advert, deprecation note or ``v_num``."""
-    run_cli(["fit", "--config", SINGLE_PAIR, "--trainer.default_root_dir", str(tmp_path), "--trainer.max_steps", "30",
-             "--trainer.enable_model_summary=false"])
+    run_cli(
+        [
+            "fit",
+            "--config",
+            SINGLE_PAIR,
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.max_steps",
+            "30",
+            "--trainer.enable_model_summary=false",
+        ]
+    )
     captured = capsys.readouterr()
     shown = (captured.out + captured.err).replace("\r", "\n")
     assert "step 30/30" in shown and "|cos|=" in shown, shown[-2000:]
@@ -105,8 +147,10 @@ def test_progress_shows_steps_and_alignment_without_adverts(tmp_path, capsys):
 def test_step_bar_labels_known_metrics():
     from lit_svd.progress import bar_metrics
 
-    assert bar_metrics({"train/kl": 0.2214, "train/kept_fraction": 0.0748, "train/l1": 3.0}) == \
-        {"KL": "0.221", "kept": "7.48%"}
+    assert bar_metrics({"train/kl": 0.2214, "train/kept_fraction": 0.0748, "train/l1": 3.0}) == {
+        "KL": "0.221",
+        "kept": "7.48%",
+    }
     assert bar_metrics({"train/custom": 1.5, "v_num": 3}) == {"custom": "1.5"}
 
 

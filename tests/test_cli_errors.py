@@ -4,6 +4,7 @@ Every error ends with exit code 2 and at most two stderr lines (the message, the
 option, and prints no traceback; data and model errors come before any model is loaded (the module's
 loader is replaced by one that exits with code 99) and within seconds. ``--debug`` brings the traceback back.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,22 +21,31 @@ from lit_svd.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 CFG = ROOT / "configs"
 # Run the CLI with the frozen-model loader of every real-model module replaced: a load is a failure.
-GUARD = ("import sys; import lit_svd.modules.pretrained as P\n"
-         "def refuse(*a, **k):\n    sys.stderr.write('MODEL LOADED\\n'); sys.exit(99)\n"
-         "P.load_causal_lm = refuse; sys.argv[0] = 'python -m lit_svd'\n"
-         "from lit_svd.cli import main; main()")
+GUARD = (
+    "import sys; import lit_svd.modules.pretrained as P\n"
+    "def refuse(*a, **k):\n    sys.stderr.write('MODEL LOADED\\n'); sys.exit(99)\n"
+    "P.load_causal_lm = refuse; sys.argv[0] = 'python -m lit_svd'\n"
+    "from lit_svd.cli import main; main()"
+)
 
 
 def run_cli(*args: str, guard: bool = True) -> tuple[subprocess.CompletedProcess, float, float]:
     """(process, wall seconds, CPU seconds of the child); ``guard``: a model load ends the run with code 99."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+    )
     env.pop("LIT_SVD_DEBUG", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     command = ["-c", GUARD] if guard else ["-m", "lit_svd"]
-    proc = subprocess.run([sys.executable, *command, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, *command, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return proc, wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -87,24 +97,31 @@ def test_negative_max_steps():
 
 def test_unknown_model_end_to_end_fails_fast_with_two_lines(parse_error_cost):
     """The real loader (no guard) fails offline at once, with no network retries, before anything is built."""
-    proc, wall, cpu = run_cli("test", "--config", str(CFG / "sad/smollm2_ioi.yaml"),
-                              "--model.init_args.model", "no-such-model", guard=False)
+    proc, wall, cpu = run_cli(
+        "test", "--config", str(CFG / "sad/smollm2_ioi.yaml"), "--model.init_args.model", "no-such-model", guard=False
+    )
     lines = check(proc, "model='no-such-model'")
     assert len(lines) == 2 and lines[1].startswith("offline aliases: smollm2-135m (SmolLM2-135M-Instruct.Q4_1.gguf)")
     check_fast(wall, cpu, parse_error_cost)
 
 
 def test_unknown_task_fails_before_the_model_loads(parse_error_cost):
-    proc, wall, cpu = run_cli("validate", "--config", str(CFG / "masks/smollm2_ioi.yaml"),
-                              "--data.init_args.task", "xyz")
+    proc, wall, cpu = run_cli(
+        "validate", "--config", str(CFG / "masks/smollm2_ioi.yaml"), "--data.init_args.task", "xyz"
+    )
     lines = check(proc, "data.init_args.task")
     assert "'ioi', 'gp', 'gt'" in lines[0] and "xyz" in lines[0]
     check_fast(wall, cpu, parse_error_cost)
 
 
 def test_missing_text_path_fails_before_the_model_loads(tmp_path, parse_error_cost):
-    proc, wall, cpu = run_cli("test", "--config", str(CFG / "mounts/smollm2_wikitext.yaml"),
-                              "--data.init_args.path", str(tmp_path / "absent.txt"))
+    proc, wall, cpu = run_cli(
+        "test",
+        "--config",
+        str(CFG / "mounts/smollm2_wikitext.yaml"),
+        "--data.init_args.path",
+        str(tmp_path / "absent.txt"),
+    )
     assert "does not exist" in check(proc, "path=")[0]
     check_fast(wall, cpu, parse_error_cost)
 
@@ -115,9 +132,23 @@ def test_devices_beyond_the_cores_warn_in_one_line_then_run(capsys):
     from lit_svd.cli import LitSVDCLI
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cli = LitSVDCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                    run=False, args=["--config", str(CFG / "toy/single_pair.yaml"), "--trainer.devices",
-                                     str(cores + 1), "--trainer.strategy", "ddp", "--trainer.logger", "false"])
+    cli = LitSVDCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        args=[
+            "--config",
+            str(CFG / "toy/single_pair.yaml"),
+            "--trainer.devices",
+            str(cores + 1),
+            "--trainer.strategy",
+            "ddp",
+            "--trainer.logger",
+            "false",
+        ],
+    )
     warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning:")]
     assert len(warnings) == 1 and f"trainer.devices={cores + 1}" in warnings[0] and f"{cores} cores" in warnings[0]
     assert cli.trainer.num_devices == cores + 1  # and the run goes on
@@ -125,8 +156,9 @@ def test_devices_beyond_the_cores_warn_in_one_line_then_run(capsys):
 
 def test_help_lists_every_experiment_and_the_subcommands():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "lit_svd", "--help"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lit_svd", "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert out.startswith("usage: python -m lit_svd")
@@ -156,26 +188,32 @@ def in_process(capsys, *args: str) -> list[str]:
     return error_lines(capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("args,option,text", [
-    (["--model.init_args.ablation", "mean"], "model.init_args.ablation", "'zero', 'patch'"),
-    (["--model.init_args.positions", "first"], "model.init_args.positions", "'answer', 'all'"),
-    (["--model.init_args.alpha", "abc"], "model.init_args.alpha", "expected a float"),
-    (["--model.init_args.alpah", "1"], "alpah", ""),
-    (["--data.init_args.batch_size", "0"], "batch_size", "positive"),
-    (["--data.init_args.tokenizer", "no-such-tokenizer"], "tokenizer='no-such-tokenizer'", "HF_HUB_OFFLINE"),
-    (["--threads", "0"], "threads", "positive"),
-    (["--model.init_args.model", "./no/such/dir"], "model='./no/such/dir'", "no such file or directory"),
-])
+@pytest.mark.parametrize(
+    "args,option,text",
+    [
+        (["--model.init_args.ablation", "mean"], "model.init_args.ablation", "'zero', 'patch'"),
+        (["--model.init_args.positions", "first"], "model.init_args.positions", "'answer', 'all'"),
+        (["--model.init_args.alpha", "abc"], "model.init_args.alpha", "expected a float"),
+        (["--model.init_args.alpah", "1"], "alpah", ""),
+        (["--data.init_args.batch_size", "0"], "batch_size", "positive"),
+        (["--data.init_args.tokenizer", "no-such-tokenizer"], "tokenizer='no-such-tokenizer'", "HF_HUB_OFFLINE"),
+        (["--threads", "0"], "threads", "positive"),
+        (["--model.init_args.model", "./no/such/dir"], "model='./no/such/dir'", "no such file or directory"),
+    ],
+)
 def test_mask_config_errors(capsys, no_model, monkeypatch, args, option, text):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     lines = in_process(capsys, "fit", "--config", str(CFG / "masks/smollm2_ioi.yaml"), *args)
     assert 1 <= len(lines) <= 2 and lines[0].startswith("error: ") and option in lines[0] and text in lines[0], lines
 
 
-@pytest.mark.parametrize("args,option", [
-    (["--model.init_args.steer_positions", "first"], "model.init_args.steer_positions"),
-    (["--model.init_args.dtype", "float16"], "dtype"),
-])
+@pytest.mark.parametrize(
+    "args,option",
+    [
+        (["--model.init_args.steer_positions", "first"], "model.init_args.steer_positions"),
+        (["--model.init_args.dtype", "float16"], "dtype"),
+    ],
+)
 def test_literal_options_of_other_modules(capsys, no_model, args, option):
     config = "mounts/smollm2_wikitext.yaml" if "steer" in args[0] else "sad/smollm2_ioi.yaml"
     lines = in_process(capsys, "test", "--config", str(CFG / config), *args)
@@ -191,21 +229,36 @@ def test_word_lists_that_do_not_fit_the_tokenizer(capsys, no_model, tmp_path):
     raw = Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, []))
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="!", eos_token="!").save_pretrained(tmp_path)
-    lines = in_process(capsys, "validate", "--config", str(CFG / "masks/smollm2_gp.yaml"),
-                       "--data.init_args.tokenizer", str(tmp_path))
+    lines = in_process(
+        capsys, "validate", "--config", str(CFG / "masks/smollm2_gp.yaml"), "--data.init_args.tokenizer", str(tmp_path)
+    )
     assert len(lines) <= 2 and "task gp" in lines[0] and "single tokens in this tokenizer" in lines[0], lines
 
 
 def test_empty_text_file(capsys, no_model, tmp_path):
     (tmp_path / "empty.txt").write_text("\n  \n")
-    lines = in_process(capsys, "test", "--config", str(CFG / "mounts/smollm2_wikitext.yaml"),
-                       "--data.init_args.path", str(tmp_path / "empty.txt"))
+    lines = in_process(
+        capsys,
+        "test",
+        "--config",
+        str(CFG / "mounts/smollm2_wikitext.yaml"),
+        "--data.init_args.path",
+        str(tmp_path / "empty.txt"),
+    )
     assert len(lines) <= 2 and "path=" in lines[0] and "holds no text" in lines[0], lines
 
 
 def test_resume_without_a_checkpoint_says_where_it_looked(capsys, no_model, tmp_path):
-    lines = in_process(capsys, "fit", "--config", str(CFG / "masks/smollm2_ioi.yaml"), "--ckpt_path", "last",
-                       "--trainer.default_root_dir", str(tmp_path))
+    lines = in_process(
+        capsys,
+        "fit",
+        "--config",
+        str(CFG / "masks/smollm2_ioi.yaml"),
+        "--ckpt_path",
+        "last",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+    )
     assert len(lines) == 2 and "ckpt_path=last" in lines[0] and str(tmp_path) in lines[0]
     assert lines[1].startswith("hint: ")
 
@@ -228,8 +281,9 @@ def test_unreachable_hub_fails_at_once_without_hf_hub_offline(capsys, no_model, 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(socket, "create_connection", unreachable)
     loading._hub_answers.cache_clear()  # the probe is cached per process; this test must make it afresh
-    lines = in_process(capsys, "test", "--config", str(CFG / "sad/smollm2_ioi.yaml"),
-                       "--model.init_args.model", "no-org/no-such-model")
+    lines = in_process(
+        capsys, "test", "--config", str(CFG / "sad/smollm2_ioi.yaml"), "--model.init_args.model", "no-org/no-such-model"
+    )
     loading._hub_answers.cache_clear()
     assert len(lines) == 2 and "model='no-org/no-such-model'" in lines[0] and "the hub is unreachable" in lines[0]
     assert lines[1].startswith("offline aliases: ")

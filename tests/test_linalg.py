@@ -1,12 +1,26 @@
 """lit_svd.linalg against independent dense computations."""
+
 import math
 
 import pytest
 import torch
 
-from lit_svd.linalg import (SVD, align_directions, direction_blocks, match_directions, sign_fixed,
-                            FactoredMatrix, abs_cosine, average_ranks, haar_orthogonal, orthogonality_to_others,
-                            rolls_tovee_sparsity, spearman, svd_dense, svd_factored)
+from lit_svd.linalg import (
+    SVD,
+    FactoredABt,
+    abs_cosine,
+    align_directions,
+    average_ranks,
+    direction_blocks,
+    haar_orthogonal,
+    match_directions,
+    orthogonality_to_others,
+    rolls_tovee_sparsity,
+    sign_fixed,
+    spearman,
+    svd_dense,
+    svd_factored,
+)
 
 
 @pytest.mark.parametrize("m,n,r", [(33, 20, 5), (10, 40, 12), (7, 7, 7)])
@@ -15,7 +29,7 @@ def test_factored_svd_matches_dense(m, n, r):
     A = torch.randn(3, m, r, generator=g, dtype=torch.float64)
     B = torch.randn(3, n, r, generator=g, dtype=torch.float64)
     M = A @ B.mT
-    fac = FactoredMatrix(A, B).svd()
+    fac = FactoredABt(A, B).svd()
     dense = torch.linalg.svdvals(M)
     k = min(m, n, r)
     assert fac.S.shape == (3, k)
@@ -36,24 +50,29 @@ def test_factored_svd_float32_tolerance():
 
 def test_factored_matrix_rejects_mismatched_factors():
     with pytest.raises(ValueError, match="factors do not match"):
-        FactoredMatrix(torch.randn(4, 3), torch.randn(5, 2))
+        FactoredABt(torch.randn(4, 3), torch.randn(5, 2))
 
 
 def test_abs_cosine_brute_force():
     X, Y = torch.randn(6, 3), torch.randn(6, 4)
-    brute = torch.tensor([[abs(torch.dot(X[:, i], Y[:, j]).item()) / (X[:, i].norm() * Y[:, j].norm()).item()
-                           for j in range(4)] for i in range(3)])
+    brute = torch.tensor(
+        [
+            [abs(torch.dot(X[:, i], Y[:, j]).item()) / (X[:, i].norm() * Y[:, j].norm()).item() for j in range(4)]
+            for i in range(3)
+        ]
+    )
     torch.testing.assert_close(abs_cosine(X, Y), brute, atol=1e-6, rtol=1e-6)
 
 
 def test_rolls_tovee_bounds():
     n = 8
-    one_hot = torch.zeros(n); one_hot[3] = 2.0
+    one_hot = torch.zeros(n)
+    one_hot[3] = 2.0
     assert math.isclose(rolls_tovee_sparsity(one_hot).item(), 1 / n, rel_tol=1e-6)
     assert math.isclose(rolls_tovee_sparsity(torch.full((n,), -1.5)).item(), 1.0, rel_tol=1e-6)
     c = torch.randn(100, n)
     s = rolls_tovee_sparsity(c)
-    brute = torch.stack([(row.abs().mean() ** 2) / (row ** 2).mean() for row in c])
+    brute = torch.stack([(row.abs().mean() ** 2) / (row**2).mean() for row in c])
     torch.testing.assert_close(s, brute)
 
 
@@ -71,7 +90,7 @@ def test_orthogonality_to_others():
     W = torch.eye(4)
     W[:, 3] = torch.tensor([1.0, 1.0, 0.0, 0.0])
     out = orthogonality_to_others(W, torch.tensor([0, 2]))
-    torch.testing.assert_close(out, torch.tensor([2 ** -0.5, 0.0]))
+    torch.testing.assert_close(out, torch.tensor([2**-0.5, 0.0]))
 
 
 @pytest.mark.parametrize("n, levels", [(50, 6), (200, 1000), (7, 2)])
@@ -81,8 +100,9 @@ def test_spearman_and_average_ranks_match_scipy_with_ties(n, levels):
     g = torch.Generator().manual_seed(n)
     x = torch.randint(0, levels, (n,), generator=g).float()  # few levels: many ties
     y = x + torch.randint(0, levels, (n,), generator=g).float()
-    torch.testing.assert_close(average_ranks(x), torch.from_numpy(stats.rankdata(x.numpy()) - 1).double(),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        average_ranks(x), torch.from_numpy(stats.rankdata(x.numpy()) - 1).double(), rtol=0, atol=0
+    )
     assert spearman(x, y) == pytest.approx(stats.spearmanr(x.numpy(), y.numpy()).statistic, abs=1e-12)
     assert spearman(x.reshape(-1, 1), -x) == pytest.approx(-1.0)
 

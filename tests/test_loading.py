@@ -1,4 +1,5 @@
 """Model loading: offline alias, GGUF cache, local directories, and one clear error per failure."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """Blocks of near-equal singular values in direction masks: reports against hand counts and a brute-force
 loop, ``mask_unit="block"`` against a hand-rebuilt weight, the results.json fields, the ``mask-blocks``
 tool on a finished run, and SAD's basis blocks."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,11 @@ def test_planted_pair_is_one_block_with_hand_gaps():
     comp = Component("ov", 3, U, S, V)
     rep = block_report([comp], rel_gap=0.05)["components"][0]
     gap01, gap23 = (5 - 3) / 5, (2.99 - 1) / 2.99
-    assert rep["blocks"][0] == [[0, 0, 1, pytest.approx(gap01)], [1, 2, 2, pytest.approx(gap01)],
-                                [3, 3, 1, pytest.approx(gap23)]]
+    assert rep["blocks"][0] == [
+        [0, 0, 1, pytest.approx(gap01)],
+        [1, 2, 2, pytest.approx(gap01)],
+        [3, 3, 1, pytest.approx(gap23)],
+    ]
     assert [b[:3] for b in rep["blocks"][1]] == [[0, 0, 1], [1, 1, 1], [2, 2, 1], [3, 3, 1]]
     assert rep["gap"][0] == pytest.approx([gap01, gap01, gap01, gap23])
     assert rep["rank"] == [4, 4] and rep["isolated"] == 6 and rep["in_blocks"] == 2 and rep["n_blocks"] == 7
@@ -43,8 +47,15 @@ def test_planted_pair_is_one_block_with_hand_gaps():
     assert rows[0, 1]["claim"] == "block" and rows[0, 1]["statement"] == "1 of 2 kept in block 1 (directions 1-2)"
     assert rows[0, 1]["block"] == {"id": 1, "size": 2, "first": 1, "last": 2} and rows[0, 1]["kept_in_block"] == 1
     assert rows[0, 3]["claim"] == rows[1, 0]["claim"] == "direction"
-    assert kb["per_kind"]["ov"] == {"kept": 3, "isolated": 2, "in_blocks": 1, "past_rank": 0, "blocks_touched": 3,
-                                    "blocks_whole": 2, "isolated_fraction": pytest.approx(2 / 3)}
+    assert kb["per_kind"]["ov"] == {
+        "kept": 3,
+        "isolated": 2,
+        "in_blocks": 1,
+        "past_rank": 0,
+        "blocks_touched": 3,
+        "blocks_whole": 2,
+        "isolated_fraction": pytest.approx(2 / 3),
+    }
     assert [b["statement"] for b in kb["blocks"]] == ["1 of 2 kept in block 1 (directions 1-2)"]
     assert mask_units([comp], "block", 0.05)[comp.name].tolist() == [[0, 1, 1, 2], [3, 4, 5, 6]]
     assert mask_units([comp], "direction", 0.05) is None
@@ -100,8 +111,15 @@ def test_mask_unit_block_masks_a_planted_pair_as_one(planted_dir, tokenizer):
     from lit_svd.metrics import kl_divergence
     from lit_svd.modules import DirectionMaskModule
 
-    module = DirectionMaskModule(model=planted_dir, components=["mlp_out"], layers=[1], positions="all",
-                                 ablation="zero", threshold=0.3, mask_unit="block")
+    module = DirectionMaskModule(
+        model=planted_dir,
+        components=["mlp_out"],
+        layers=[1],
+        positions="all",
+        ablation="zero",
+        threshold=0.3,
+        mask_unit="block",
+    )
     comp = module.components[0]
     K = comp.shape[1]
     assert torch.allclose(comp.S[0].double(), planted_spectrum(K), rtol=1e-5)  # the component sees the plant
@@ -131,7 +149,9 @@ def test_mask_unit_block_masks_a_planted_pair_as_one(planted_dir, tokenizer):
     full = answer_logits()
     for setting, scale in (("soft", by_hand.double()), ("hard", (by_hand >= 0.3).double())):
         down.weight.data = ((U * (S * scale)) @ Vh).mT.float()
-        assert ev[f"{setting}_kl"] == pytest.approx(float(kl_divergence(answer_logits(), full).mean()), rel=1e-3, abs=1e-6)
+        assert ev[f"{setting}_kl"] == pytest.approx(
+            float(kl_divergence(answer_logits(), full).mean()), rel=1e-3, abs=1e-6
+        )
     assert ev["hard_kl"] > 1e-5  # the dropped directions act
 
 
@@ -144,10 +164,17 @@ def _fit(model_dir, tokenizer, tmp_path, **kwargs):
 
     module = DirectionMaskModule(model=model_dir, **{"lr": 0.5, "alpha": 1e-2, "init": 0.6, "threshold": 0.3, **kwargs})
     dm = TaskDataModule("ioi", tokenizer, n_train=8, n_val=8, n_test=0, batch_size=8)
-    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=1, default_root_dir=str(tmp_path),
-                         limit_val_batches=0, num_sanity_val_steps=0, enable_progress_bar=False,
-                         enable_checkpointing=False, callbacks=[DirectionMaskReport(steer_component="L1.ov", steer_head=0,
-                                                                             steer_direction=0)])
+    trainer = pl.Trainer(
+        max_steps=4,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=str(tmp_path),
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        callbacks=[DirectionMaskReport(steer_component="L1.ov", steer_head=0, steer_direction=0)],
+    )
     trainer.fit(module, dm)
     return module, Path(trainer.log_dir)
 
@@ -161,8 +188,17 @@ def test_block_training_keeps_the_pair_together_and_reports_blocks(planted_dir, 
     lam = {}
     for unit in ("direction", "block"):
         torch.manual_seed(0)
-        module, out = _fit(planted_dir, tokenizer, tmp_path / unit, components=["ov", "mlp_out"], mask_unit=unit,
-                           lr=0.2, init=0.6, threshold=0.5, alpha=1e-4)
+        module, out = _fit(
+            planted_dir,
+            tokenizer,
+            tmp_path / unit,
+            components=["ov", "mlp_out"],
+            mask_unit=unit,
+            lr=0.2,
+            init=0.6,
+            threshold=0.5,
+            alpha=1e-4,
+        )
         lam[unit] = module.lambdas()["L1.mlp_out"][0].detach()
     assert lam["block"][PAIR[0]] == lam["block"][PAIR[1]]
     assert lam["direction"][PAIR[0]] != lam["direction"][PAIR[1]]
@@ -182,8 +218,9 @@ def test_block_training_keeps_the_pair_together_and_reports_blocks(planted_dir, 
     blocks = json.loads((out / "blocks.json").read_text())
     assert blocks["per_kind"] == res["blocks_per_kind"]
 
-    (out / "config.yaml").write_text(json.dumps({"model": {"init_args": {
-        "model": planted_dir, "components": ["ov", "mlp_out"], "layers": None}}}))
+    (out / "config.yaml").write_text(
+        json.dumps({"model": {"init_args": {"model": planted_dir, "components": ["ov", "mlp_out"], "layers": None}}})
+    )
     tool = main(["mask-blocks", str(out), "--out", str(tmp_path / "annotated"), "--rel-gaps", "0.05", "0.01"])
     assert tool["per_gap"][0]["per_kind"] == recount["per_kind"]
     assert tool["per_gap"][1]["per_kind"] == kept_blocks(module.components, keep, 0.01)["per_kind"]

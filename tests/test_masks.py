@@ -1,5 +1,6 @@
 """Direction masks: kept counts against brute force, the module and callback end to end on tiny models,
 configs instantiated with tiny random models, DDP against one process, and bad input."""
+
 from __future__ import annotations
 
 import json
@@ -7,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_lit_svd
 
 from lit_svd.analysis.masks import hard_masks, kept_report, logit_receptors, mask_loss
 from lit_svd.models import view as make_view
 from lit_svd.models.hooks import Hook, hooks
 from lit_svd.models.intervene import build_components
 from lit_svd.models.tiny import tiny_causal_lm
-from helpers import run_lit_svd
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "masks"
@@ -65,18 +66,18 @@ def test_direction_count_matches_the_models_own_matrices(arch):
             dh = blk.self_attn.q_proj.weight.shape[0] // cfg.num_attention_heads
             n_kv = blk.self_attn.k_proj.weight.shape[0] // dh
             d_mlp = blk.mlp.up_proj.weight.shape[0]
-            total += cfg.num_attention_heads * min(d + 1, dh)       # q per head
-            total += n_kv * min(d + 1, dh)                          # k per KV head
-            total += cfg.num_attention_heads * min(d + 1, dh, d)    # OV per head: [1, x] -> d_head -> d_model
-            total += 2 * min(d + 1, d_mlp) + min(d_mlp + 1, d)      # up, gate, down
+            total += cfg.num_attention_heads * min(d + 1, dh)  # q per head
+            total += n_kv * min(d + 1, dh)  # k per KV head
+            total += cfg.num_attention_heads * min(d + 1, dh, d)  # OV per head: [1, x] -> d_head -> d_model
+            total += 2 * min(d + 1, d_mlp) + min(d_mlp + 1, d)  # up, gate, down
     else:
         for blk in model.transformer.h:
             d = blk.attn.c_attn.weight.shape[0]
             dh = d // cfg.n_head
             d_mlp = blk.mlp.c_fc.weight.shape[1]
-            total += cfg.n_head * min(d + 1, dh)                    # joint QK per head: rank <= d_head
-            total += cfg.n_head * min(d + 1, dh, d)                 # OV per head
-            total += min(d + 1, d_mlp) + min(d_mlp + 1, d)          # MLP in, out
+            total += cfg.n_head * min(d + 1, dh)  # joint QK per head: rank <= d_head
+            total += cfg.n_head * min(d + 1, dh, d)  # OV per head
+            total += min(d + 1, d_mlp) + min(d_mlp + 1, d)  # MLP in, out
     assert sum(c.n_directions for c in comps) == total
 
 
@@ -123,7 +124,11 @@ def test_swap_steer_matches_a_hand_patched_direction():
     ids = torch.randint(0, 1000, (6, 8), generator=g)
     pos = torch.tensor([7, 6, 7, 5, 7, 6])
     rows = torch.arange(6)
-    batch = {"answer_pos": pos, "correct_id": torch.tensor([5, 5, 5, 9, 9, 9]), "wrong_id": torch.tensor([9, 9, 9, 5, 5, 5])}
+    batch = {
+        "answer_pos": pos,
+        "correct_id": torch.tensor([5, 5, 5, 9, 9, 9]),
+        "wrong_id": torch.tensor([9, 9, 9, 5, 5, 5]),
+    }
 
     def answer(logits):
         return logits[rows, pos]
@@ -142,9 +147,16 @@ def test_swap_steer_matches_a_hand_patched_direction():
     res = swap_steer(run, batch, dict(coefs), {comp.name: keep}, counts=(1,), task="gp")
     # brute force: the most separating (head, direction), one at a time
     c = coefs[comp.name]
-    best = max(((abs(float(c[:3, h, k].mean() - c[3:, h, k].mean()))
-                 / (float(((c[:3, h, k].var(unbiased=False) + c[3:, h, k].var(unbiased=False)) / 2).sqrt()) + 1e-6), h, k)
-                for h in range(comp.shape[0]) for k in range(comp.shape[1])))
+    best = max(
+        (
+            abs(float(c[:3, h, k].mean() - c[3:, h, k].mean()))
+            / (float(((c[:3, h, k].var(unbiased=False) + c[3:, h, k].var(unbiased=False)) / 2).sqrt()) + 1e-6),
+            h,
+            k,
+        )
+        for h in range(comp.shape[0])
+        for k in range(comp.shape[1])
+    )
     top = res["directions"][0]
     assert (top["head"], top["direction"]) == best[1:] and top["separation"] == pytest.approx(best[0], rel=1e-4)
     # hand patch: move that coefficient to the other class's mean with a forward hook on o_proj
@@ -174,21 +186,41 @@ def _fit(model_dir, tokenizer, tmp_path, **kwargs):
 
     module = DirectionMaskModule(model=model_dir, lr=0.5, alpha=1e-2, init=0.6, threshold=0.3, **kwargs)
     dm = TaskDataModule("ioi", tokenizer, n_train=8, n_val=8, n_test=0, batch_size=8)
-    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=1, default_root_dir=str(tmp_path),
-                         limit_val_batches=0, num_sanity_val_steps=0, enable_progress_bar=False,
-                         enable_checkpointing=False,
-                         callbacks=[DirectionMaskReport(steer_component="L1.ov", steer_head=0, steer_direction=0)])
+    trainer = pl.Trainer(
+        max_steps=4,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=str(tmp_path),
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        callbacks=[DirectionMaskReport(steer_component="L1.ov", steer_head=0, steer_direction=0)],
+    )
     trainer.fit(module, dm)
     return module, Path(trainer.log_dir)
 
 
 @pytest.mark.parametrize("ablation,straight_through", [("zero", False), ("patch", True)])
 def test_fit_writes_results_masks_and_figures(tiny_dirs, tokenizer, tmp_path, ablation, straight_through):
-    module, out = _fit(tiny_dirs["llama"], tokenizer, tmp_path, ablation=ablation, steps_per_batch=2,
-                       straight_through=straight_through)
+    module, out = _fit(
+        tiny_dirs["llama"], tokenizer, tmp_path, ablation=ablation, steps_per_batch=2, straight_through=straight_through
+    )
     res = json.loads((out / "results.json").read_text())
-    for key in ("experiment", "task", "n_directions", "kept", "kept_fraction", "kl_soft", "kl_hard",
-                "logit_diff_full", "logit_diff_hard", "accuracy_full", "accuracy_hard", "components"):
+    for key in (
+        "experiment",
+        "task",
+        "n_directions",
+        "kept",
+        "kept_fraction",
+        "kl_soft",
+        "kl_hard",
+        "logit_diff_full",
+        "logit_diff_hard",
+        "accuracy_full",
+        "accuracy_hard",
+        "components",
+    ):
         assert key in res, key
     assert res["experiment"] == "direction_mask" and res["task"] == "ioi"
     assert res["n_directions"] == sum(c.n_directions for c in module.components)
@@ -204,8 +236,11 @@ def test_fit_writes_results_masks_and_figures(tiny_dirs, tokenizer, tmp_path, ab
 def test_soft_steps_train_soft_then_straight_through(tiny_dirs, tokenizer, tmp_path):
     """A warm-up longer than the run is soft training; a warm-up of 0 is straight-through from the start."""
     lam = {}
-    for label, kwargs in {"soft": dict(straight_through=False), "warm": dict(straight_through=True, soft_steps=100),
-                          "st": dict(straight_through=True, soft_steps=0)}.items():
+    for label, kwargs in {
+        "soft": dict(straight_through=False),
+        "warm": dict(straight_through=True, soft_steps=100),
+        "st": dict(straight_through=True, soft_steps=0),
+    }.items():
         torch.manual_seed(0)
         module, _ = _fit(tiny_dirs["llama"], tokenizer, tmp_path / label, ablation="zero", **kwargs)
         lam[label] = torch.cat([v.detach().flatten() for v in module.lambdas().values()])
@@ -223,9 +258,17 @@ def test_training_seed_changes_the_masks_and_repeats_bitwise(tiny_dirs, tokenize
     def fit(order_seed, label):
         module = DirectionMaskModule(model=tiny_dirs["llama"], lr=0.5, alpha=1e-5, init=0.6, threshold=0.3)
         dm = TaskDataModule("ioi", tokenizer, n_train=16, n_val=4, n_test=0, batch_size=4, order_seed=order_seed)
-        pl.Trainer(max_steps=3, accelerator="cpu", devices=1, default_root_dir=str(tmp_path / label),
-                   limit_val_batches=0, num_sanity_val_steps=0, enable_progress_bar=False,
-                   enable_checkpointing=False, logger=False).fit(module, dm)
+        pl.Trainer(
+            max_steps=3,
+            accelerator="cpu",
+            devices=1,
+            default_root_dir=str(tmp_path / label),
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            enable_progress_bar=False,
+            enable_checkpointing=False,
+            logger=False,
+        ).fit(module, dm)
         return torch.cat([v.detach().flatten() for v in module.lambdas().values()])
 
     first, again, other = fit(None, "a"), fit(0, "b"), fit(1, "c")
@@ -250,8 +293,9 @@ def test_soft_and_hard_evaluation_match_a_rebuilt_weight_forward(tiny_dirs, toke
     from lit_svd.metrics import kl_divergence, logit_diff
     from lit_svd.modules import DirectionMaskModule
 
-    module = DirectionMaskModule(model=tiny_dirs["llama"], components=["mlp_out"], layers=[1], positions="all",
-                                 ablation="zero", threshold=0.05)
+    module = DirectionMaskModule(
+        model=tiny_dirs["llama"], components=["mlp_out"], layers=[1], positions="all", ablation="zero", threshold=0.05
+    )
     g = torch.Generator().manual_seed(0)
     lam = torch.rand(module.components[0].shape, generator=g) ** 3  # about a third below the threshold
     module.theta["L1_mlp_out"].data = torch.logit(lam)
@@ -270,17 +314,31 @@ def test_soft_and_hard_evaluation_match_a_rebuilt_weight_forward(tiny_dirs, toke
         for batch in dm.test_dataloader():
             rows = torch.arange(len(batch["answer_pos"]))
             with torch.no_grad():
-                masked.append(ref(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits[rows, batch["answer_pos"]])
+                masked.append(
+                    ref(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits[
+                        rows, batch["answer_pos"]
+                    ]
+                )
         out[setting] = torch.cat(masked)
     down.weight.data = W.float()
     with torch.no_grad():
-        full = torch.cat([ref(input_ids=b["clean_ids"], attention_mask=b["attention_mask"]).logits[torch.arange(len(b["answer_pos"])), b["answer_pos"]]
-                          for b in dm.test_dataloader()])
+        full = torch.cat(
+            [
+                ref(input_ids=b["clean_ids"], attention_mask=b["attention_mask"]).logits[
+                    torch.arange(len(b["answer_pos"])), b["answer_pos"]
+                ]
+                for b in dm.test_dataloader()
+            ]
+        )
     ids = {k: torch.cat([b[k] for b in dm.test_dataloader()]) for k in ("correct_id", "wrong_id")}
     for setting in ("soft", "hard"):
         assert ev[f"{setting}_kl"] == pytest.approx(float(kl_divergence(out[setting], full).mean()), rel=1e-3, abs=1e-6)
-        assert ev[f"{setting}_metric"] == pytest.approx(float(logit_diff(out[setting], ids["correct_id"], ids["wrong_id"]).mean()), abs=1e-4)
-    assert ev["soft_kl"] > 1e-5 and ev["hard_kl"] > 1e-5 and abs(ev["soft_kl"] - ev["hard_kl"]) > 1e-5  # both act, differently
+        assert ev[f"{setting}_metric"] == pytest.approx(
+            float(logit_diff(out[setting], ids["correct_id"], ids["wrong_id"]).mean()), abs=1e-4
+        )
+    assert (
+        ev["soft_kl"] > 1e-5 and ev["hard_kl"] > 1e-5 and abs(ev["soft_kl"] - ev["hard_kl"]) > 1e-5
+    )  # both act, differently
 
 
 def test_test_split_is_disjoint_and_leaves_train_and_val_as_without_it(tokenizer):
@@ -288,7 +346,10 @@ def test_test_split_is_disjoint_and_leaves_train_and_val_as_without_it(tokenizer
 
     before = TaskDataModule("ioi", tokenizer, n_train=40, n_val=16, n_test=0, seed=3)
     after = TaskDataModule("ioi", tokenizer, n_train=40, n_val=16, n_test=32, seed=3, test_last=True)
-    text = lambda dm, split: [tuple(e.clean_ids) for e in dm.splits[split].examples]
+
+    def text(dm, split):
+        return [tuple(e.clean_ids) for e in dm.splits[split].examples]
+
     assert text(after, "train") == text(before, "train") and text(after, "val") == text(before, "val")
     test = set(text(after, "test"))
     assert len(test) == 32 and not test & (set(text(after, "train")) | set(text(after, "val")))
@@ -307,11 +368,20 @@ def test_results_report_test_and_validation_and_stopped_early(tiny_dirs, tokeniz
     for label, limit in (("steps", None), ("time", "00:00:00:01")):
         module = DirectionMaskModule(model=tiny_dirs["llama"], lr=0.5, alpha=1e-5, init=0.6, threshold=0.3)
         dm = TaskDataModule("ioi", tokenizer, n_train=16, n_val=8, n_test=12, batch_size=8, test_last=True)
-        trainer = pl.Trainer(max_steps=200 if limit else 4, max_time=limit, accelerator="cpu", devices=1,
-                             default_root_dir=str(tmp_path / label), limit_val_batches=0, num_sanity_val_steps=0,
-                             enable_progress_bar=False, enable_checkpointing=False,
-                             callbacks=[DirectionMaskReport(eval_split="test", steer_component="L1.ov",
-                                                            steer_head=0, steer_direction=0)])
+        trainer = pl.Trainer(
+            max_steps=200 if limit else 4,
+            max_time=limit,
+            accelerator="cpu",
+            devices=1,
+            default_root_dir=str(tmp_path / label),
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            enable_progress_bar=False,
+            enable_checkpointing=False,
+            callbacks=[
+                DirectionMaskReport(eval_split="test", steer_component="L1.ov", steer_head=0, steer_direction=0)
+            ],
+        )
         trainer.fit(module, dm)
         results[label] = json.loads((Path(trainer.log_dir) / "results.json").read_text())
         res = results[label]
@@ -324,7 +394,8 @@ def test_results_report_test_and_validation_and_stopped_early(tiny_dirs, tokeniz
             assert res["splits"][split]["kl_soft"] == pytest.approx(ev["soft_kl"], abs=1e-6)
             assert res["splits"][split]["accuracy_hard"] == pytest.approx(ev["hard_correct"], abs=1e-6)
         assert res["kept_without_qk"]["n_directions"] == sum(
-            v["n_directions"] for k, v in res["per_kind"].items() if k not in ("q", "k"))
+            v["n_directions"] for k, v in res["per_kind"].items() if k not in ("q", "k")
+        )
     assert results["steps"]["stopped_early"] is False and results["steps"]["steps"] == 4
     assert results["time"]["stopped_early"] is True and results["time"]["steps"] < 200
 
@@ -338,9 +409,16 @@ def test_eval_split_without_examples_fails_in_one_line(tiny_dirs, tokenizer, tmp
 
     module = DirectionMaskModule(model=tiny_dirs["llama"])
     dm = TaskDataModule("ioi", tokenizer, n_train=8, n_val=8, n_test=0, batch_size=8)
-    trainer = pl.Trainer(max_steps=1, accelerator="cpu", devices=1, default_root_dir=str(tmp_path), logger=False,
-                         enable_progress_bar=False, enable_checkpointing=False,
-                         callbacks=[DirectionMaskReport(eval_split="test")])
+    trainer = pl.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=str(tmp_path),
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        callbacks=[DirectionMaskReport(eval_split="test")],
+    )
     with pytest.raises(ValueError, match=r"eval_split='test' but the data module's test split is empty"):
         trainer.fit(module, dm)
 
@@ -353,18 +431,45 @@ def test_configs_instantiate_with_tiny_models(config, tiny_dirs, tokenizer):
 
     from lit_svd.cli import LitSVDCLI
 
-    arch = ("gpt_neox" if "pythia" in config else "gpt2" if "gpt2" in config else "gemma3" if "gemma3" in config
-            else "llama")
-    cli = LitSVDCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                    run=False, args=["--config", str(CONFIGS / config), "--model.init_args.model", tiny_dirs[arch],
-                                     "--data.init_args.tokenizer", tiny_dirs[arch], "--data.init_args.n_train", "8",
-                                     "--data.init_args.n_val", "4", "--trainer.logger", "false"])
+    arch = (
+        "gpt_neox"
+        if "pythia" in config
+        else "gpt2"
+        if "gpt2" in config
+        else "gemma3"
+        if "gemma3" in config
+        else "llama"
+    )
+    cli = LitSVDCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        args=[
+            "--config",
+            str(CONFIGS / config),
+            "--model.init_args.model",
+            tiny_dirs[arch],
+            "--data.init_args.tokenizer",
+            tiny_dirs[arch],
+            "--data.init_args.n_train",
+            "8",
+            "--data.init_args.n_val",
+            "4",
+            "--trainer.logger",
+            "false",
+        ],
+    )
     cfg = yaml.safe_load((CONFIGS / config).read_text())
     assert cli.model.alpha == cfg["model"]["init_args"]["alpha"]
     assert cli.datamodule.task.name == cfg["data"]["init_args"]["task"]
     kinds = {c.kind for c in cli.model.components}
-    assert kinds == ({"qk", "ov", "mlp_in", "mlp_out"} if arch == "gpt2" else
-                     {"q", "k", "ov", "mlp_in", "mlp_out"} | ({"mlp_gate"} if arch in ("llama", "gemma3") else set()))
+    assert kinds == (
+        {"qk", "ov", "mlp_in", "mlp_out"}
+        if arch == "gpt2"
+        else {"q", "k", "ov", "mlp_in", "mlp_out"} | ({"mlp_gate"} if arch in ("llama", "gemma3") else set())
+    )
 
 
 @pytest.mark.slow
@@ -373,14 +478,38 @@ def test_ddp_two_processes_match_one(tiny_dirs, tmp_path):
     masks = {}
     for devices, batch in ((1, 8), (2, 4)):
         root = tmp_path / f"d{devices}"
-        run_lit_svd(["fit", "--config", str(CONFIGS / "smollm2_ioi.yaml"),
-                  "--model.init_args.model", tiny_dirs["llama"], "--model.init_args.lr", "0.3",
-                  "--model.init_args.alpha", "0.01", "--model.init_args.init", "0.5",
-                  "--data.init_args.tokenizer", tiny_dirs["llama"],
-                  "--data.init_args.n_train", "8", "--data.init_args.n_val", "8",
-                  "--data.init_args.batch_size", str(batch), "--trainer.max_steps", "3",
-                  "--trainer.devices", str(devices), "--trainer.strategy", "ddp" if devices > 1 else "auto",
-                  "--trainer.default_root_dir", str(root)], cwd=ROOT)
+        run_lit_svd(
+            [
+                "fit",
+                "--config",
+                str(CONFIGS / "smollm2_ioi.yaml"),
+                "--model.init_args.model",
+                tiny_dirs["llama"],
+                "--model.init_args.lr",
+                "0.3",
+                "--model.init_args.alpha",
+                "0.01",
+                "--model.init_args.init",
+                "0.5",
+                "--data.init_args.tokenizer",
+                tiny_dirs["llama"],
+                "--data.init_args.n_train",
+                "8",
+                "--data.init_args.n_val",
+                "8",
+                "--data.init_args.batch_size",
+                str(batch),
+                "--trainer.max_steps",
+                "3",
+                "--trainer.devices",
+                str(devices),
+                "--trainer.strategy",
+                "ddp" if devices > 1 else "auto",
+                "--trainer.default_root_dir",
+                str(root),
+            ],
+            cwd=ROOT,
+        )
         masks[devices] = torch.load(next(root.rglob("masks.pt")))["lambdas"]
         res = json.loads(next(root.rglob("results.json")).read_text())
         masks[f"res{devices}"] = res
@@ -426,9 +555,20 @@ def test_mask_curve_reads_runs_in_alpha_order(tmp_path):
         run = tmp_path / name / "version_0"
         run.mkdir(parents=True)
         traj = [{"step": 8, "kept_fraction": 0.3, "kl_soft": 0.2, "kl_hard": 0.5}]
-        (run / "results.json").write_text(json.dumps({"experiment": "direction_mask", "task": "ioi", "model": "m",
-                                                      "alpha": alpha, "kept_fraction": kept, "kl_hard": kl,
-                                                      "kl_soft": kl, "trajectory": traj}))
+        (run / "results.json").write_text(
+            json.dumps(
+                {
+                    "experiment": "direction_mask",
+                    "task": "ioi",
+                    "model": "m",
+                    "alpha": alpha,
+                    "kept_fraction": kept,
+                    "kl_hard": kl,
+                    "kl_soft": kl,
+                    "trajectory": traj,
+                }
+            )
+        )
     runs = load_runs([tmp_path / "b", tmp_path / "a"])
     assert [r["alpha"] for r in runs] == [5e-5, 2e-4] and [r["kl_hard"] for r in runs] == [0.1, 0.4]
     main(["mask-curve", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "curve.png")])
@@ -448,8 +588,21 @@ def test_evaluate_tool_prints_the_metrics_of_evaluate_task(tiny_dirs, tmp_path, 
     from lit_svd.metrics import evaluate_task
     from lit_svd.models.loading import load_causal_lm
 
-    got = main(["evaluate", "--task", "ioi", "--model", tiny_dirs["llama"], "--n-test", "6", "--batch-size", "3",
-                "--figure", str(tmp_path / "tasks.png")])
+    got = main(
+        [
+            "evaluate",
+            "--task",
+            "ioi",
+            "--model",
+            tiny_dirs["llama"],
+            "--n-test",
+            "6",
+            "--batch-size",
+            "3",
+            "--figure",
+            str(tmp_path / "tasks.png"),
+        ]
+    )
     model, tok = load_causal_lm(tiny_dirs["llama"])
     dm = TaskDataModule("ioi", tok, n_train=0, n_val=0, n_test=6, batch_size=6, seed=0)
     want = evaluate_task(model, dm.test_dataloader(), "ioi", progress=False)
@@ -472,18 +625,37 @@ def test_mask_thresholds_recuts_a_finished_run_and_chooses_on_validation(tiny_di
 
     model_kw = dict(model=tiny_dirs["llama"], lr=0.5, alpha=1e-5, init=0.6, threshold=0.3)
     data_kw = dict(task="ioi", tokenizer=tiny_dirs["llama"], n_train=8, n_val=8, n_test=8, batch_size=8)
-    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=1, default_root_dir=str(tmp_path / "run"),
-                         limit_val_batches=0, num_sanity_val_steps=0, enable_progress_bar=False,
-                         enable_checkpointing=False, callbacks=[DirectionMaskReport(
-                             eval_split="test", steer_component="L1.ov", steer_head=0, steer_direction=0)])
+    trainer = pl.Trainer(
+        max_steps=4,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=str(tmp_path / "run"),
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        callbacks=[DirectionMaskReport(eval_split="test", steer_component="L1.ov", steer_head=0, steer_direction=0)],
+    )
     trainer.fit(DirectionMaskModule(**model_kw), TaskDataModule(**data_kw))
     run = Path(trainer.log_dir)
     (run / "config.yaml").write_text(yaml.safe_dump({"model": {"init_args": model_kw}, "data": {"init_args": data_kw}}))
     res = json.loads((run / "results.json").read_text())
     lam = torch.cat([v.flatten() for v in torch.load(run / "masks.pt")["lambdas"].values()])
     low = float(lam.min()) / 2
-    tool = main(["mask-thresholds", str(run), "--out", str(tmp_path / "cut"), "--thresholds", str(low), "0.3", "0.9",
-                 "--max-kl", "1e9"])
+    tool = main(
+        [
+            "mask-thresholds",
+            str(run),
+            "--out",
+            str(tmp_path / "cut"),
+            "--thresholds",
+            str(low),
+            "0.3",
+            "0.9",
+            "--max-kl",
+            "1e9",
+        ]
+    )
     rows = {r["threshold"]: r for r in tool["rows"]}
     for t, row in rows.items():
         assert row["kept_fraction"] == pytest.approx(float((lam >= t).double().mean()), abs=1e-12)
@@ -495,8 +667,10 @@ def test_mask_thresholds_recuts_a_finished_run_and_chooses_on_validation(tiny_di
     assert tool["chosen"]["threshold"] == 0.9  # every threshold qualifies: the sparsest
     assert (tmp_path / "cut" / "mask_thresholds.png").stat().st_size > 1000
     # the choice reads validation only: a threshold that is better on test but over the line on val loses
-    synthetic = [{"threshold": 0.1, "val": {"kl_hard": 0.20}, "test": {"kl_hard": 0.40}},
-                 {"threshold": 0.5, "val": {"kl_hard": 0.30}, "test": {"kl_hard": 0.10}}]
+    synthetic = [
+        {"threshold": 0.1, "val": {"kl_hard": 0.20}, "test": {"kl_hard": 0.40}},
+        {"threshold": 0.5, "val": {"kl_hard": 0.30}, "test": {"kl_hard": 0.10}},
+    ]
     assert choose_threshold(synthetic, 0.25)["threshold"] == 0.1 and choose_threshold(synthetic, 0.05) is None
     with pytest.raises(ValueError, match="must lie in"):
         main(["mask-thresholds", str(run), "--out", str(tmp_path / "x"), "--thresholds", "1.5"])

@@ -1,4 +1,5 @@
 """Task metrics against brute-force loops over examples and hand-made distributions."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,15 @@ import math
 import pytest
 import torch
 
-from lit_svd.metrics import (AnswerAccuracy, AnswerKL, GreaterThanProbDiff, LogitDifference, answer_logits,
-                             gt_prob_diff, task_metrics)
+from lit_svd.metrics import (
+    AnswerAccuracy,
+    AnswerKL,
+    GreaterThanProbDiff,
+    LogitDifference,
+    answer_logits,
+    gt_prob_diff,
+    task_metrics,
+)
 
 TOL = 1e-5
 

@@ -1,4 +1,5 @@
 """lit_svd.analysis.mounts against dense SVDs, brute-force loops over mounts and tokens, and scipy."""
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +16,9 @@ def _weights(d_out=24, d_in=70, seed=0):
 
 def _data(W, T=300, seed=1):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, W.shape[1], generator=g, dtype=torch.float64) * torch.linspace(0.2, 2.0, W.shape[1], dtype=torch.float64)
+    x = torch.randn(T, W.shape[1], generator=g, dtype=torch.float64) * torch.linspace(
+        0.2, 2.0, W.shape[1], dtype=torch.float64
+    )
     dh = x @ W.mT + 0.1 * torch.randn(T, W.shape[0], generator=g, dtype=torch.float64)
     return x, dh
 
@@ -62,14 +65,22 @@ def test_whole_matrix_mounts_are_the_top_singular_vectors():
 
 def test_baselines_are_seeded_and_reproducible():
     W = _weights()
-    a, b, c = M.column_sample_mounts(W, 8, seed=0), M.column_sample_mounts(W, 8, seed=0), M.column_sample_mounts(W, 8, seed=5)
+    a, b, c = (
+        M.column_sample_mounts(W, 8, seed=0),
+        M.column_sample_mounts(W, 8, seed=0),
+        M.column_sample_mounts(W, 8, seed=5),
+    )
     assert torch.equal(a.U, b.U) and torch.equal(a.V, b.V)
     assert not torch.equal(a.V, c.V)
     # each column mount is its normalised column, triggered by that input axis, sorted by norm
     cols = a.V.argmax(0)
     torch.testing.assert_close(a.U, W[:, cols] / W[:, cols].norm(dim=0), rtol=1e-12, atol=1e-12)
     assert torch.all(a.S[:-1] >= a.S[1:])
-    r1, r2, r3 = M.random_mounts(24, 70, 5, seed=0), M.random_mounts(24, 70, 5, seed=0), M.random_mounts(24, 70, 5, seed=1)
+    r1, r2, r3 = (
+        M.random_mounts(24, 70, 5, seed=0),
+        M.random_mounts(24, 70, 5, seed=0),
+        M.random_mounts(24, 70, 5, seed=1),
+    )
     assert torch.equal(r1.U, r2.U) and torch.equal(r1.V, r2.V) and not torch.equal(r1.U, r3.U)
     torch.testing.assert_close(r1.U.norm(dim=0), torch.ones(5, dtype=torch.float64))
     ref = M.reference_directions(24, 4)
@@ -92,13 +103,16 @@ def test_strategies_share_the_tiled_budget():
 def _brute(plan, x, dh, k_active):
     """Loops over mounts and tokens in numpy float64: the quantities summarize() reports."""
     X, D = x.numpy(), dh.numpy()
-    n2 = (D ** 2).sum(1) + M.EPS
+    n2 = (D**2).sum(1) + M.EPS
     ref = plan.ref.numpy()
     out = {}
     for s in M.STRATEGIES:
         U = plan.strategies[s].U.numpy()
-        lifts = [np.mean([(D[t] @ U[:, j]) ** 2 / n2[t] for t in range(len(D))])
-                 - np.mean([(D[t] @ ref[:, j]) ** 2 / n2[t] for t in range(len(D))]) for j in range(U.shape[1])]
+        lifts = [
+            np.mean([(D[t] @ U[:, j]) ** 2 / n2[t] for t in range(len(D))])
+            - np.mean([(D[t] @ ref[:, j]) ** 2 / n2[t] for t in range(len(D))])
+            for j in range(U.shape[1])
+        ]
         out[f"lift_{s}"] = float(np.mean(lifts))
         Q, _ = np.linalg.qr(U)
         out[f"span_{s}"] = float(np.mean([np.sum((Q.T @ D[t]) ** 2) / n2[t] for t in range(len(D))]))
@@ -112,7 +126,7 @@ def _brute(plan, x, dh, k_active):
                 idx = np.argsort(-np.abs(D[t] @ A))[:k_active]
                 coef, *_ = np.linalg.lstsq(A[:, idx], D[t], rcond=None)
                 resid += np.sum((D[t] - A[:, idx] @ coef) ** 2)
-            fr.append(1 - resid / np.sum(D ** 2))
+            fr.append(1 - resid / np.sum(D**2))
         cov.append(fr[0] - fr[1])
     out["coverage_lift"] = cov
     tiled = plan.strategies["tiled"]
@@ -120,7 +134,7 @@ def _brute(plan, x, dh, k_active):
     for j in range(len(tiled)):
         s, e = plan.tiles[tiled.tile[j]]
         tw = X[:, s:e] @ plan.W.numpy()[:, s:e].T
-        tn = (tw ** 2).sum(1) + M.EPS
+        tn = (tw**2).sum(1) + M.EPS
         tl.append(np.mean((tw @ tiled.U[:, j].numpy()) ** 2 / tn) - np.mean((tw @ ref[:, j]) ** 2 / tn))
     out["tile_lift"] = tl
     return out
@@ -176,8 +190,11 @@ def test_ridge_map_is_least_squares():
     np.testing.assert_allclose(W.numpy(), sol.T, rtol=1e-8, atol=1e-10)
     lam = 0.1 * torch.trace(X.mT @ X) / 8
     W2 = M.ridge_map(X.mT @ X, X.mT @ Z, 0.1)
-    np.testing.assert_allclose(W2.numpy(), np.linalg.solve((X.mT @ X + lam * torch.eye(8, dtype=torch.float64)).numpy(),
-                                                          (X.mT @ Z).numpy()).T, rtol=1e-10)
+    np.testing.assert_allclose(
+        W2.numpy(),
+        np.linalg.solve((X.mT @ X + lam * torch.eye(8, dtype=torch.float64)).numpy(), (X.mT @ Z).numpy()).T,
+        rtol=1e-10,
+    )
 
 
 def test_gate_weighted_scales_rows():
@@ -199,9 +216,17 @@ def test_spearman_and_jaccard_against_scipy():
 
 
 def _row(**kw):
-    row = {"layer": 10, "lift_tiled": 0.05, "lift_whole": 0.05, "lift_columns": 0.04, "lift_random": 0.0,
-           "identity_rel_err": 1e-7, "coverage_lift": [0.30, 0.31, 0.32, 0.32, 0.31], "steer_rho": 0.2,
-           "steer_jaccard": 0.0}
+    row = {
+        "layer": 10,
+        "lift_tiled": 0.05,
+        "lift_whole": 0.05,
+        "lift_columns": 0.04,
+        "lift_random": 0.0,
+        "identity_rel_err": 1e-7,
+        "coverage_lift": [0.30, 0.31, 0.32, 0.32, 0.31],
+        "steer_rho": 0.2,
+        "steer_jaccard": 0.0,
+    }
     row.update(kw)
     return row
 
@@ -210,7 +235,9 @@ def test_pass_rules_follow_the_thresholds():
     rules = M.MountRules()
     assert M.judge(_row(), rules, residual=True, effective=False)["pass"]
     assert not M.judge(_row(lift_tiled=0.004), rules, residual=False, effective=False)["A1"]
-    assert M.judge(_row(lift_tiled=0.004, lift_whole=0.004, lift_columns=0.0), rules, residual=False, effective=True)["A1"]
+    assert M.judge(_row(lift_tiled=0.004, lift_whole=0.004, lift_columns=0.0), rules, residual=False, effective=True)[
+        "A1"
+    ]
     assert not M.judge(_row(lift_columns=0.053), rules, residual=True, effective=False)["A2"]
     assert not M.judge(_row(identity_rel_err=1e-2), rules, residual=True, effective=False)["A3"]
     # A4: 0.05 vs whole 0.07 fails on residual writes (slack 0.002, ratio 0.71 < 0.80), passes elsewhere (0.71 >= 0.70)
@@ -223,22 +250,27 @@ def test_pass_rules_follow_the_thresholds():
     assert M.judge(_row(coverage_lift=[0.10, 0.14, 0.16, 0.16, 0.16]), rules, residual=False, effective=False)["B1"]
     # C1 only on residual writes at layer >= c1_min_layer
     assert not M.judge(_row(steer_rho=0.01, steer_jaccard=0.01), rules, residual=True, effective=False)["C1"]
-    assert M.judge(_row(steer_rho=0.01, steer_jaccard=0.01, layer=3), rules, residual=True, effective=False)["C1"] is None
+    assert (
+        M.judge(_row(steer_rho=0.01, steer_jaccard=0.01, layer=3), rules, residual=True, effective=False)["C1"] is None
+    )
     assert M.judge(_row(steer_rho=0.01), rules, residual=False, effective=False)["C1"] is None
     strict = M.MountRules.from_dict({"a1_margin": 0.06})
     assert not M.judge(_row(), strict, residual=True, effective=False)["pass"]
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda W: M.tiled_svd_mounts(W, 0, 2), r"tile_width=0 .* 1\.\.70"),
-    (lambda W: M.tiled_svd_mounts(W, 71, 2), r"tile_width=71 .* 1\.\.70"),
-    (lambda W: M.tiled_svd_mounts(W, 8, 9), r"modes_per_tile=9 .* 1\.\.8"),
-    (lambda W: M.plan_site(W, 16, 2, [1, 32], 8), r"modes_sweep=32"),
-    (lambda W: M.plan_site(W, 16, 2, [1, 2], 0), r"k_active=0"),
-    (lambda W: M.whole_svd_mounts(W, 30), r"mount budget 30 exceeds"),
-    (lambda W: M.MountRules.from_dict({"a1_marign": 0.1}), r"rules key 'a1_marign' is unknown"),
-    (lambda W: M.ridge_map(torch.eye(2), torch.eye(2), -1.0), r"v_ridge=-1.0"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda W: M.tiled_svd_mounts(W, 0, 2), r"tile_width=0 .* 1\.\.70"),
+        (lambda W: M.tiled_svd_mounts(W, 71, 2), r"tile_width=71 .* 1\.\.70"),
+        (lambda W: M.tiled_svd_mounts(W, 8, 9), r"modes_per_tile=9 .* 1\.\.8"),
+        (lambda W: M.plan_site(W, 16, 2, [1, 32], 8), r"modes_sweep=32"),
+        (lambda W: M.plan_site(W, 16, 2, [1, 2], 0), r"k_active=0"),
+        (lambda W: M.whole_svd_mounts(W, 30), r"mount budget 30 exceeds"),
+        (lambda W: M.MountRules.from_dict({"a1_marign": 0.1}), r"rules key 'a1_marign' is unknown"),
+        (lambda W: M.ridge_map(torch.eye(2), torch.eye(2), -1.0), r"v_ridge=-1.0"),
+    ],
+)
 def test_bad_input_fails_with_one_clear_line(call, match):
     with pytest.raises(ValueError, match=match) as err:
         call(_weights(24, 70))
@@ -253,7 +285,7 @@ def test_span_ceiling_is_the_top_principal_subspace_and_bounds_every_strategy():
     row = M.summarize(plan, M.site_sums(plan, x, dh))
     # independent: PCA (uncentred) of the normalised outputs in numpy, then the span figure of its top n
     D = dh.numpy()
-    Y = D / np.sqrt((D ** 2).sum(1) + M.EPS)[:, None]
+    Y = D / np.sqrt((D**2).sum(1) + M.EPS)[:, None]
     _, _, Vt = np.linalg.svd(Y, full_matrices=False)
     top = Vt[: plan.n].T
     want = float(np.mean([np.sum((top.T @ D[t]) ** 2) / ((D[t] ** 2).sum() + M.EPS) for t in range(len(D))]))
@@ -262,7 +294,7 @@ def test_span_ceiling_is_the_top_principal_subspace_and_bounds_every_strategy():
     g = np.random.default_rng(0)
     for _ in range(20):
         Q, _ = np.linalg.qr(g.standard_normal((24, plan.n)))
-        assert np.mean(((D @ Q) ** 2).sum(1) / ((D ** 2).sum(1) + M.EPS)) <= want + 1e-9
+        assert np.mean(((D @ Q) ** 2).sum(1) / ((D**2).sum(1) + M.EPS)) <= want + 1e-9
     for s in M.STRATEGIES:
         assert row[f"span_{s}"] <= row["span_ceiling"] + 1e-6
     for s in ("tiled", "whole", "columns"):
@@ -293,16 +325,24 @@ def test_scaled_tile_widths_give_the_papers_tile_counts():
     # the paper's own setting (Gemma-2-2B) is reproduced exactly
     for site, d_in in M.PAPER_D_IN.items():
         assert M.scaled_tile_width(site, d_in) == M.PAPER_TILE_WIDTHS[site]
-    assert {s: M.paper_tiles(s) for s in M.PAPER_D_IN} == {"q": 18, "k": 9, "v": 9, "o": 4, "gate": 5, "up": 5,
-                                                            "down": 18}
+    assert {s: M.paper_tiles(s) for s in M.PAPER_D_IN} == {
+        "q": 18,
+        "k": 9,
+        "v": 9,
+        "o": 4,
+        "gate": 5,
+        "up": 5,
+        "down": 18,
+    }
     # SmolLM2-135M (d_model 576, 9 x 64 heads, d_mlp 1536) and GPT-2 (768, 12 x 64, 3072): same tile counts
     for d_model, d_o, d_mlp in ((576, 576, 1536), (768, 768, 3072)):
         d_in = {"q": d_model, "k": d_model, "v": d_model, "o": d_o, "gate": d_model, "up": d_model, "down": d_mlp}
         for site, d in d_in.items():
             width = M.scaled_tile_width(site, d)
             assert len(M.tile_bounds(d, width)) == M.paper_tiles(site), (d_model, site, width)
-    assert [M.scaled_tile_width(s, d) for s, d in (("q", 576), ("k", 576), ("o", 576), ("gate", 576), ("down", 1536))] \
-        == [32, 64, 144, 128, 86]
+    assert [
+        M.scaled_tile_width(s, d) for s, d in (("q", 576), ("k", 576), ("o", 576), ("gate", 576), ("down", 1536))
+    ] == [32, 64, 144, 128, 86]
 
 
 def test_mount_count_matches_the_mounts_built():
@@ -354,11 +394,17 @@ def test_discrimination_counts_real_against_null_per_site():
     from lit_svd.callbacks.mounts import discrimination, pass_table
 
     def row(site, real, null):
-        mk = lambda p: {c: p for c in ("A1", "A2", "A3", "A4", "B1")} | {"C1": None, "pass": p}
+        def mk(p):
+            return {c: p for c in ("A1", "A2", "A3", "A4", "B1")} | {"C1": None, "pass": p}
+
         return {"site": site, "checks": mk(real), "pass": real, "null": {"checks": mk(null), "pass": null}}
 
-    rows = ([row("q", True, False)] * 9 + [row("q", True, True)]  # q: 10/10 real against 1/10 null
-            + [row("o", True, True)] * 9 + [row("o", True, False)])  # o: 10/10 against 9/10, no difference
+    rows = (
+        [row("q", True, False)] * 9
+        + [row("q", True, True)]  # q: 10/10 real against 1/10 null
+        + [row("o", True, True)] * 9
+        + [row("o", True, False)]
+    )  # o: 10/10 against 9/10, no difference
     assert pass_table(rows)["q"]["A1"] == "10/10" and pass_table(rows, null=True)["q"]["A1"] == "1/10"
     assert pass_table(rows, null=True)["all"]["pass"] == "10/20"
     d = discrimination(rows)
@@ -374,8 +420,14 @@ def test_discriminates_is_a_one_sided_fisher_test():
     def p_value(p, n, q, m):  # P(real passes >= p | p + q passes among n + m), by the hypergeometric tail
         return hypergeom.sf(p - 1, n + m, p + q, n)
 
-    for real, null in [((30, 30), (29, 30)), ((30, 30), (11, 30)), ((30, 30), (26, 30)), ((30, 30), (25, 30)),
-                       ((5, 30), (0, 30)), ((12, 30), (25, 30))]:
+    for real, null in [
+        ((30, 30), (29, 30)),
+        ((30, 30), (11, 30)),
+        ((30, 30), (26, 30)),
+        ((30, 30), (25, 30)),
+        ((5, 30), (0, 30)),
+        ((12, 30), (25, 30)),
+    ]:
         assert discriminates(real, null) == (p_value(*real, *null) < 0.05), (real, null)
     assert not discriminates((30, 30), (29, 30)) and discriminates((30, 30), (11, 30))
 
@@ -384,13 +436,23 @@ def test_site_summary_counts_per_site_layer():
     from lit_svd.callbacks.mounts import site_summary
 
     def row(layer, tiled, whole, span_t, span_w, ceiling):
-        r = {"site": "o", "layer": layer, "lift_tiled": tiled, "lift_whole": whole, "span_lift_tiled": span_t,
-             "span_lift_whole": span_w, "span_lift_ceiling": ceiling}
+        r = {
+            "site": "o",
+            "layer": layer,
+            "lift_tiled": tiled,
+            "lift_whole": whole,
+            "span_lift_tiled": span_t,
+            "span_lift_whole": span_w,
+            "span_lift_ceiling": ceiling,
+        }
         for s in ("tiled", "whole", "columns"):
             r[f"ceiling_fraction_{s}"] = r.get(f"span_lift_{s}", 0.0) / ceiling
         return r
 
     out = site_summary([row(0, 0.2, 0.1, 0.3, 0.4, 0.5), row(1, 0.05, 0.1, 0.45, 0.4, 0.5)])["o"]
     assert out["tiled_beats_whole_lift"] == 1 and out["tiled_beats_whole_span"] == 1
-    assert out["ceiling_fraction_tiled"] == {"mean": pytest.approx(0.75), "min": pytest.approx(0.6),
-                                             "max": pytest.approx(0.9)}
+    assert out["ceiling_fraction_tiled"] == {
+        "mean": pytest.approx(0.75),
+        "min": pytest.approx(0.6),
+        "max": pytest.approx(0.9),
+    }

@@ -3,6 +3,7 @@
 The references here name Hugging Face modules on purpose: they are the independent computation the
 view-based code must agree with.
 """
+
 import json
 import os
 import subprocess
@@ -128,8 +129,14 @@ def _batches(n=4, b=4, L=24, seed=0):
 
 
 def _run(module, batches):
-    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.test(module, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False)
     return {(r["site"], r["layer"]): r for r in module.rows}
 
@@ -148,13 +155,29 @@ def _capture(model, batches, modules):
 
 def test_module_fits_effective_paths_on_held_out_batches_only(tiny_llama_dir):
     batches = _batches()
-    module = MountsAnalysisModule(model=tiny_llama_dir, tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], layers=[1],
-                                  fit_fraction=0.5, steer_texts=2, steer_mounts=2)
+    module = MountsAnalysisModule(
+        model=tiny_llama_dir,
+        tile_widths=TINY_TILES,
+        modes_sweep=[1, 2, 4],
+        layers=[1],
+        fit_fraction=0.5,
+        steer_texts=2,
+        steer_mounts=2,
+    )
     rows = _run(module, batches)
     blk = module.lm.model.layers[1]
-    cap = _capture(module.lm, batches, {"v": blk.self_attn.v_proj, "o": blk.self_attn.o_proj,
-                                        "gate": blk.mlp.gate_proj, "up": blk.mlp.up_proj, "down": blk.mlp.down_proj,
-                                        "q": blk.self_attn.q_proj})
+    cap = _capture(
+        module.lm,
+        batches,
+        {
+            "v": blk.self_attn.v_proj,
+            "o": blk.self_attn.o_proj,
+            "gate": blk.mlp.gate_proj,
+            "up": blk.mlp.up_proj,
+            "down": blk.mlp.down_proj,
+            "q": blk.self_attn.q_proj,
+        },
+    )
     fit, score = slice(0, 2), slice(2, 4)  # 4 batches, fit_fraction 0.5
     X = torch.cat([x for x, _ in cap["v"][fit]]).double()
     Z = torch.cat([z for z, _ in cap["o"][fit]]).double()
@@ -189,8 +212,15 @@ def test_input_side_ceiling_equals_the_output_pca(tiny_dirs, arch, site):
     """Wide module sites (d_in + 1 < d_out) sum the ceiling's Gram on the input side ([x, 1], mapped back by
     [W | b]; GPT-2's c_fc has a bias): the same figure as a numpy PCA of the site's real outputs."""
     batches = _batches(n=2)
-    module = MountsAnalysisModule(model=tiny_dirs[arch], tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], layers=[1],
-                                  sites=[site], effective_paths=False, null_control=False)
+    module = MountsAnalysisModule(
+        model=tiny_dirs[arch],
+        tile_widths=TINY_TILES,
+        modes_sweep=[1, 2, 4],
+        layers=[1],
+        sites=[site],
+        effective_paths=False,
+        null_control=False,
+    )
     rows = _run(module, batches)
     plan = module.plans[f"L1_{site}"]
     assert plan.affine is not None and plan.gram_dim == plan.W.shape[1] + 1 < plan.d_out
@@ -203,17 +233,27 @@ def test_input_side_ceiling_equals_the_output_pca(tiny_dirs, arch, site):
 
 def test_module_scores_the_null_and_the_ceiling_on_the_same_tokens(tiny_llama_dir):
     batches = _batches(n=2)
-    module = MountsAnalysisModule(model=tiny_llama_dir, tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], layers=[1],
-                                  sites=["q", "o"], effective_paths=False, null_stride=3, steer_texts=2, steer_mounts=2,
-                                  rules={"c1_min_layer": 0})
+    module = MountsAnalysisModule(
+        model=tiny_llama_dir,
+        tile_widths=TINY_TILES,
+        modes_sweep=[1, 2, 4],
+        layers=[1],
+        sites=["q", "o"],
+        effective_paths=False,
+        null_stride=3,
+        steer_texts=2,
+        steer_mounts=2,
+        rules={"c1_min_layer": 0},
+    )
     rows = _run(module, batches)
     blk = module.lm.model.layers[1]
     cap = _capture(module.lm, batches, {"q": blk.self_attn.q_proj})
     x, y = (torch.cat([c[i] for c in cap["q"]]) for i in (0, 1))
     plan, null = module.plans["L1_q"], module.null_plans["L1_q"]
     # the null: the real matrix's singular values, other singular vectors, scored on every 3rd token of each batch
-    torch.testing.assert_close(torch.linalg.svdvals(null.W.double()), torch.linalg.svdvals(plan.W.double()),
-                               rtol=1e-5, atol=1e-6)  # float32 storage
+    torch.testing.assert_close(
+        torch.linalg.svdvals(null.W.double()), torch.linalg.svdvals(plan.W.double()), rtol=1e-5, atol=1e-6
+    )  # float32 storage
     assert abs(float(torch.linalg.svd(null.W)[0][:, 0] @ torch.linalg.svd(plan.W)[0][:, 0])) < 0.9
     xs = torch.cat([c[0][::3] for c in cap["q"]])
     want = M.summarize(null, M.site_sums(null, xs, xs @ null.W.mT, ceiling=False))
@@ -231,29 +271,40 @@ def test_module_scores_the_null_and_the_ceiling_on_the_same_tokens(tiny_llama_di
 
 
 def test_scaled_tile_widths_on_the_models_own_sizes(tiny_llama_dir):
-    module = MountsAnalysisModule(model=tiny_llama_dir, tile_widths="scaled", modes_per_tile=1, modes_sweep=[1],
-                                  layers=[0])
+    module = MountsAnalysisModule(
+        model=tiny_llama_dir, tile_widths="scaled", modes_per_tile=1, modes_sweep=[1], layers=[0]
+    )
     v = module.view
-    d_in = {"q": v.d_model, "k": v.d_model, "v": v.d_model, "o": v.n_heads * v.d_head, "gate": v.d_model,
-            "up": v.d_model, "down": v.d_mlp}
+    d_in = {
+        "q": v.d_model,
+        "k": v.d_model,
+        "v": v.d_model,
+        "o": v.n_heads * v.d_head,
+        "gate": v.d_model,
+        "up": v.d_model,
+        "down": v.d_mlp,
+    }
     assert module.tile_widths == {s: M.scaled_tile_width(s, d) for s, d in d_in.items()}
     fixed = MountsAnalysisModule(model=tiny_llama_dir, tile_widths={**TINY_TILES, "q": 16}, layers=[0])
     assert fixed.tile_widths["q"] == 16 and fixed.tile_widths["down"] == TINY_TILES["down"]
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"tile_widths": {**TINY_TILES, "q": 0}}, r"tile_widths\.q=0 is not allowed"),
-    ({"tile_widths": {**TINY_TILES, "k": 65}}, r"tile_widths\.k=65 is not allowed"),
-    ({"tile_widths": {**TINY_TILES, "qq": 8}}, r"tile_widths key 'qq' is unknown"),
-    ({"modes_per_tile": 33}, r"modes_per_tile=33 is not allowed"),
-    ({"modes_sweep": [1, 2, 40]}, r"modes_sweep=40 is not allowed"),
-    ({"sites": ["q", "attn"]}, r"site 'attn' unknown"),
-    ({"layers": [5]}, r"layer 5 out of range"),
-    ({"fit_fraction": 1.0}, r"fit_fraction=1.0 is not allowed"),
-    ({"rules": {"a9": 1}}, r"rules key 'a9' is unknown"),
-    ({"tile_widths": "wide"}, r"tile_widths='wide' is not allowed"),
-    ({"null_stride": 0}, r"null_stride=0 is not allowed"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"tile_widths": {**TINY_TILES, "q": 0}}, r"tile_widths\.q=0 is not allowed"),
+        ({"tile_widths": {**TINY_TILES, "k": 65}}, r"tile_widths\.k=65 is not allowed"),
+        ({"tile_widths": {**TINY_TILES, "qq": 8}}, r"tile_widths key 'qq' is unknown"),
+        ({"modes_per_tile": 33}, r"modes_per_tile=33 is not allowed"),
+        ({"modes_sweep": [1, 2, 40]}, r"modes_sweep=40 is not allowed"),
+        ({"sites": ["q", "attn"]}, r"site 'attn' unknown"),
+        ({"layers": [5]}, r"layer 5 out of range"),
+        ({"fit_fraction": 1.0}, r"fit_fraction=1.0 is not allowed"),
+        ({"rules": {"a9": 1}}, r"rules key 'a9' is unknown"),
+        ({"tile_widths": "wide"}, r"tile_widths='wide' is not allowed"),
+        ({"null_stride": 0}, r"null_stride=0 is not allowed"),
+    ],
+)
 def test_module_bad_config_fails_at_construction(tiny_llama_dir, kwargs, match):
     with pytest.raises((ValueError, IndexError), match=match) as err:
         MountsAnalysisModule(model=tiny_llama_dir, **{"tile_widths": TINY_TILES, **kwargs})
@@ -270,22 +321,25 @@ def test_token_budget_larger_than_the_corpus_fails_with_one_line(tiny_llama_dir,
     assert "\n" not in str(err.value)
 
 
-DDP_KW = dict(tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], steer_texts=4, steer_mounts=2, layers=[1],
-              rules={"c1_min_layer": 0})
-DDP_SCRIPT = textwrap.dedent("""
+DDP_KW = dict(
+    tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], steer_texts=4, steer_mounts=2, layers=[1], rules={"c1_min_layer": 0}
+)
+DDP_SCRIPT = textwrap.dedent(
+    f"""
     import json, sys, torch
     import lightning.pytorch as pl
     from lit_svd.modules.mounts import MountsAnalysisModule
     model_dir, out = sys.argv[1], sys.argv[2]
     g = torch.Generator().manual_seed(0)
-    data = [{"input_ids": w} for w in torch.randint(0, 2000, (16, 16), generator=g)]
-    module = MountsAnalysisModule(model=model_dir, **%r)
+    data = [{{"input_ids": w}} for w in torch.randint(0, 2000, (16, 16), generator=g)]
+    module = MountsAnalysisModule(model=model_dir, **{DDP_KW!r})
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.test(module, dataloaders=torch.utils.data.DataLoader(data, batch_size=4), verbose=False)
     if trainer.is_global_zero:
         json.dump(module.rows, open(out, "w"))
-""" % DDP_KW)
+"""
+)
 
 
 @pytest.mark.slow
@@ -295,16 +349,28 @@ def test_ddp_two_processes_give_the_same_table_as_one(tiny_llama_dir, tmp_path):
     script.write_text(DDP_SCRIPT)
     out = tmp_path / "rows_ddp.json"
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(script), tiny_llama_dir, str(out)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(script), tiny_llama_dir, str(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     two = json.loads(out.read_text())
     # one process, here, on the same 16 windows in batches of 4
     g = torch.Generator().manual_seed(0)
     data = [{"input_ids": w} for w in torch.randint(0, 2000, (16, 16), generator=g)]
     module = MountsAnalysisModule(model=tiny_llama_dir, **DDP_KW)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.test(module, dataloaders=torch.utils.data.DataLoader(data, batch_size=4), verbose=False)
     one = json.loads(json.dumps(module.rows))
     assert len(one) == len(two) == 7

@@ -1,4 +1,5 @@
 """Run outputs: plain JSON, NaN refused, rank-zero writing into trainer.log_dir."""
+
 import json
 import math
 

@@ -5,6 +5,7 @@ steps). The interrupted run is killed (SIGKILL, no clean-up) as soon as its firs
 middle of an epoch; the resumed run must produce the same masks (bit for bit) and the same results.json as a
 run that was never interrupted.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,9 @@ def config(tmp_path_factory):
     checkpoint["init_args"]["every_n_train_steps"] = 4
     report = next(c for c in trainer["callbacks"] if c["class_path"].endswith("DirectionMaskReport"))
     report["init_args"]["trajectory_every"] = 4  # a trajectory point before the interruption, kept by the checkpoint
-    cfg["model"]["init_args"].update(model=str(folder), lr=0.3, alpha=0.01, init=0.6, threshold=0.3,
-                                     steps_per_batch=2, soft_steps=6)
+    cfg["model"]["init_args"].update(
+        model=str(folder), lr=0.3, alpha=0.01, init=0.6, threshold=0.3, steps_per_batch=2, soft_steps=6
+    )
     cfg["data"]["init_args"].update(tokenizer=str(folder), n_train=24, n_val=8, batch_size=8)  # 3 batches an epoch
     path = tmp_path_factory.mktemp("cfg") / "masks_tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -47,11 +49,29 @@ def config(tmp_path_factory):
 
 
 def launch(config: Path, root: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "lit_svd", "fit", "--config", str(config),
-                             "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false",
-                             *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1"
+    )
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lit_svd",
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.enable_progress_bar",
+            "false",
+            *extra,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen) -> None:
@@ -92,4 +112,6 @@ def test_killed_mask_run_resumes_to_the_same_masks_and_results(config, tmp_path)
     assert res_resumed["steps"] == 30 and res_resumed["trajectory"][0]["step"] <= state["global_step"]
     timing = {"train_wall_s"}  # wall-clock time, the only key that may differ between the runs
     assert res_whole.keys() == res_resumed.keys()
-    assert {k: v for k, v in res_resumed.items() if k not in timing} == {k: v for k, v in res_whole.items() if k not in timing}
+    assert {k: v for k, v in res_resumed.items() if k not in timing} == {
+        k: v for k, v in res_whole.items() if k not in timing
+    }

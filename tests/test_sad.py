@@ -1,11 +1,22 @@
 """SAD analysis on synthetic factors, against brute-force per-pair loops (float64, tolerance 1e-10)."""
+
 import math
 
 import pytest
 import torch
 
-from lit_svd.analysis.sad import (QKHeads, augment_inputs, causal_visibility, direction_terms, n_recon,
-                                  relative, rotated_bases, sad_pairs, scores, select_pairs)
+from lit_svd.analysis.sad import (
+    QKHeads,
+    augment_inputs,
+    causal_visibility,
+    direction_terms,
+    n_recon,
+    relative,
+    rotated_bases,
+    sad_pairs,
+    scores,
+    select_pairs,
+)
 from lit_svd.linalg import rolls_tovee_sparsity
 
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -30,8 +41,11 @@ def rope_matrix(delta, d_head):
 
 def make_case(rotary: bool, seed=0, B=3, T=8, d=10, h=2, dh=4):
     g = torch.Generator().manual_seed(seed)
-    qk = QKHeads(torch.randn(h, d + 1, dh, generator=g, dtype=torch.float64),
-                 torch.randn(h, d + 1, dh, generator=g, dtype=torch.float64), toy_rope if rotary else None)
+    qk = QKHeads(
+        torch.randn(h, d + 1, dh, generator=g, dtype=torch.float64),
+        torch.randn(h, d + 1, dh, generator=g, dtype=torch.float64),
+        toy_rope if rotary else None,
+    )
     x = augment_inputs(torch.randn(B, T, d, generator=g, dtype=torch.float64))
     mask = torch.ones(B, T, dtype=torch.long)
     mask[1, 6:] = 0  # right padding
@@ -49,9 +63,11 @@ def brute_pair(qk, U, x, mask, b, head, d, s):
     """Score, relative attention and contributions of one pair by explicit loops over sources."""
     srcs = [j for j in range(d + 1) if mask[b, j] and mask[b, d]]
     pos = {j: j - srcs[0] for j in srcs}  # real tokens are numbered from 0, as the model sees them
+
     def terms(j):
         om = brute_omega(qk, head, pos[j] - pos[d])
         return (x[b, d] @ U[head]) * (U[head].T @ om @ x[b, j])
+
     t = {j: terms(j) for j in srcs}
     l = {j: float(x[b, d] @ brute_omega(qk, head, pos[j] - pos[d]) @ x[b, j]) for j in srcs}
     others = [j for j in srcs if j != s]
@@ -93,7 +109,9 @@ def test_rotated_control_sums_exactly_and_differs(rotary):
     qk, x, mask = make_case(rotary)
     U = qk.basis()
     U_rot = rotated_bases(U, seed=3)
-    torch.testing.assert_close(U_rot.mT @ U_rot, torch.eye(U.shape[-1], dtype=torch.float64).expand_as(U_rot.mT @ U_rot), **TOL)
+    torch.testing.assert_close(
+        U_rot.mT @ U_rot, torch.eye(U.shape[-1], dtype=torch.float64).expand_as(U_rot.mT @ U_rot), **TOL
+    )
     vis = causal_visibility(mask)
     c_rot = relative(direction_terms(x, x, qk, U_rot), vis)
     torch.testing.assert_close(c_rot.sum(-2), relative(scores(x, x, qk), vis), **TOL)

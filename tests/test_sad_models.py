@@ -1,14 +1,22 @@
 """SAD on real model code paths: scores equal the HF forward's own pre-softmax scores (captured at its
 softmax), contributions sum to the relative attention, and the view's dense ``qk(layer, delta)`` agrees
 pair by pair. Tiny models of all four architectures in float64; SmolLM2 in float32."""
+
 from contextlib import contextmanager
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lit_svd.analysis.sad import (attention_inputs, causal_visibility, decompose_layer, direction_terms,
-                                  layer_bases, relative, scores)
+from lit_svd.analysis.sad import (
+    attention_inputs,
+    causal_visibility,
+    decompose_layer,
+    direction_terms,
+    layer_bases,
+    relative,
+    scores,
+)
 from lit_svd.models import view as make_view
 from lit_svd.models.tiny import tiny_causal_lm
 
@@ -84,12 +92,16 @@ def test_left_padding_gives_same_pairs_as_unpadded():
     model = tiny_causal_lm("llama").double()
     view = make_view(model)
     ids = torch.randint(0, 1000, (1, 9), generator=torch.Generator().manual_seed(1))
-    alone = decompose_layer(layer_bases(view, 1, dtype=torch.float64),
-                            attention_inputs(view, ids, torch.ones_like(ids), [1])[1], torch.ones_like(ids))
+    alone = decompose_layer(
+        layer_bases(view, 1, dtype=torch.float64),
+        attention_inputs(view, ids, torch.ones_like(ids), [1])[1],
+        torch.ones_like(ids),
+    )
     padded_ids = torch.cat([torch.zeros(1, 3, dtype=ids.dtype), ids], 1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(ids)], 1)
-    padded = decompose_layer(layer_bases(view, 1, dtype=torch.float64),
-                             attention_inputs(view, padded_ids, mask, [1])[1], mask)
+    padded = decompose_layer(
+        layer_bases(view, 1, dtype=torch.float64), attention_inputs(view, padded_ids, mask, [1])[1], mask
+    )
     assert torch.equal(padded.dest - 3, alone.dest) and torch.equal(padded.src - 3, alone.src)
     torch.testing.assert_close(padded.sparsity, alone.sparsity, rtol=1e-6, atol=1e-8)
 
@@ -106,7 +118,13 @@ def test_layer_and_head_out_of_range():
 def test_smollm2_scores_and_exact_sums(smollm2):
     model, tok = smollm2
     view = make_view(model)
-    enc = tok(["When Mary and John went to the store, John gave a drink to",
-               "Then, Anna and Tom had a long argument. Afterwards Tom said to"], return_tensors="pt", padding=True)
+    enc = tok(
+        [
+            "When Mary and John went to the store, John gave a drink to",
+            "Then, Anna and Tom had a long argument. Afterwards Tom said to",
+        ],
+        return_tensors="pt",
+        padding=True,
+    )
     with torch.no_grad():
         check_against_hf(view, enc["input_ids"], enc["attention_mask"], [0, 14, 29], torch.float32, 1e-4, 1e-4)

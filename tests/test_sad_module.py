@@ -1,5 +1,6 @@
 """SADAnalysisModule and SADCallback: per-head accumulation against a direct recomputation, DDP over two
 CPU processes against one, bad inputs, and the callback on the toy model and a tiny LM."""
+
 import json
 import re
 from pathlib import Path
@@ -8,11 +9,11 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from helpers import only_results, run_lit_svd
 
 from lit_svd.analysis.sad import attention_inputs, decompose_layer, layer_bases, null_head_means
 from lit_svd.callbacks.sad import SADReport
 from lit_svd.modules.sad import SADAnalysisModule
-from helpers import only_results, run_lit_svd
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,8 +51,11 @@ def make_module(tiny_lm_dir, **kw):
 def test_accumulated_heads_equal_direct_recomputation(tiny_lm_dir):
     mod = make_module(tiny_lm_dir, min_pairs=1, heads=[[1, 0], [1, 3], [0, 2]])
     tok = mod.tokenizer
-    enc = tok(["When Mary and John went to the store , John gave a drink to",
-               "Then , Anna and Tom went to the garden"], return_tensors="pt", padding=True)
+    enc = tok(
+        ["When Mary and John went to the store , John gave a drink to", "Then , Anna and Tom went to the garden"],
+        return_tensors="pt",
+        padding=True,
+    )
     with torch.no_grad():
         mod.analyse_batch(enc["input_ids"], enc["attention_mask"])
     res = mod.results()
@@ -60,14 +64,21 @@ def test_accumulated_heads_equal_direct_recomputation(tiny_lm_dir):
     view = mod.view
     X = attention_inputs(view, enc["input_ids"], enc["attention_mask"], [0, 1])
     for row in res["heads"]:
-        full = decompose_layer(layer_bases(view, row["layer"], dtype=torch.float64, null_draws=16), X[row["layer"]],
-                               enc["attention_mask"], unattended=True)
+        full = decompose_layer(
+            layer_bases(view, row["layer"], dtype=torch.float64, null_draws=16),
+            X[row["layer"]],
+            enc["attention_mask"],
+            unattended=True,
+        )
         mine = full.head == row["head"]
         assert row["n_pairs"] == int(mine.sum()) > 0
         assert row["sparsity"] == pytest.approx(full.sparsity[mine].mean().item(), rel=1e-12)
         assert row["sparsity_rotated"] == pytest.approx(full.sparsity_rotated[mine].mean().item(), rel=1e-12)
         assert row["n_recon_median"] == float(np.median(full.n_recon[mine].numpy()))
-        assert row["n_recon_hist"] == np.bincount(full.n_recon[mine].numpy(), minlength=len(row["n_recon_hist"]) + 1)[1:].tolist()
+        assert (
+            row["n_recon_hist"]
+            == np.bincount(full.n_recon[mine].numpy(), minlength=len(row["n_recon_hist"]) + 1)[1:].tolist()
+        )
         # the matched null of this head (frames from (seed, layer, head) alone: the same in the full layer)
         draws = null_head_means(full.null, view.n_heads, 16)[row["head"]]
         assert row["sparsity_null_draws"] == pytest.approx(draws.tolist(), rel=1e-12)
@@ -82,10 +93,16 @@ def test_null_stride_scores_the_null_on_every_kth_prompt_only(tiny_lm_dir):
     """null_stride 2: the matched null's draws equal a full decomposition of the prompts whose split index is
     even (here rows 1 and 3) alone, while the head itself is scored on all four prompts."""
     mod = make_module(tiny_lm_dir, min_pairs=1, layers=[1], null_stride=2, pair_null=False)
-    enc = mod.tokenizer(["When Mary and John went to the store , John gave a drink to",
-                         "Then , Anna and Tom went to the garden", "The cat sat on the mat and looked at",
-                         "After the game , Lisa and Mark walked home ; Mark said hello to"],
-                        return_tensors="pt", padding=True)
+    enc = mod.tokenizer(
+        [
+            "When Mary and John went to the store , John gave a drink to",
+            "Then , Anna and Tom went to the garden",
+            "The cat sat on the mat and looked at",
+            "After the game , Lisa and Mark walked home ; Mark said hello to",
+        ],
+        return_tensors="pt",
+        padding=True,
+    )
     with torch.no_grad():
         mod.analyse_batch(enc["input_ids"], enc["attention_mask"], index=torch.tensor([7, 8, 9, 10]))
     res = mod.results()
@@ -98,23 +115,28 @@ def test_null_stride_scores_the_null_on_every_kth_prompt_only(tiny_lm_dir):
         mine = every.head == row["head"]
         assert row["sparsity"] == pytest.approx(every.sparsity[mine].mean().item(), rel=1e-12)
         assert row["sparsity_null_draws"] == pytest.approx(
-            null_head_means(even.null, mod.view.n_heads, 16)[row["head"]].tolist(), rel=1e-12)
+            null_head_means(even.null, mod.view.n_heads, 16)[row["head"]].tolist(), rel=1e-12
+        )
         assert row["sparsity_null_draws"] != pytest.approx(
-            null_head_means(every.null, mod.view.n_heads, 16)[row["head"]].tolist(), rel=1e-6)
+            null_head_means(every.null, mod.view.n_heads, 16)[row["head"]].tolist(), rel=1e-6
+        )
 
 
-@pytest.mark.parametrize("kw,exc,match", [
-    (dict(threshold=1.5), ValueError, r"model.threshold=1.5 is outside \[0, 1\]"),
-    (dict(threshold=-0.01), ValueError, r"model.threshold=-0.01 is outside \[0, 1\]"),
-    (dict(layers=[0, 2]), IndexError, r"layer 2 out of range: llama has layers 0..1"),
-    (dict(heads=[[0, 4]]), IndexError, r"head 4 out of range: llama has heads 0..3"),
-    (dict(heads=[[-1, 0]]), IndexError, r"layer -1 out of range"),
-    (dict(recon_tol=2.0), ValueError, r"model.recon_tol=2.0 is outside \[0, 1\)"),
-    (dict(dtype="float16"), ValueError, r"model.dtype='float16' is not supported"),
-    (dict(layers=[0], heads=[[0, 0]]), ValueError, r"give model.layers or model.heads, not both"),
-    (dict(null_draws=1), ValueError, r"model.null_draws=1: must be 0 \(no matched null\) or an integer >= 2"),
-    (dict(null_stride=0), ValueError, r"model.null_stride=0: must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "kw,exc,match",
+    [
+        (dict(threshold=1.5), ValueError, r"model.threshold=1.5 is outside \[0, 1\]"),
+        (dict(threshold=-0.01), ValueError, r"model.threshold=-0.01 is outside \[0, 1\]"),
+        (dict(layers=[0, 2]), IndexError, r"layer 2 out of range: llama has layers 0..1"),
+        (dict(heads=[[0, 4]]), IndexError, r"head 4 out of range: llama has heads 0..3"),
+        (dict(heads=[[-1, 0]]), IndexError, r"layer -1 out of range"),
+        (dict(recon_tol=2.0), ValueError, r"model.recon_tol=2.0 is outside \[0, 1\)"),
+        (dict(dtype="float16"), ValueError, r"model.dtype='float16' is not supported"),
+        (dict(layers=[0], heads=[[0, 0]]), ValueError, r"give model.layers or model.heads, not both"),
+        (dict(null_draws=1), ValueError, r"model.null_draws=1: must be 0 \(no matched null\) or an integer >= 2"),
+        (dict(null_stride=0), ValueError, r"model.null_stride=0: must be a positive integer"),
+    ],
+)
 def test_bad_configuration_fails_at_construction(tiny_lm_dir, kw, exc, match):
     with pytest.raises(exc, match=match):
         make_module(tiny_lm_dir, **kw)
@@ -125,8 +147,9 @@ def test_empty_prompt_set_fails(tiny_lm_dir, tmp_path):
 
     mod = make_module(tiny_lm_dir, layers=[0])
     dm = TaskDataModule(task="ioi", tokenizer=mod.tokenizer, n_train=0, n_val=0, n_test=0, batch_size=2)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                         default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path
+    )
     with pytest.raises(ValueError, match="prompt set is empty"):
         trainer.test(mod, datamodule=dm)
     with pytest.raises(ValueError, match="empty batch"):
@@ -160,17 +183,44 @@ def test_ddp_two_processes_equal_one(tiny_lm_dir, tmp_path):
 
     mod = make_module(tiny_lm_dir, min_pairs=5, null_stride=4)  # as the config
     dm = TaskDataModule(task="ioi", tokenizer=tiny_lm_dir, n_train=0, n_val=0, n_test=10, batch_size=2, seed=0)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, default_root_dir=tmp_path / "one",
-                         callbacks=[SADReport()])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path / "one",
+        callbacks=[SADReport()],
+    )
     trainer.test(mod, datamodule=dm)
     folder = Path(trainer.log_dir)
     one = json.loads((folder / "results.json").read_text())
-    two, _ = run_cli(["test", "--config", str(ROOT / "configs/sad/smollm2_ioi.yaml"),
-                      "--model.init_args.model", tiny_lm_dir, "--model.init_args.dtype", "float64",
-                      "--model.init_args.min_pairs", "5", "--data.init_args.tokenizer", tiny_lm_dir,
-                      "--data.init_args.n_test", "10", "--data.init_args.batch_size", "2",
-                      "--trainer.enable_progress_bar", "false", "--trainer.devices", "2", "--trainer.strategy", "ddp",
-                      "--trainer.default_root_dir", str(tmp_path / "two")], tmp_path / "two")
+    two, _ = run_cli(
+        [
+            "test",
+            "--config",
+            str(ROOT / "configs/sad/smollm2_ioi.yaml"),
+            "--model.init_args.model",
+            tiny_lm_dir,
+            "--model.init_args.dtype",
+            "float64",
+            "--model.init_args.min_pairs",
+            "5",
+            "--data.init_args.tokenizer",
+            tiny_lm_dir,
+            "--data.init_args.n_test",
+            "10",
+            "--data.init_args.batch_size",
+            "2",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.devices",
+            "2",
+            "--trainer.strategy",
+            "ddp",
+            "--trainer.default_root_dir",
+            str(tmp_path / "two"),
+        ],
+        tmp_path / "two",
+    )
     assert one["n_prompts"] == 10 and one["summary"]["n_pairs"] > 0
     assert_same_results(one, two)
     assert (folder / "sad_heatmap.png").is_file() and (folder / "sad_n_recon.png").is_file()
@@ -206,11 +256,11 @@ def test_report_annotates_each_head_with_the_blocks_of_its_omega0(tiny_lm_dir):
         a = attn[row["layer"]].self_attn
         dh = a.head_dim
         n_rep = a.config.num_attention_heads // a.config.num_key_value_heads
-        W_q = a.q_proj.weight[row["head"] * dh:(row["head"] + 1) * dh].double()  # [dh, d]
+        W_q = a.q_proj.weight[row["head"] * dh : (row["head"] + 1) * dh].double()  # [dh, d]
         kv = row["head"] // n_rep
-        W_k = a.k_proj.weight[kv * dh:(kv + 1) * dh].double()
+        W_k = a.k_proj.weight[kv * dh : (kv + 1) * dh].double()
         g = mod.lm.model.layers[row["layer"]].input_layernorm.weight.double()
-        omega = (W_q * g).mT @ (W_k * g) / dh ** 0.5  # folded norm gain on both sides, score scale 1/sqrt(dh)
+        omega = (W_q * g).mT @ (W_k * g) / dh**0.5  # folded norm gain on both sides, score scale 1/sqrt(dh)
         S = torch.linalg.svdvals(omega)[:dh]
         want = direction_blocks(S, 0.05, size=omega.shape[-1] + 1)
         terms = row["basis"]["top_terms"]

@@ -1,16 +1,32 @@
 """SAD nulls: the matched-spectrum null (random heads with a head's exact spectrum) and the pair null
 (unattended pairs), against dense SVDs and the full-tensor decomposition (float64, tolerance 1e-9), and
 the two cases that decide whether a control can fail: a featureless head and a planted-feature head."""
+
 import pytest
 import torch
-
-from lit_svd.analysis.sad import (Z_ONE_SIDED_5, QKHeads, _welch_z, attention_probs, augment_inputs,
-                                  causal_visibility, contributions_at, haar_frames, head_rows, null_head_means,
-                                  null_heads, null_pairs, pair_contributions, relative, rotated_bases, sad_pairs,
-                                  scores, select_pairs)
-from lit_svd.linalg import rolls_tovee_sparsity, svd_factored
-
 from test_sad import brute_omega, make_case
+
+from lit_svd.analysis.sad import (
+    Z_ONE_SIDED_5,
+    QKHeads,
+    _welch_z,
+    attention_probs,
+    augment_inputs,
+    causal_visibility,
+    contributions_at,
+    haar_frames,
+    head_rows,
+    null_head_means,
+    null_heads,
+    null_pairs,
+    pair_contributions,
+    relative,
+    rotated_bases,
+    sad_pairs,
+    scores,
+    select_pairs,
+)
+from lit_svd.linalg import rolls_tovee_sparsity, svd_factored
 
 TOL = dict(rtol=1e-9, atol=1e-9)
 
@@ -112,7 +128,7 @@ def test_featureless_head_is_not_sparser_than_its_matched_null(ratio):
     sparser_pair_null = 0
     for i in range(h):  # the pair null's rule (Welch z of unattended - attended > 1.645)
         a, u = st.sparsity[st.head == i], st.unattended.sparsity[st.unattended.head == i]
-        z = _welch_z(a.mean().item(), (a ** 2).sum().item(), len(a), u.mean().item(), (u ** 2).sum().item(), len(u))
+        z = _welch_z(a.mean().item(), (a**2).sum().item(), len(a), u.mean().item(), (u**2).sum().item(), len(u))
         sparser_pair_null += z > Z_ONE_SIDED_5
     sparser_rotated = sum(s < r for s, r in zip(rows["sparsity"], rows["sparsity_rotated"]))
     assert sum(rows["sparser_than_null"]) <= 5  # expected ~2.6 of 32 (16 draws); binomial P(> 5) < 0.05
@@ -138,8 +154,9 @@ def test_planted_feature_head_is_sparser_than_its_matched_null():
         svd = svd_factored(one.A_q, one.A_k)
         F = svd.U[0, :, :4] + svd.V[0, :, :4]  # [D, 4]
         g = torch.Generator().manual_seed(100 + i)
-        x = torch.randn(8, 16, 4, generator=g, dtype=torch.float64) @ F.T \
-            + 0.1 * torch.randn(8, 16, F.shape[0], generator=g, dtype=torch.float64)
+        x = torch.randn(8, 16, 4, generator=g, dtype=torch.float64) @ F.T + 0.1 * torch.randn(
+            8, 16, F.shape[0], generator=g, dtype=torch.float64
+        )
         st = sad_pairs(x, x, vis, one, svd.U, rotated_bases(svd.U), null=null_heads(one, svd, 16, 7))
         rows = head_rows(["h"], st, 1)
         counted += rows["sparser_than_null"][0]
@@ -162,9 +179,26 @@ def test_null_head_means_per_draw():
 def test_report_scalars_carry_every_head_and_the_counts():
     from lit_svd.callbacks.sad import report_scalars
 
-    results = {"summary": {"n_heads_sparser_than_null": 3, "mean_sparsity": 0.2, "per_layer": [], "ok": True},
-               "heads": [{"layer": 1, "head": 2, "sparsity": 0.1, "sparsity_null": 0.3, "sparsity_null_p05": 0.25,
-                          "sparsity_unattended": None, "sparsity_rotated": 0.4}]}
+    results = {
+        "summary": {"n_heads_sparser_than_null": 3, "mean_sparsity": 0.2, "per_layer": [], "ok": True},
+        "heads": [
+            {
+                "layer": 1,
+                "head": 2,
+                "sparsity": 0.1,
+                "sparsity_null": 0.3,
+                "sparsity_null_p05": 0.25,
+                "sparsity_unattended": None,
+                "sparsity_rotated": 0.4,
+            }
+        ],
+    }
     got = report_scalars(results)
-    assert got == {"sad/n_heads_sparser_than_null": 3.0, "sad/mean_sparsity": 0.2, "sad/L1H2/sparsity": 0.1,
-                   "sad/L1H2/sparsity_null": 0.3, "sad/L1H2/sparsity_null_p05": 0.25, "sad/L1H2/sparsity_rotated": 0.4}
+    assert got == {
+        "sad/n_heads_sparser_than_null": 3.0,
+        "sad/mean_sparsity": 0.2,
+        "sad/L1H2/sparsity": 0.1,
+        "sad/L1H2/sparsity_null": 0.3,
+        "sad/L1H2/sparsity_null_p05": 0.25,
+        "sad/L1H2/sparsity_rotated": 0.4,
+    }

@@ -1,5 +1,6 @@
 """SAD during training: SADCallback on the toy fit (against a brute-force per-sample loop) and on a
 LanguageModelModule trained on real text; the compacted vocabulary against a plain count."""
+
 import json
 import math
 import re
@@ -50,8 +51,16 @@ def test_toy_callback_tracks_sparsity_and_matches_brute_force(tmp_path):
     model = ToyAlignmentModule(n_features=12, d_model=8, d_head=[4, 8], template={"pair": [0, 1, 1.0]}, lr=1e-2)
     dm = SparseFeatureDataModule(n_features=12, n_keys=6, p=[0.3, 0.3], batch_size=64, seed=0)
     cb = SADCallback(every_n_steps=20, n_probe=32, log_spaced=False)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=40, default_root_dir=tmp_path, callbacks=[cb],
-                         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=40,
+        default_root_dir=tmp_path,
+        callbacks=[cb],
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, datamodule=dm)
     assert [h["step"] for h in cb.history] == [0, 20, 40]
     assert cb.history[-1]["name"] == ["instance0", "instance1"]
@@ -69,8 +78,9 @@ def test_toy_callback_tracks_sparsity_and_matches_brute_force(tmp_path):
     x = feats[0] @ model.W[0].detach().T  # [B, 1 + m, D]
     qk = QKHeads(W_Q[0, :4].T[None], W_K[0, :4].T[None])
     U = qk.basis()
-    st = sad_pairs(x[:, :1], x[:, 1:], torch.ones(32, 1, 6, dtype=torch.bool), qk, U, rotated_bases(U),
-                   keep_contributions=True)
+    st = sad_pairs(
+        x[:, :1], x[:, 1:], torch.ones(32, 1, 6, dtype=torch.bool), qk, U, rotated_bases(U), keep_contributions=True
+    )
     omega = W_Q[0, :4].T @ W_K[0, :4]
     for i in range(0, len(st), 5):
         b, j = int(st.batch[i]), int(st.src[i])
@@ -88,8 +98,13 @@ def test_toy_callback_tracks_sparsity_and_matches_brute_force(tmp_path):
 
 def test_top_k_id_map_matches_counter():
     g = torch.Generator().manual_seed(0)
-    batches = [{"input_ids": torch.randint(0, 50, (4, 9), generator=g) ** 2 % 97,
-                "attention_mask": (torch.rand(4, 9, generator=g) > 0.2).long()} for _ in range(3)]
+    batches = [
+        {
+            "input_ids": torch.randint(0, 50, (4, 9), generator=g) ** 2 % 97,
+            "attention_mask": (torch.rand(4, 9, generator=g) > 0.2).long(),
+        }
+        for _ in range(3)
+    ]
     counts = Counter()
     for b in batches:
         counts.update(b["input_ids"][b["attention_mask"].bool()].tolist())
@@ -121,12 +136,21 @@ def test_language_model_trains_on_text_with_callback(arch, wikitext_valid, tmp_p
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>")
     dm = TextDataModule(tokenizer=tok, path=wikitext_valid, seq_len=16, n_tokens=4096, batch_size=16)
-    model = LanguageModelModule(arch=arch, n_layers=2, d_model=32, n_heads=2, max_positions=16, vocab_top_k=300,
-                                lr=5e-3, warmup_steps=5)
+    model = LanguageModelModule(
+        arch=arch, n_layers=2, d_model=32, n_heads=2, max_positions=16, vocab_top_k=300, lr=5e-3, warmup_steps=5
+    )
     cb = SADCallback(every_n_steps=15, n_probe=8, log_spaced=True)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=30, default_root_dir=tmp_path, limit_val_batches=2,
-                         callbacks=[cb],
-                         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=30,
+        default_root_dir=tmp_path,
+        limit_val_batches=2,
+        callbacks=[cb],
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, datamodule=dm)
     assert model.lm.config.vocab_size == 301
     assert [h["step"] for h in cb.history] == [0, 1, 2, 4, 8, 15, 16, 30]

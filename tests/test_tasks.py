@@ -1,11 +1,12 @@
 """Task DataModules: template invariants per template and tokenizer, single-token filtering, seeded
 disjoint splits, batch format, bad input, and the real SmolLM2 forward through the metrics."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from bpe_double import gpt2_style_tokenizer
+
 from lit_svd.datamodules import task_words as words
 from lit_svd.datamodules.tasks import TaskDataModule, make_task, single_token_words
 
@@ -56,8 +57,11 @@ def test_every_template_keeps_token_length_and_structure(task_name, tokenizer):
                 assert io not in fresh and s not in fresh  # ABC: three fresh names
                 assert len({w for w in fresh if w in task.names}) == 3
             elif task_name == "gp":
-                name = [w for w in prompt.clean.replace(",", " ").replace(".", " ").split()
-                        if w in words.MALE_NAMES + words.FEMALE_NAMES]
+                name = [
+                    w
+                    for w in prompt.clean.replace(",", " ").replace(".", " ").split()
+                    if w in words.MALE_NAMES + words.FEMALE_NAMES
+                ]
                 assert len(name) == 1
                 assert prompt.correct == (" he" if name[0] in words.MALE_NAMES else " she")
             else:
@@ -167,7 +171,7 @@ def test_gt_single_digit_answers_smollm2(smollm2_tokenizer):
 def test_bad_inputs_fail_with_one_line(bpe2):
     cases = [
         (dict(task="ioii"), r"task='ioii' is unknown; choose one of ioi, gp, gt"),
-        (dict(task="gp", n_train=10 ** 6), r"exceeds the \d+ distinct gp prompts"),
+        (dict(task="gp", n_train=10**6), r"exceeds the \d+ distinct gp prompts"),
         (dict(task="ioi", n_test=-1), r"n_test=-1 is invalid"),
         (dict(task="ioi", batch_size=0), r"batch_size=0 is invalid"),
     ]
@@ -228,11 +232,15 @@ def test_order_seed_changes_only_the_training_order(bpe2):
     kwargs = dict(n_train=40, n_val=8, n_test=8, batch_size=8, seed=3)
     base, same = TaskDataModule("ioi", bpe2, **kwargs), TaskDataModule("ioi", bpe2, order_seed=3, **kwargs)
     other = TaskDataModule("ioi", bpe2, order_seed=4, **kwargs)
-    order = lambda dm: torch.cat([b["index"] for b in dm.train_dataloader()]).tolist()
+
+    def order(dm):
+        return torch.cat([b["index"] for b in dm.train_dataloader()]).tolist()
+
     for split in ("train", "val", "test"):
         assert [e.clean_ids for e in other.splits[split].examples] == [e.clean_ids for e in base.splits[split].examples]
     # independent: DataLoader(shuffle=True) with a generator seeded by the split seed, first epoch
-    loader = torch.utils.data.DataLoader(range(40), batch_size=8, shuffle=True,
-                                         generator=torch.Generator().manual_seed(3))
+    loader = torch.utils.data.DataLoader(
+        range(40), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3)
+    )
     assert order(base) == torch.cat(list(loader)).tolist() == order(same)
     assert order(other) != order(base) and sorted(order(other)) == list(range(40))

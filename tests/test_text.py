@@ -1,5 +1,6 @@
 """TextDataModule: exact token counts from local files, seeded windows, bad input, and DDP sharding
 of text and task DataModules (two processes)."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from bpe_double import gpt2_style_tokenizer, save_gpt2_style_tokenizer
+
 from lit_svd.datamodules.tasks import TaskDataModule
 from lit_svd.datamodules.text import TextDataModule
 
@@ -108,8 +109,14 @@ def test_ddp_sharding_without_overlap(tmp_path, ascii_text, tok):
     tok_dir = save_gpt2_style_tokenizer(str(tmp_path / "tok"))
     script = Path(__file__).with_name("ddp_data_script.py")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path), tok_dir, str(ascii_text)],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), tok_dir, str(ascii_text)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name, total in (("text", 11), ("ioi", 23)):
         seen = [json.loads((tmp_path / f"{name}_rank{r}.json").read_text()) for r in (0, 1)]

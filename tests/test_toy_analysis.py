@@ -1,4 +1,5 @@
 """Pure alignment analysis, each against an independent computation (numpy / scipy / brute-force loops)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,9 +7,17 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from lit_svd.analysis.alignment import (alignment_report, attended_orthogonality, interference,
-                                        least_squares_omega, match_pairs, omega_svd, spearman, theorem1_report,
-                                        whitened_feature)
+from lit_svd.analysis.alignment import (
+    alignment_report,
+    attended_orthogonality,
+    interference,
+    least_squares_omega,
+    match_pairs,
+    omega_svd,
+    spearman,
+    theorem1_report,
+    whitened_feature,
+)
 from lit_svd.modules.toy_features import features_with_interference
 
 TOL = 1e-5
@@ -16,8 +25,9 @@ TOL = 1e-5
 
 def brute_interference(W: np.ndarray) -> float:
     n = W.shape[1]
-    cos = np.array([[W[:, a] @ W[:, b] / np.linalg.norm(W[:, a]) / np.linalg.norm(W[:, b]) for b in range(n)]
-                    for a in range(n)])
+    cos = np.array(
+        [[W[:, a] @ W[:, b] / np.linalg.norm(W[:, a]) / np.linalg.norm(W[:, b]) for b in range(n)] for a in range(n)]
+    )
     return float(np.abs(np.linalg.eigvalsh(cos - np.eye(n))).max())
 
 
@@ -103,7 +113,7 @@ def test_least_squares_omega_matches_a_direct_regression():
     T = torch.zeros(N, N, dtype=torch.float64)
     T[0, 1] = 1.0
     F, G = torch.rand(400, N, generator=g, dtype=torch.float64), torch.rand(400, N, generator=g, dtype=torch.float64)
-    r, s = F @ X.T, G @ X.T                                  # tokens
+    r, s = F @ X.T, G @ X.T  # tokens
     design = torch.einsum("bi,bj->bij", r, s).reshape(400, D * D)  # logit = vec(r s^T) . vec(Omega)
     target = torch.einsum("bn,nm,bm->b", F, T, G)
     omega_ols = torch.linalg.lstsq(design, target[:, None]).solution.reshape(D, D)
@@ -119,6 +129,7 @@ def test_theorem1_prediction_is_exact_for_the_least_squares_optimum():
     U, S, Vh = torch.linalg.svd(omega)
     # factor the optimum as W_Q^T W_K with H = D and check through the report
     from lit_svd.linalg import SVD
+
     rep = theorem1_report(SVD(U, S, Vh.T), X, X, 0, 1)
     assert rep["cos_u1_prediction"] == pytest.approx(1.0, abs=1e-8)
     assert rep["cos_v1_prediction"] == pytest.approx(1.0, abs=1e-8)
@@ -139,7 +150,7 @@ def test_attended_orthogonality_brute_force():
 
 def test_alignment_report_on_a_planted_solution():
     """Head weights built so that Omega = 3 w_0 w_1^T + w_2 w_3^T exactly: cos 1, indices 0 and 1."""
-    W = torch.linalg.qr(torch.randn(6, 6, dtype=torch.float64))[0][None]      # [1, D, N]
+    W = torch.linalg.qr(torch.randn(6, 6, dtype=torch.float64))[0][None]  # [1, D, N]
     W_Q = torch.stack([3 * W[0, :, 0], W[0, :, 2], torch.zeros(6, dtype=torch.float64)])[None]
     W_K = torch.stack([W[0, :, 1], W[0, :, 3], torch.zeros(6, dtype=torch.float64)])[None]
     T = torch.zeros(6, 6, dtype=torch.float64)

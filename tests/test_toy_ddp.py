@@ -3,6 +3,7 @@
 The fit runs in a subprocess (a small script, so Lightning's DDP launcher re-runs it per rank and pytest
 itself is never forked).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,15 +48,21 @@ def test_ddp_ranks_draw_different_samples_and_write_one_results_file(tmp_path):
     script.write_text(SCRIPT)
     record = tmp_path / "record.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), str(record)], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "run"), str(record)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rec = json.loads(record.read_text())
     assert rec["world_size"] == 2 and len(rec["batch_sums"]) == 4
     for rank0, rank1 in rec["batch_sums"]:
-        assert rank0 != rank1                       # each rank drew its own samples
+        assert rank0 != rank1  # each rank drew its own samples
     a, b = rec["w_q_sums"]
-    assert a == pytest.approx(b, rel=1e-6)          # ... and DDP kept one model
+    assert a == pytest.approx(b, rel=1e-6)  # ... and DDP kept one model
     results = list((tmp_path / "run").rglob("results.json"))
     assert len(results) == 1
     res = json.loads(results[0].read_text())

@@ -1,5 +1,6 @@
 """Every toy figure plots what results.json records: the data behind each figure (read back from the
 matplotlib artists) against the written results.json, on short frozen-feature sweeps."""
+
 import json
 from pathlib import Path
 
@@ -22,12 +23,19 @@ def fit_and_capture(tmp_path, monkeypatch, n_instances, **model_kw):
 
     monkeypatch.setattr(alignment_cb, "save_figure", keep)
     torch.manual_seed(0)
-    model = ToyAlignmentModule(n_features=8, template={"pair": [0, 1, 1.0]}, frozen_features=True, lr=1e-2,
-                               **model_kw)
+    model = ToyAlignmentModule(n_features=8, template={"pair": [0, 1, 1.0]}, frozen_features=True, lr=1e-2, **model_kw)
     dm = SparseFeatureDataModule(n_features=8, n_keys=4, p=0.3, n_instances=n_instances, batch_size=32, seed=0)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=30, default_root_dir=tmp_path, logger=False,
-                         callbacks=[SVDAlignmentCallback(every_n_steps=10)], enable_progress_bar=False,
-                         enable_checkpointing=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=30,
+        default_root_dir=tmp_path,
+        logger=False,
+        callbacks=[SVDAlignmentCallback(every_n_steps=10)],
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, datamodule=dm)
     return json.loads((Path(tmp_path) / "results.json").read_text()), figures
 
@@ -65,8 +73,11 @@ def test_interference_sweep_plots_the_recorded_theorem1_values(tmp_path, monkeyp
     inst = res["instances"]
     assert [i["theorem1"]["singular_index"] for i in inst] == [0] * 4
     lines = figures["interference_sweep"].axes[0].lines
-    expected = [[i["theorem1"]["cos_u1_prediction"] for i in inst], [i["theorem1"]["cos_u1_raw"] for i in inst],
-                [i["mean_abs_cos"] for i in inst]]
+    expected = [
+        [i["theorem1"]["cos_u1_prediction"] for i in inst],
+        [i["theorem1"]["cos_u1_raw"] for i in inst],
+        [i["mean_abs_cos"] for i in inst],
+    ]
     assert len(lines) == 3
     for line, want in zip(lines, expected):
         np.testing.assert_allclose(ydata(line), want, rtol=1e-9)
@@ -76,14 +87,18 @@ def test_interference_sweep_plots_the_recorded_theorem1_values(tmp_path, monkeyp
 
 
 def test_superposition_figure_plots_the_recorded_groups(tmp_path, monkeypatch):
-    res, figures = fit_and_capture(tmp_path, monkeypatch, 8, d_head=None, grid_seeds=2,
-                                   grid={"d_model": [8, 4], "interference": [None, 5.0]})
+    res, figures = fit_and_capture(
+        tmp_path, monkeypatch, 8, d_head=None, grid_seeds=2, grid={"d_model": [8, 4], "interference": [None, 5.0]}
+    )
     check_common(res, figures)
     groups = res["summary"]["theorem1_groups"]
     assert len(groups) == 4 and all(g["n_seeds"] == 2 for g in groups)
     for g in groups:  # the groups against the instances they summarise
-        members = [i for i in res["instances"] if i["d_model"] == g["d_model"]
-                   and i["interference_target"] == g["interference_target"]]
+        members = [
+            i
+            for i in res["instances"]
+            if i["d_model"] == g["d_model"] and i["interference_target"] == g["interference_target"]
+        ]
         assert len(members) == 2
         assert g["cos_u1_prediction_worst"] == min(m["theorem1"]["cos_u1_prediction"] for m in members)
         assert g["cos_u1_raw_mean"] == pytest.approx(np.mean([m["theorem1"]["cos_u1_raw"] for m in members]))
@@ -94,17 +109,20 @@ def test_superposition_figure_plots_the_recorded_groups(tmp_path, monkeypatch):
             for stat in ("mean", "worst"):
                 line = next(lines)
                 np.testing.assert_allclose(ydata(line), [g[f"{key}_{stat}"] for g in rows], rtol=1e-12)
-                np.testing.assert_allclose(np.asarray(line.get_xdata(), dtype=float),
-                                           [g["interference_mean"] for g in rows])
+                np.testing.assert_allclose(
+                    np.asarray(line.get_xdata(), dtype=float), [g["interference_mean"] for g in rows]
+                )
 
 
 def test_instances_are_named_by_the_settings_that_differ():
     """TensorBoard tags and legends name each instance by its varying settings, never by position."""
-    m = ToyAlignmentModule(n_features=6, d_model=6, d_head=6, template={"pair": [0, 1, 1.0]},
-                           lambda_attn=[0.3, 1.0, 0.3], seeds=[0, 0, 2])
+    m = ToyAlignmentModule(
+        n_features=6, d_model=6, d_head=6, template={"pair": [0, 1, 1.0]}, lambda_attn=[0.3, 1.0, 0.3], seeds=[0, 0, 2]
+    )
     assert alignment_cb.instance_tags(m) == ["seed=0,lambda=0.3", "seed=0,lambda=1", "seed=2,lambda=0.3"]
     assert alignment_cb.instance_labels(m) == ["seed 0, lambda 0.3", "seed 0, lambda 1", "seed 2, lambda 0.3"]
     same = ToyAlignmentModule(n_features=6, d_model=6, d_head=6, template={"pair": [0, 1, 1.0]}, seeds=[0, 0])
     assert alignment_cb.instance_tags(same) == ["seed=0#0", "seed=0#1"]  # identical settings stay distinct
-    assert alignment_cb.instance_tags(ToyAlignmentModule(n_features=6, d_model=6, d_head=6,
-                                                         template={"pair": [0, 1, 1.0]}, seed=3)) == ["seed=3"]
+    assert alignment_cb.instance_tags(
+        ToyAlignmentModule(n_features=6, d_model=6, d_head=6, template={"pair": [0, 1, 1.0]}, seed=3)
+    ) == ["seed=3"]

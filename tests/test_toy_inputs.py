@@ -1,4 +1,5 @@
 """Templates, the sparse feature stream, and bad input failing at construction with one clear line."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -56,17 +57,26 @@ def test_template_index_out_of_range():
         build_template({"ramp": {"count": 10, "offset": 5, "start": 20}}, 30)
 
 
-@pytest.mark.parametrize("kwargs,key", [({"n_features": 0}, "n_features=0"), ({"d_model": -3}, "d_model=-3"),
-                                        ({"d_head": 0}, "d_head=0"), ({"d_head": [4, 0], "n_instances": 2}, "d_head=0"),
-                                        ({"n_instances": 0}, "n_instances=0")])
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [
+        ({"n_features": 0}, "n_features=0"),
+        ({"d_model": -3}, "d_model=-3"),
+        ({"d_head": 0}, "d_head=0"),
+        ({"d_head": [4, 0], "n_instances": 2}, "d_head=0"),
+        ({"n_instances": 0}, "n_instances=0"),
+    ],
+)
 def test_non_positive_model_sizes(kwargs, key):
     with pytest.raises(ValueError) as err:
         ToyAlignmentModule(**kwargs)
     assert one_line(err).startswith(key) and "positive integer" in str(err.value)
 
 
-@pytest.mark.parametrize("kwargs,key", [({"n_features": 0}, "n_features=0"), ({"n_keys": -1}, "n_keys=-1"),
-                                        ({"batch_size": 0}, "batch_size=0")])
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [({"n_features": 0}, "n_features=0"), ({"n_keys": -1}, "n_keys=-1"), ({"batch_size": 0}, "batch_size=0")],
+)
 def test_non_positive_data_sizes(kwargs, key):
     with pytest.raises(ValueError) as err:
         SparseFeatureDataModule(**kwargs)
@@ -81,11 +91,16 @@ def test_negative_lambda():
         ToyAlignmentModule(lambda_attn=[1.0, -2.0])
 
 
-@pytest.mark.parametrize("content,match", [("1 2 3\n4 5\n", "cannot be read as a numeric matrix"),
-                                           ("a b\nc d\n", "cannot be read as a numeric matrix"),
-                                           ("1 0\n0 1\n", r"shape \(2, 2\), must be \(n_features, n_features\) = \(3, 3\)"),
-                                           ("0 0 0\n0 nan 0\n0 0 0\n", "NaN or infinite"),
-                                           ("0 0 0\n0 0 0\n0 0 0\n", "all zeros")])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ("1 2 3\n4 5\n", "cannot be read as a numeric matrix"),
+        ("a b\nc d\n", "cannot be read as a numeric matrix"),
+        ("1 0\n0 1\n", r"shape \(2, 2\), must be \(n_features, n_features\) = \(3, 3\)"),
+        ("0 0 0\n0 nan 0\n0 0 0\n", "NaN or infinite"),
+        ("0 0 0\n0 0 0\n0 0 0\n", "all zeros"),
+    ],
+)
 def test_malformed_template_file(tmp_path, content, match):
     path = tmp_path / "template.txt"
     path.write_text(content)
@@ -95,8 +110,14 @@ def test_malformed_template_file(tmp_path, content, match):
 
 
 def test_malformed_template_specs():
-    for spec in ({"pair": [0, 1]}, {"pairs": []}, {"ramp": {"count": 3}}, {"pair": [0, 1, 1], "file": "x"},
-                 {"matrix": 1}, {"file": "/nonexistent/t.npy"}):
+    for spec in (
+        {"pair": [0, 1]},
+        {"pairs": []},
+        {"ramp": {"count": 3}},
+        {"pair": [0, 1, 1], "file": "x"},
+        {"matrix": 1},
+        {"file": "/nonexistent/t.npy"},
+    ):
         with pytest.raises(ValueError) as err:
             build_template(spec, 10)
         one_line(err)

@@ -1,4 +1,5 @@
 """ToyAlignmentModule: the batched loss against a per-sample loop, ensemble independence, frozen mode."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,15 @@ def loop_losses(mod: ToyAlignmentModule, feats: torch.Tensor) -> tuple[torch.Ten
 
 
 def test_batched_losses_match_per_sample_loop():
-    mod = ToyAlignmentModule(n_features=7, d_model=4, d_head=[3, 2], n_instances=2, importance_decay=0.8,
-                             template={"pairs": [[0, 1, 1.0], [2, 5, 0.5]]}, init_scale=2.0)
+    mod = ToyAlignmentModule(
+        n_features=7,
+        d_model=4,
+        d_head=[3, 2],
+        n_instances=2,
+        importance_decay=0.8,
+        template={"pairs": [[0, 1, 1.0], [2, 5, 0.5]]},
+        init_scale=2.0,
+    )
     with torch.no_grad():
         mod.b.normal_()
     feats = sample_sparse_features(torch.Generator().manual_seed(0), 5, 4, 7, torch.tensor([0.5, 0.8]))
@@ -111,8 +119,14 @@ def test_instance_with_smaller_d_model_trains_exactly_as_alone():
 
 
 def test_grid_expands_every_combination_and_seed():
-    mod = ToyAlignmentModule(n_features=8, d_head=None, frozen_features=True, seed=5, grid_seeds=2,
-                             grid={"d_model": [8, 4], "interference": [None, 5.0]})
+    mod = ToyAlignmentModule(
+        n_features=8,
+        d_head=None,
+        frozen_features=True,
+        seed=5,
+        grid_seeds=2,
+        grid={"d_model": [8, 4], "interference": [None, 5.0]},
+    )
     assert mod.n_instances == 8 and mod.d_models == [8, 8, 8, 8, 4, 4, 4, 4]
     assert mod.interference_targets == [None, None, 5.0, 5.0] * 2 and mod.seeds == [5, 6] * 4
     assert mod.interference[0] == pytest.approx(0.0, abs=1e-6) and mod.interference[2] == pytest.approx(5.0, abs=1e-3)

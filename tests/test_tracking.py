@@ -1,6 +1,7 @@
 """Following singular directions over steps (``lit_svd.analysis.tracking``) against a planted truth: a
 sequence of matrices whose singular directions are known, two of whose singular values cross, with random
 sign flips and a small rotation per step, decomposed by LAPACK (which sorts and signs as it likes)."""
+
 from __future__ import annotations
 
 import pytest

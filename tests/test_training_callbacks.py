@@ -6,6 +6,7 @@ SVDs of the dense per-head products; the TensorBoard event files against the cal
 probe against every training batch (no token the callbacks score is a training window); DDP against
 one process.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,15 +40,34 @@ def tiny_run(tmp_path, tokenizer, valid: str, probe: str, steps: int = 4):
     from lit_svd.datamodules.text import TextDataModule
 
     dm = TextDataModule(tokenizer, path=valid, seq_len=SEQ, n_tokens=SEQ * 24, batch_size=4)
-    module = LanguageModelModule(n_layers=2, d_model=32, n_heads=4, max_positions=32, vocab_top_k=256,
-                                 warmup_steps=1, lr=3e-3)
-    cbs = [SADCallback(every_n_steps=2, n_probe=WINDOWS, probe_path=probe, probe_seq_len=SEQ, log_spaced=False),
-           MountsCallback(probe, every_n_steps=2, probe_windows=WINDOWS, probe_seq_len=SEQ, steer=True, figures=True,
-                          **MOUNT_KW, **STEER_KW),
-           SpectrumCallback(every_n_steps=2, top_k=3, figures=True)]
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=cbs, limit_val_batches=0,
-                         logger=TensorBoardLogger(tmp_path, name="tb"), enable_checkpointing=False,
-                         enable_model_summary=False, enable_progress_bar=False)
+    module = LanguageModelModule(
+        n_layers=2, d_model=32, n_heads=4, max_positions=32, vocab_top_k=256, warmup_steps=1, lr=3e-3
+    )
+    cbs = [
+        SADCallback(every_n_steps=2, n_probe=WINDOWS, probe_path=probe, probe_seq_len=SEQ, log_spaced=False),
+        MountsCallback(
+            probe,
+            every_n_steps=2,
+            probe_windows=WINDOWS,
+            probe_seq_len=SEQ,
+            steer=True,
+            figures=True,
+            **MOUNT_KW,
+            **STEER_KW,
+        ),
+        SpectrumCallback(every_n_steps=2, top_k=3, figures=True),
+    ]
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        callbacks=cbs,
+        limit_val_batches=0,
+        logger=TensorBoardLogger(tmp_path, name="tb"),
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+    )
     return trainer, module, dm, cbs
 
 
@@ -84,6 +104,7 @@ def _with_embed_hook(module, record, calls):
         build()
         module._hook_ctx = hooks(Hook(module.lm.get_input_embeddings(), record, "pre"))
         module._hook_ctx.__enter__()
+
     return configure
 
 
@@ -91,12 +112,24 @@ def test_tensorboard_tags_name_site_layer_head_and_hold_the_history(fitted):
     trainer, (sad, mounts, spec) = fitted["trainer"], fitted["cbs"]
     assert [h["step"] for h in mounts.history] == [0, 2, 4] == [h["step"] for h in spec.history]
     scalars, images = read_events(Path(trainer.log_dir))
-    for tag in ("mounts/o/layer0/lift_tiled", "mounts/down/layer1/lift_random", "mounts/o/layer1/coverage_lift/modes=4",
-                "mounts/down/layer0/identity_rel_err", "mounts/pass_fraction", "spectrum/qk/layer0/head3/effective_rank",
-                "spectrum/ov/layer1/head0/d1/sigma", "spectrum/ov/layer1/head0/d4/match_cos",
-                "spectrum/qk/layer0/head2/directions_kept", "spectrum/mlp_in/layer1/top3_energy",
-                "spectrum/mlp_out/mean_effective_rank", "mounts/o/layer1/null/pass", "mounts/down/layer0/steer_rho",
-                "sad/L1H2/sparsity", "sad/L0H0/sparsity_rotated", "sad/L0H0/sparsity_null"):
+    for tag in (
+        "mounts/o/layer0/lift_tiled",
+        "mounts/down/layer1/lift_random",
+        "mounts/o/layer1/coverage_lift/modes=4",
+        "mounts/down/layer0/identity_rel_err",
+        "mounts/pass_fraction",
+        "spectrum/qk/layer0/head3/effective_rank",
+        "spectrum/ov/layer1/head0/d1/sigma",
+        "spectrum/ov/layer1/head0/d4/match_cos",
+        "spectrum/qk/layer0/head2/directions_kept",
+        "spectrum/mlp_in/layer1/top3_energy",
+        "spectrum/mlp_out/mean_effective_rank",
+        "mounts/o/layer1/null/pass",
+        "mounts/down/layer0/steer_rho",
+        "sad/L1H2/sparsity",
+        "sad/L0H0/sparsity_rotated",
+        "sad/L0H0/sparsity_null",
+    ):
         assert tag in scalars, tag
     assert not [t for t in scalars if t.endswith("/s1") or "sigma0" in t]  # directions are d1.. (from 1)
     assert not [t for t in scalars if "inst" in t]  # named by meaning, not by index
@@ -107,7 +140,9 @@ def test_tensorboard_tags_name_site_layer_head_and_hold_the_history(fitted):
         assert scalars["mounts/down/layer1/lift_tiled"][h["step"]] == pytest.approx(row["lift_tiled"], rel=1e-6)
     for h in spec.history:
         row = next(r for r in h["rows"] if (r["matrix"], r["layer"], r["head"]) == ("qk", 0, 3))
-        assert scalars["spectrum/qk/layer0/head3/effective_rank"][h["step"]] == pytest.approx(row["effective_rank"], rel=1e-6)
+        assert scalars["spectrum/qk/layer0/head3/effective_rank"][h["step"]] == pytest.approx(
+            row["effective_rank"], rel=1e-6
+        )
     # the weights moved, and so did what the callbacks see
     first, last = mounts.history[0]["rows"][0], mounts.history[-1]["rows"][0]
     assert first["lift_tiled"] != last["lift_tiled"]
@@ -116,8 +151,13 @@ def test_tensorboard_tags_name_site_layer_head_and_hold_the_history(fitted):
     assert [h["step"] for h in results["mounts_training"]["history"]] == [0, 2, 4]
     assert len(results["spectrum"]["history"]) == 3
     assert "sparsity_null" in sad.history[-1] and "sparsity_null" not in sad.history[0]  # default: null at the last
-    for name in ("mounts_training.png", "mounts_depth.png", "spectrum_training.png", "spectrum_values.png",
-                 "spectrum_tracked.png"):
+    for name in (
+        "mounts_training.png",
+        "mounts_depth.png",
+        "spectrum_training.png",
+        "spectrum_values.png",
+        "spectrum_tracked.png",
+    ):
         assert (Path(trainer.log_dir) / name).is_file()
 
 
@@ -125,19 +165,28 @@ def test_mount_rows_equal_the_test_run_on_the_same_batch(fitted, tmp_path, token
     """The last measurement (step 4, final weights) against MountsAnalysisModule ``test`` on the same windows."""
     from lit_svd.modules.mounts import MountsAnalysisModule
 
-    trainer, module, mounts = fitted["trainer"], fitted["module"], fitted["cbs"][1]
+    _trainer, module, mounts = fitted["trainer"], fitted["module"], fitted["cbs"][1]
     folder = tmp_path / "trained"
     module.lm.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     ids, mask = mounts.probe
     test_module = MountsAnalysisModule(model=str(folder), effective_paths=False, **STEER_KW, **MOUNT_KW)
-    loader = torch.utils.data.DataLoader([{"input_ids": i, "attention_mask": m} for i, m in zip(ids, mask)],
-                                         batch_size=len(ids))
-    pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False).test(test_module, dataloaders=loader, verbose=False)
+    loader = torch.utils.data.DataLoader(
+        [{"input_ids": i, "attention_mask": m} for i, m in zip(ids, mask)], batch_size=len(ids)
+    )
+    pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    ).test(test_module, dataloaders=loader, verbose=False)
     got = mounts.history[-1]["rows"]
     assert len(got) == len(test_module.rows) == 4
-    pairs = [(a, b) for a, b in zip(got, test_module.rows)] + [(a["null"], b["null"]) for a, b in zip(got, test_module.rows)]
+    pairs = [(a, b) for a, b in zip(got, test_module.rows)] + [
+        (a["null"], b["null"]) for a, b in zip(got, test_module.rows)
+    ]
     assert all("steer_rho" in a for a, _ in pairs)  # C1's statistic on both the real mounts and their null
     for a, b in pairs:
         assert a["n_tokens"] == b["n_tokens"] == WINDOWS * SEQ and a["layer"] == b["layer"]
@@ -167,7 +216,7 @@ def test_nothing_is_computed_on_training_tokens(fitted, tokenizer):
     windows = [list(w) for w in probe]
 
     def in_probe(w: list[int]) -> bool:  # a probe window or a piece of one (steering: prefix, then last token)
-        return any(p[j: j + len(w)] == w for p in windows for j in range(len(p) - len(w) + 1))
+        return any(p[j : j + len(w)] == w for p in windows for j in range(len(p) - len(w) + 1))
 
     for ids in scored:  # every forward the callbacks ran read probe windows only
         assert all(in_probe(w.tolist()) for w in ids)
@@ -194,7 +243,7 @@ def test_spectra_match_dense_svds(fitted):
     # effective rank and energy against their definitions, and their extremes
     p = S / S.sum()
     assert row["effective_rank"] == pytest.approx(torch.exp(-(p * p.log()).sum()).item(), rel=1e-9)
-    assert row["top_k_energy"] == pytest.approx(((S[:3] ** 2).sum() / (S ** 2).sum()).item(), rel=1e-9)
+    assert row["top_k_energy"] == pytest.approx(((S[:3] ** 2).sum() / (S**2).sum()).item(), rel=1e-9)
     assert effective_rank(torch.tensor([3.0, 0.0, 0.0])).item() == pytest.approx(1.0)
     assert effective_rank(torch.ones(5)).item() == pytest.approx(5.0)
     assert top_k_energy(torch.tensor([2.0, 1.0, 1.0]), 1).item() == pytest.approx(4 / 6)
@@ -205,8 +254,13 @@ DDP_SCRIPT = ROOT / "tests" / "ddp_training_script.py"
 
 def run_script(out: Path, devices: int, valid: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, str(DDP_SCRIPT), str(out), str(devices), valid], env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(DDP_SCRIPT), str(out), str(devices), valid],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "values.json").read_text())
 
@@ -238,14 +292,25 @@ def test_finetune_trains_only_the_chosen_maps_on_the_answer(tiny_dirs):
     dm = TaskDataModule("ioi", tiny_dirs["llama"], n_train=16, n_val=8, n_test=8, batch_size=8)
     batch = next(iter(dm.val_dataloader()))
     with torch.no_grad():
-        logits = answer_logits(module.lm(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits,
-                               batch["answer_pos"])
+        logits = answer_logits(
+            module.lm(input_ids=batch["clean_ids"], attention_mask=batch["attention_mask"]).logits, batch["answer_pos"]
+        )
         loss, diff = module.loss_and_diff(batch)
     assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(logits, batch["correct_id"]).item(), rel=1e-5)
-    assert diff.item() == pytest.approx((logits.gather(1, batch["correct_id"][:, None])
-                                         - logits.gather(1, batch["wrong_id"][:, None])).mean().item(), rel=1e-5)
-    pl.Trainer(accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False, limit_val_batches=0,
-               enable_progress_bar=False, enable_model_summary=False).fit(module, datamodule=dm)
+    assert diff.item() == pytest.approx(
+        (logits.gather(1, batch["correct_id"][:, None]) - logits.gather(1, batch["wrong_id"][:, None])).mean().item(),
+        rel=1e-5,
+    )
+    pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    ).fit(module, datamodule=dm)
     moved = {n for n, p in module.lm.named_parameters() if not torch.equal(p.detach(), before[n])}
     assert moved == {n for n, p in module.lm.named_parameters() if id(p) in expected}
     with pytest.raises(ValueError, match="model.trainable='heads'"):

@@ -13,6 +13,7 @@ What is compared (tolerance: max |ours - model| <= 1e-4 * max(1, max |model|), f
 * unembedding and embedding against the logits and the residual entering layer 0;
 * factored SVDs against the dense product and ``torch.linalg.svdvals`` in float64.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -50,9 +51,16 @@ def capture(v):
 
     inputs, outputs = {"final_in": v.norm_module("final", None)}, {}
     for layer in range(v.n_layers):
-        inputs.update({("attn_in", layer): v.norm_module("attn", layer), ("mlp_in", layer): v.norm_module("mlp", layer),
-                       ("z", layer): v.site_module(layer, "o")})
-        outputs.update({("attn_out", layer): v.site_module(layer, "o"), ("mlp_out", layer): v.site_module(layer, "down")})
+        inputs.update(
+            {
+                ("attn_in", layer): v.norm_module("attn", layer),
+                ("mlp_in", layer): v.norm_module("mlp", layer),
+                ("z", layer): v.site_module(layer, "o"),
+            }
+        )
+        outputs.update(
+            {("attn_out", layer): v.site_module(layer, "o"), ("mlp_out", layer): v.site_module(layer, "down")}
+        )
     torch.nn.functional.softmax = softmax
     try:
         with capture_io(inputs, "pre") as ins, capture_io(outputs, "post") as outs:
@@ -199,8 +207,8 @@ def test_rotary_depends_on_offset_only(arch):
     R3, R7 = v.rotary_matrix(3), v.rotary_matrix(7)
     assert_close(R3 @ R3.T, torch.eye(v.d_head), f"{arch} R orthogonal")
     if v.rotary_dim < v.d_head:  # partial rotary (GPT-NeoX): the rest passes through unrotated
-        assert_close(R7[v.rotary_dim:, v.rotary_dim:], torch.eye(v.d_head - v.rotary_dim), f"{arch} pass-through")
-        assert R7[v.rotary_dim:, :v.rotary_dim].abs().max() == 0
+        assert_close(R7[v.rotary_dim :, v.rotary_dim :], torch.eye(v.d_head - v.rotary_dim), f"{arch} pass-through")
+        assert R7[v.rotary_dim :, : v.rotary_dim].abs().max() == 0
     assert_close(R7 @ R3.T, v.rotary_matrix(4), f"{arch} R composes")
     assert (v.qk(0, -2).dense() - v.qk(0, -5).dense()).abs().max() > 1e-3  # offsets do matter
     batched = v.qk(0, [-5, -2, 0])
@@ -228,8 +236,11 @@ def test_sites_weights_and_replacement(arch):
             assert_close(v.site_output(layer, site, replaced), new, f"{arch} replace {site}")
             for other in ("q", "k", "v"):
                 if other != site and v.site_module(layer, other) is mod:
-                    assert_close(v.site_output(layer, other, replaced), v.site_output(layer, other, out),
-                                 f"{arch} replace {site} keeps {other}")
+                    assert_close(
+                        v.site_output(layer, other, replaced),
+                        v.site_output(layer, other, out),
+                        f"{arch} replace {site} keeps {other}",
+                    )
 
 
 def test_gqa_expanded_per_query_head():
@@ -294,6 +305,7 @@ def test_bad_input_one_clear_line():
 
 
 # --- the real SmolLM2 ----------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_smollm2_views_exact(smollm2, wikitext_valid):

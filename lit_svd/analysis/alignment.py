@@ -4,6 +4,7 @@ Conventions: feature directions ``W: [..., D, N]`` (column i is feature i), head
 ``W_Q, W_K: [..., H, D]``, ``Omega = W_Q^T W_K: [..., D, D]`` so that the logit is ``r^T Omega s``.
 A template pair ``(i, j, target)`` asks the head to attend from query feature i to key feature j.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,8 +45,16 @@ def match_pairs(cos_u: Tensor, cos_v: Tensor, pairs: list[tuple[int, int, float]
     for i, j, target in pairs:
         score = cos_u[i] * cos_v[j]
         k = int(score.argmax())
-        out.append({"query_feature": i, "key_feature": j, "target": float(target), "singular_index": k,
-                    "cos_query": float(cos_u[i, k]), "cos_key": float(cos_v[j, k])})
+        out.append(
+            {
+                "query_feature": i,
+                "key_feature": j,
+                "target": float(target),
+                "singular_index": k,
+                "cos_query": float(cos_u[i, k]),
+                "cos_key": float(cos_v[j, k]),
+            }
+        )
     return out
 
 
@@ -54,8 +63,11 @@ def pair_summary(matched: list[dict], S: Tensor) -> dict:
     used, and the Spearman correlation between the occupied singular values and the targets."""
     idx = [m["singular_index"] for m in matched]
     cos = [c for m in matched for c in (m["cos_query"], m["cos_key"])]
-    summary = {"mean_abs_cos": sum(cos) / len(cos), "distinct_indices": len(set(idx)) == len(idx),
-               "max_singular_index": max(idx)}
+    summary = {
+        "mean_abs_cos": sum(cos) / len(cos),
+        "distinct_indices": len(set(idx)) == len(idx),
+        "max_singular_index": max(idx),
+    }
     if len(matched) > 1:
         summary["spearman_sigma_target"] = spearman(S[idx], torch.tensor([m["target"] for m in matched]))
     return summary
@@ -78,9 +90,15 @@ def theorem1_report(svd: SVD, X: Tensor, Y: Tensor, i: int, j: int) -> dict:
     cosine is of singular index 0 (``u_1``, ``v_1``, the theorem's claim), recorded as ``singular_index``.
     """
     u1, v1 = svd.U[:, 0], svd.V[:, 0]
-    return {"singular_index": 0, "query_feature": i, "key_feature": j,
-            "cos_u1_prediction": cosine(u1, whitened_feature(X, i)), "cos_u1_raw": cosine(u1, X[:, i]),
-            "cos_v1_prediction": cosine(v1, whitened_feature(Y, j)), "cos_v1_raw": cosine(v1, Y[:, j])}
+    return {
+        "singular_index": 0,
+        "query_feature": i,
+        "key_feature": j,
+        "cos_u1_prediction": cosine(u1, whitened_feature(X, i)),
+        "cos_u1_raw": cosine(u1, X[:, i]),
+        "cos_v1_prediction": cosine(v1, whitened_feature(Y, j)),
+        "cos_v1_raw": cosine(v1, Y[:, j]),
+    }
 
 
 def least_squares_omega(X: Tensor, Y: Tensor, T: Tensor) -> Tensor:
@@ -93,16 +111,21 @@ def least_squares_omega(X: Tensor, Y: Tensor, T: Tensor) -> Tensor:
 def prediction_cosines(svd: SVD, X: Tensor, Y: Tensor, T: Tensor, matched: list[dict]) -> list[dict]:
     """Per matched pair: the least-squares optimum's own index for the pair (``prediction_index``, the same
     matching rule on the optimum's SVD, restricted to its rank(T) non-zero directions) and |cos| of the learnt
-    ``u_k, v_k`` at the pair's recorded ``singular_index`` k with the optimum's at ``prediction_index``. Comparing index k of
-    both would pair unrelated directions once the learnt order differs from the optimum's."""
+    ``u_k, v_k`` at the pair's recorded ``singular_index`` k with the optimum's at ``prediction_index``.
+    Comparing index k of     both would pair unrelated directions once the learnt order differs from the optimum's."""
     opt = svd_dense(least_squares_omega(X, Y, T)).truncate(int(torch.linalg.matrix_rank(T.double())))  # rank of T
     cos_u, cos_v = feature_singular_cosines(X, opt)
     pairs = [(m["query_feature"], m["key_feature"], m["target"]) for m in matched]
     out = []
     for m, o in zip(matched, match_pairs(cos_u, cos_v, pairs)):
         k, j = m["singular_index"], o["singular_index"]
-        out.append({"prediction_index": j, "cos_query_prediction": cosine(svd.U[:, k], opt.U[:, j]),
-                    "cos_key_prediction": cosine(svd.V[:, k], opt.V[:, j])})
+        out.append(
+            {
+                "prediction_index": j,
+                "cos_query_prediction": cosine(svd.U[:, k], opt.U[:, j]),
+                "cos_key_prediction": cosine(svd.V[:, k], opt.V[:, j]),
+            }
+        )
     return out
 
 
@@ -123,8 +146,9 @@ def attended_orthogonality(W: Tensor, attended: list[int]) -> dict:
     return report
 
 
-def alignment_report(W: Tensor, W_Q: Tensor, W_K: Tensor, T: Tensor, pairs: list[tuple[int, int, float]],
-                     frozen: bool = False) -> list[dict]:
+def alignment_report(
+    W: Tensor, W_Q: Tensor, W_K: Tensor, T: Tensor, pairs: list[tuple[int, int, float]], frozen: bool = False
+) -> list[dict]:
     """Everything the toy experiment reports, per instance of ``W: [I, D, N]``, ``W_Q, W_K: [I, H, D]``.
 
     Per instance: singular values, each pair's singular index and |cos| (``match_pairs``), their summary
@@ -140,9 +164,13 @@ def alignment_report(W: Tensor, W_Q: Tensor, W_K: Tensor, T: Tensor, pairs: list
         one = SVD(svd.U[n], svd.S[n], svd.V[n])
         matched = match_pairs(cos_u[n], cos_v[n], pairs)
         S = one.S
-        rep = {"singular_values": S, "pairs": matched, **pair_summary(matched, S),
-               "sigma_ratio": float(S[0] / S[1]) if len(S) > 1 and S[1] > 0 else float("inf"),
-               "theorem3": attended_orthogonality(W[n], attended)}
+        rep = {
+            "singular_values": S,
+            "pairs": matched,
+            **pair_summary(matched, S),
+            "sigma_ratio": float(S[0] / S[1]) if len(S) > 1 and S[1] > 0 else float("inf"),
+            "theorem3": attended_orthogonality(W[n], attended),
+        }
         if frozen:
             for m, pred in zip(matched, prediction_cosines(one, W[n], W[n], T, matched)):
                 m.update(pred)
@@ -164,8 +192,16 @@ def theorem1_groups(instances: list[dict]) -> list[dict]:
         pred = [m["theorem1"]["cos_u1_prediction"] for m in members]
         raw = [m["theorem1"]["cos_u1_raw"] for m in members]
         reached = [m["interference"] for m in members if m.get("interference") is not None]
-        rows.append({"d_model": d, "interference_target": target, "n_seeds": len(members),
-                     "interference_mean": sum(reached) / len(reached) if reached else None,
-                     "cos_u1_prediction_mean": sum(pred) / len(pred), "cos_u1_prediction_worst": min(pred),
-                     "cos_u1_raw_mean": sum(raw) / len(raw), "cos_u1_raw_worst": min(raw)})
+        rows.append(
+            {
+                "d_model": d,
+                "interference_target": target,
+                "n_seeds": len(members),
+                "interference_mean": sum(reached) / len(reached) if reached else None,
+                "cos_u1_prediction_mean": sum(pred) / len(pred),
+                "cos_u1_prediction_worst": min(pred),
+                "cos_u1_raw_mean": sum(raw) / len(raw),
+                "cos_u1_raw_worst": min(raw),
+            }
+        )
     return rows

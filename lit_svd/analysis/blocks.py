@@ -8,10 +8,12 @@ block is an equally valid SVD), so "direction 2 of head 26.2 is kept" only means
 that block are kept": a claim about the block's subspace. Directions past the numerical rank form one
 block of their own (``past_rank``).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -48,10 +50,12 @@ def direction_block(blocks: DirectionBlocks, group: int, direction: int) -> dict
     one within the rank) and ``past_rank``."""
     first = int(blocks.first[group, direction])
     size = int(blocks.size[group, direction])
-    return {"block": {"id": int(blocks.block[group, direction]), "size": size, "first": first,
-                      "last": first + size - 1},
-            "gap": float(blocks.gap[group, direction]), "isolated": bool(blocks.isolated[group, direction]),
-            "past_rank": direction >= int(blocks.rank[group])}
+    return {
+        "block": {"id": int(blocks.block[group, direction]), "size": size, "first": first, "last": first + size - 1},
+        "gap": float(blocks.gap[group, direction]),
+        "isolated": bool(blocks.isolated[group, direction]),
+        "past_rank": direction >= int(blocks.rank[group]),
+    }
 
 
 def block_report(components: Sequence[Component], rel_gap: float = REL_GAP) -> dict:
@@ -65,16 +69,30 @@ def block_report(components: Sequence[Component], rel_gap: float = REL_GAP) -> d
         groups = []
         for g in range(c.shape[0]):
             starts = (first[g] == torch.arange(c.shape[1])).nonzero().squeeze(1).tolist()
-            groups.append([[s, s + int(b.size[g, s]) - 1, int(b.size[g, s]), round(float(b.gap[g, s]), 6)]
-                           for s in starts])
+            groups.append(
+                [[s, s + int(b.size[g, s]) - 1, int(b.size[g, s]), round(float(b.gap[g, s]), 6)] for s in starts]
+            )
         past = torch.arange(c.shape[1]) >= b.rank.unsqueeze(-1)
-        counts = {"n_directions": c.n_directions, "isolated": int(b.isolated.sum()),
-                  "in_blocks": int((~b.isolated & ~past).sum()), "past_rank": int(past.sum()),
-                  "n_blocks": int((b.block.amax(-1) + 1).sum()), "largest_block": int(b.size[~past].max()) if
-                  (~past).any() else 0}
-        records.append({"name": c.name, "kind": c.kind, "layer": c.layer, "group": c.group,
-                        "rank": b.rank.tolist(), **counts, "blocks": groups,
-                        "gap": [[round(v, 6) for v in row] for row in b.gap.tolist()]})
+        counts = {
+            "n_directions": c.n_directions,
+            "isolated": int(b.isolated.sum()),
+            "in_blocks": int((~b.isolated & ~past).sum()),
+            "past_rank": int(past.sum()),
+            "n_blocks": int((b.block.amax(-1) + 1).sum()),
+            "largest_block": int(b.size[~past].max()) if (~past).any() else 0,
+        }
+        records.append(
+            {
+                "name": c.name,
+                "kind": c.kind,
+                "layer": c.layer,
+                "group": c.group,
+                "rank": b.rank.tolist(),
+                **counts,
+                "blocks": groups,
+                "gap": [[round(v, 6) for v in row] for row in b.gap.tolist()],
+            }
+        )
         slot = per_kind.setdefault(c.kind, {k: 0 for k in counts})
         for k, v in counts.items():
             slot[k] = max(slot[k], v) if k == "largest_block" else slot[k] + v
@@ -101,19 +119,35 @@ def kept_blocks(components: Sequence[Component], keep: dict[str, Tensor], rel_ga
         flat = (b.block + n_blocks * torch.arange(c.shape[0]).unsqueeze(-1)).flatten()
         per_block = torch.zeros(c.shape[0] * n_blocks, dtype=torch.long).index_add_(0, flat, kept.flatten().long())
         k_in_block = per_block[flat].view(c.shape)
-        slot = per_kind.setdefault(c.kind, {"kept": 0, "isolated": 0, "in_blocks": 0, "past_rank": 0,
-                                            "blocks_touched": 0, "blocks_whole": 0})
+        slot = per_kind.setdefault(
+            c.kind, {"kept": 0, "isolated": 0, "in_blocks": 0, "past_rank": 0, "blocks_touched": 0, "blocks_whole": 0}
+        )
         seen = set()
         for g, k in zip(*torch.nonzero(kept, as_tuple=True)):
             g, k = int(g), int(k)
             info = direction_block(b, g, k)
             m, kk, bid = info["block"]["size"], int(k_in_block[g, k]), info["block"]["id"]
             kind = "direction" if info["isolated"] else "null" if info["past_rank"] else "block"
-            claim = {"direction": "direction", "null": f"{kk} of {m} kept past the numerical rank",
-                     "block": f"{kk} of {m} kept in block {bid} (directions {info['block']['first']}-"
-                              f"{info['block']['last']})"}[kind]
-            rows.append({"component": c.name, "kind": c.kind, "layer": c.layer, "group": g, "direction": k,
-                         "sigma": float(c.S[g, k]), **info, "kept_in_block": kk, "claim": kind, "statement": claim})
+            claim = {
+                "direction": "direction",
+                "null": f"{kk} of {m} kept past the numerical rank",
+                "block": f"{kk} of {m} kept in block {bid} (directions {info['block']['first']}-"
+                f"{info['block']['last']})",
+            }[kind]
+            rows.append(
+                {
+                    "component": c.name,
+                    "kind": c.kind,
+                    "layer": c.layer,
+                    "group": g,
+                    "direction": k,
+                    "sigma": float(c.S[g, k]),
+                    **info,
+                    "kept_in_block": kk,
+                    "claim": kind,
+                    "statement": claim,
+                }
+            )
             slot["kept"] += 1
             slot["past_rank" if info["past_rank"] else "isolated" if info["isolated"] else "in_blocks"] += 1
             if (g, bid) not in seen:
@@ -121,21 +155,40 @@ def kept_blocks(components: Sequence[Component], keep: dict[str, Tensor], rel_ga
                 slot["blocks_touched"] += 1
                 slot["blocks_whole"] += kk == m
                 if m > 1:
-                    block_rows.append({"component": c.name, "kind": c.kind, "layer": c.layer, "group": g,
-                                       "block": bid, "first": info["block"]["first"], "last": info["block"]["last"],
-                                       "size": m, "kept": kk, "gap": info["gap"], "past_rank": info["past_rank"],
-                                       "statement": claim})
+                    block_rows.append(
+                        {
+                            "component": c.name,
+                            "kind": c.kind,
+                            "layer": c.layer,
+                            "group": g,
+                            "block": bid,
+                            "first": info["block"]["first"],
+                            "last": info["block"]["last"],
+                            "size": m,
+                            "kept": kk,
+                            "gap": info["gap"],
+                            "past_rank": info["past_rank"],
+                            "statement": claim,
+                        }
+                    )
     for slot in per_kind.values():
         slot["isolated_fraction"] = slot["isolated"] / slot["kept"] if slot["kept"] else None
     total = sum(s["kept"] for s in per_kind.values())
     isolated = sum(s["isolated"] for s in per_kind.values())
-    return {"rel_gap": rel_gap, "kept": total, "isolated": isolated,
-            "isolated_fraction": isolated / total if total else None, "per_kind": per_kind,
-            "directions": rows, "blocks": block_rows}
+    return {
+        "rel_gap": rel_gap,
+        "kept": total,
+        "isolated": isolated,
+        "isolated_fraction": isolated / total if total else None,
+        "per_kind": per_kind,
+        "directions": rows,
+        "blocks": block_rows,
+    }
 
 
-def mask_units(components: Sequence[Component], mask_unit: MaskUnit,
-               rel_gap: float = REL_GAP) -> dict[str, Tensor] | None:
+def mask_units(
+    components: Sequence[Component], mask_unit: MaskUnit, rel_gap: float = REL_GAP
+) -> dict[str, Tensor] | None:
     """``mask_unit="block"``: per component the index ``[G, K]`` of each direction's mask value (one per
     (group, block), numbered 0..n_units-1), so that ``theta[index]`` gives every direction of a block the
     same lambda; ``"direction"``: None (one value per direction)."""

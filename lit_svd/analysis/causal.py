@@ -20,12 +20,13 @@ Batched over directions: the change is made at the last position only, so every 
 and only the last token runs per direction, fanned out from the component's layer
 (``lit_svd.models.fanout``); one forward carries hundreds of directions.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -102,6 +103,7 @@ def _task_columns(batch: dict, task: str) -> tuple[Tensor | None, Callable[[Tens
         cols = torch.stack([batch["correct_id"], batch["wrong_id"]], -1)  # [n, 2]
         return cols, lambda logits, idx: logits[:, 0] - logits[:, 1]
     if task == "gt":
+
         def metric(logits, idx):
             sub = {k: batch[k][idx] for k in ("greater_mask", "lesser_mask")}
             return task_scores(logits, logits, sub, task)["metric"]
@@ -111,8 +113,15 @@ def _task_columns(batch: dict, task: str) -> tuple[Tensor | None, Callable[[Tens
 
 
 @torch.no_grad()
-def patched_metrics(view: ModelView, probes: Probes, batch: dict, reference: Tensor, task: str,
-                    rows_per_forward: int = 512, progress: Callable[[int], None] | None = None) -> Tensor:
+def patched_metrics(
+    view: ModelView,
+    probes: Probes,
+    batch: dict,
+    reference: Tensor,
+    task: str,
+    rows_per_forward: int = 512,
+    progress: Callable[[int], None] | None = None,
+) -> Tensor:
     """``[n_prompts, C]``: the task metric at the answer position with each probe patched alone (toward
     ``reference: [n_prompts, G, K]``, the corrupted prompts' coefficients at the answer position). ``batch``:
     the task batch (right-padded, ``answer_pos``). Prompts are grouped by length; each forward carries up to
@@ -130,12 +139,21 @@ def patched_metrics(view: ModelView, probes: Probes, batch: dict, reference: Ten
         prefix = prefix_cache(view, ids)
         per = max(1, rows_per_forward // len(idx))
         for start in range(0, C, per):
-            part = Probes(c, probes.group[start:start + per], probes.coords[start:start + per])
+            part = Probes(c, probes.group[start : start + per], probes.coords[start : start + per])
             ref = probe_coefficients(part, reference[idx].repeat_interleave(len(part), 0))
             with hooks(patch_hook(view, part, ref)):
-                logits = last_token_copies(view, ids, prefix, c.layer, len(part),
-                                           None if cols is None else cols[idx].repeat_interleave(len(part), 0), unembed)
-            out[idx, start:start + len(part)] = metric(logits, idx.repeat_interleave(len(part))).view(len(idx), -1).float()
+                logits = last_token_copies(
+                    view,
+                    ids,
+                    prefix,
+                    c.layer,
+                    len(part),
+                    None if cols is None else cols[idx].repeat_interleave(len(part), 0),
+                    unembed,
+                )
+            out[idx, start : start + len(part)] = (
+                metric(logits, idx.repeat_interleave(len(part))).view(len(idx), -1).float()
+            )
             if progress:
                 progress(len(part) * len(idx))
     return out
@@ -154,12 +172,19 @@ def summarize(effect: float, null: Tensor) -> dict:
     size, null_size = abs(effect), null.abs()
     mean, std = float(null_size.mean()), float(null_size.std())
     z = (size - mean) / std if std > 0 else (math.inf if size > mean else 0.0)
-    return {"effect": effect, "null_mean": mean, "null_std": std, "z": z,
-            "percentile": float((null_size < size).float().mean()), "passes": bool(z >= Z_PASS)}
+    return {
+        "effect": effect,
+        "null_mean": mean,
+        "null_std": std,
+        "z": z,
+        "percentile": float((null_size < size).float().mean()),
+        "passes": bool(z >= Z_PASS),
+    }
 
 
-def probe_set(component: Component, claims: Sequence[tuple[int, int]], n_random: int = N_RANDOM,
-              seed: int = 0) -> Probes:
+def probe_set(
+    component: Component, claims: Sequence[tuple[int, int]], n_random: int = N_RANDOM, seed: int = 0
+) -> Probes:
     """The probes of one component's check, in this order: the unmodified model (a zero row), each claimed
     ``(group, direction)`` (``e_k``), then ``n_random`` Haar-random unit directions per claimed group (sorted),
     drawn with ``seed``: the same null for every claim of a group."""
@@ -168,27 +193,49 @@ def probe_set(component: Component, claims: Sequence[tuple[int, int]], n_random:
     K = component.shape[1]
     groups = sorted({g for g, _ in claims})
     gen = torch.Generator().manual_seed(seed)
-    coords = [torch.zeros(1, K), torch.eye(K)[[k for _, k in claims]]] + [random_coords(n_random, K, gen) for _ in groups]
+    coords = [torch.zeros(1, K), torch.eye(K)[[k for _, k in claims]]] + [
+        random_coords(n_random, K, gen) for _ in groups
+    ]
     group = [torch.zeros(1, dtype=torch.long), torch.tensor([g for g, _ in claims], dtype=torch.long)]
     group += [torch.full((n_random,), g, dtype=torch.long) for g in groups]
     device = component.V.device
     return Probes(component, torch.cat(group).to(device), torch.cat(coords).to(device))
 
 
-def judge(component: Component, claims: Sequence[tuple[int, int]], change: Tensor, n_random: int = N_RANDOM) -> list[dict]:
+def judge(
+    component: Component, claims: Sequence[tuple[int, int]], change: Tensor, n_random: int = N_RANDOM
+) -> list[dict]:
     """Rows for the claims from ``change: [C - 1]``: the mean change of the metric of every probe of
     ``probe_set`` but the first (the unmodified model)."""
     groups = sorted({g for g, _ in claims})
-    claimed, null = change[: len(claims)], change[len(claims):].reshape(len(groups), n_random)
-    return [{"component": component.name, "kind": component.kind, "layer": component.layer, "head": g,
-             "direction": k, "sigma": float(component.S[g, k]), **summarize(float(claimed[i]), null[groups.index(g)])}
-            for i, (g, k) in enumerate(claims)]
+    claimed, null = change[: len(claims)], change[len(claims) :].reshape(len(groups), n_random)
+    return [
+        {
+            "component": component.name,
+            "kind": component.kind,
+            "layer": component.layer,
+            "head": g,
+            "direction": k,
+            "sigma": float(component.S[g, k]),
+            **summarize(float(claimed[i]), null[groups.index(g)]),
+        }
+        for i, (g, k) in enumerate(claims)
+    ]
 
 
 @torch.no_grad()
-def causal_check(view: ModelView, component: Component, claims: Sequence[tuple[int, int]], batch: dict, task: str,
-                 reference: Tensor, n_random: int = N_RANDOM, seed: int = 0, rows_per_forward: int = 512,
-                 progress: Callable[[int], None] | None = None) -> list[dict]:
+def causal_check(
+    view: ModelView,
+    component: Component,
+    claims: Sequence[tuple[int, int]],
+    batch: dict,
+    task: str,
+    reference: Tensor,
+    n_random: int = N_RANDOM,
+    seed: int = 0,
+    rows_per_forward: int = 512,
+    progress: Callable[[int], None] | None = None,
+) -> list[dict]:
     """For each claimed ``(group, direction)`` of ``component``: its effect against ``n_random`` random
     directions of the same group (``probe_set``, ``judge``), in one batched pass. ``reference``:
     ``corrupted_coefficients(...)[component.name]``."""
@@ -197,9 +244,17 @@ def causal_check(view: ModelView, component: Component, claims: Sequence[tuple[i
     return judge(component, claims, (metrics[:, 1:] - metrics[:, :1]).mean(0), n_random)
 
 
-def check_components(view: ModelView, components: Sequence[Component], claims: dict[str, list[tuple[int, int]]],
-                     batch: dict, task: str, n_random: int = N_RANDOM, seed: int = 0, rows_per_forward: int = 512,
-                     progress: bool = False) -> tuple[list[dict], dict]:
+def check_components(
+    view: ModelView,
+    components: Sequence[Component],
+    claims: dict[str, list[tuple[int, int]]],
+    batch: dict,
+    task: str,
+    n_random: int = N_RANDOM,
+    seed: int = 0,
+    rows_per_forward: int = 512,
+    progress: bool = False,
+) -> tuple[list[dict], dict]:
     """``causal_check`` for the claims of every component (``claims[name]``: its ``(group, direction)`` pairs);
     returns the rows and timing (``wall_s``, ``directions``, ``directions_per_s``: claimed directions per
     second, null draws included in the time)."""
@@ -213,9 +268,17 @@ def check_components(view: ModelView, components: Sequence[Component], claims: d
     start = time.monotonic()
     rows = []
     for c in todo:
-        rows += causal_check(view, c, claims[c.name], batch, task, reference[c.name], n_random, seed,
-                             rows_per_forward, bar.update)
+        rows += causal_check(
+            view, c, claims[c.name], batch, task, reference[c.name], n_random, seed, rows_per_forward, bar.update
+        )
     bar.close()
     wall = time.monotonic() - start
-    return rows, {"wall_s": wall, "directions": len(rows), "directions_per_s": len(rows) / max(wall, 1e-9),
-                  "n_random": n_random, "n_prompts": n_prompts, "level": LEVEL, "z_pass": Z_PASS}
+    return rows, {
+        "wall_s": wall,
+        "directions": len(rows),
+        "directions_per_s": len(rows) / max(wall, 1e-9),
+        "n_random": n_random,
+        "n_prompts": n_prompts,
+        "level": LEVEL,
+        "z_pass": Z_PASS,
+    }

@@ -5,10 +5,11 @@ counts, logit receptors and steering. The component SVDs and the masked forward 
 A mask is one logit ``theta`` per direction, ``lambda = sigmoid(theta)``; a direction is *kept* when
 ``lambda >= threshold`` (default 1e-3, as the paper), and the *hard* mask is that indicator.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -53,7 +54,9 @@ def l1(lambdas: dict[str, Tensor]) -> Tensor:
     return sum(lam.sum() for lam in lambdas.values())
 
 
-def mask_loss(masked_logits: Tensor, full_logits: Tensor, lambdas: dict[str, Tensor], alpha: float) -> tuple[Tensor, Tensor, Tensor]:
+def mask_loss(
+    masked_logits: Tensor, full_logits: Tensor, lambdas: dict[str, Tensor], alpha: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(loss, kl, l1)``: KL(p_full || p_masked) at the answer position (mean over the batch, full
     vocabulary) + ``alpha * sum(lambda)``."""
     kl = kl_divergence(masked_logits, full_logits).mean()
@@ -75,16 +78,30 @@ def kept_report(components: Sequence[Component], lambdas: dict[str, Tensor], thr
         slot = per_kind.setdefault(c.kind, {"n_directions": 0, "kept": 0})
         slot["n_directions"] += c.n_directions
         slot["kept"] += kept
-        records.append({"name": c.name, "kind": c.kind, "layer": c.layer, "group": c.group,
-                        "n_groups": c.shape[0], "n_directions": c.n_directions, "kept": kept,
-                        "kept_per_group": keep.sum(-1).tolist()})
+        records.append(
+            {
+                "name": c.name,
+                "kind": c.kind,
+                "layer": c.layer,
+                "group": c.group,
+                "n_groups": c.shape[0],
+                "n_directions": c.n_directions,
+                "kept": kept,
+                "kept_per_group": keep.sum(-1).tolist(),
+            }
+        )
     for slot in per_kind.values():
         slot["kept_fraction"] = slot["kept"] / max(slot["n_directions"], 1)
     rest = [v for k, v in per_kind.items() if k not in QK_KINDS]
     n_rest, kept_rest = sum(v["n_directions"] for v in rest), sum(v["kept"] for v in rest)
-    return {"n_directions": n_total, "kept": kept_total, "kept_fraction": kept_total / max(n_total, 1),
-            "per_kind": per_kind, "components": records,
-            "without_qk": {"n_directions": n_rest, "kept": kept_rest, "kept_fraction": kept_rest / max(n_rest, 1)}}
+    return {
+        "n_directions": n_total,
+        "kept": kept_total,
+        "kept_fraction": kept_total / max(n_total, 1),
+        "per_kind": per_kind,
+        "components": records,
+        "without_qk": {"n_directions": n_rest, "kept": kept_rest, "kept_fraction": kept_rest / max(n_rest, 1)},
+    }
 
 
 def task_scores(logits: Tensor, full_logits: Tensor, batch: dict, task: str) -> dict[str, Tensor]:
@@ -102,12 +119,17 @@ def task_scores(logits: Tensor, full_logits: Tensor, batch: dict, task: str) -> 
         correct = top1_correct(logits, batch["correct_id"])
     else:
         raise ValueError(f"task={task!r} is unknown to direction masks; expected 'ioi', 'gp' or 'gt'")
-    return {"metric": metric, "correct": correct, "agree": (logits.argmax(-1) == full_logits.argmax(-1)).float(),
-            "kl": kl_divergence(logits, full_logits)}
+    return {
+        "metric": metric,
+        "correct": correct,
+        "agree": (logits.argmax(-1) == full_logits.argmax(-1)).float(),
+        "kl": kl_divergence(logits, full_logits),
+    }
 
 
-def most_effective_direction(metric_of: Callable[[dict[str, Tensor]], Tensor], hard: dict[str, Tensor],
-                             names: Sequence[str]) -> tuple[str, int, int] | None:
+def most_effective_direction(
+    metric_of: Callable[[dict[str, Tensor]], Tensor], hard: dict[str, Tensor], names: Sequence[str]
+) -> tuple[str, int, int] | None:
     """The kept direction of components ``names`` with the largest ``|d metric / d scale|`` at the hard
     masks (first order, one backward pass). ``metric_of(scales)`` is the scalar task metric of a forward
     with ``scales``. Returns ``(component, group, direction)``; None without candidates."""
@@ -137,8 +159,9 @@ def write_readings(view: ModelView, point: str, layer: int, V: Tensor) -> Tensor
 
 
 @torch.no_grad()
-def logit_receptors(view: ModelView, component: Component, keep: Tensor, tokenizer, top_k: int = 8, *,
-                    rel_gap: float = REL_GAP) -> list[dict]:
+def logit_receptors(
+    view: ModelView, component: Component, keep: Tensor, tokenizer, top_k: int = 8, *, rel_gap: float = REL_GAP
+) -> list[dict]:
     """For each kept OV direction, its write direction ``v_k`` read through what follows it (``write_readings``:
     Gemma's post-attention norm, the final norm, the unembedding): the ``top_k`` tokens it promotes (``+v``)
     and those it promotes with the opposite sign (``-v``). (The norms' gains and centring are applied; their
@@ -154,17 +177,33 @@ def logit_receptors(view: ModelView, component: Component, keep: Tensor, tokeniz
     pos, neg = logits.topk(top_k, dim=-1).indices, (-logits).topk(top_k, dim=-1).indices
     blocks = component_blocks(component, rel_gap)
     for i, (h, k) in enumerate(zip(heads.tolist(), dirs.tolist())):
-        out.append({"layer": component.layer, "head": h, "direction": k, "sigma": float(component.S[h, k]),
-                    **direction_block(blocks, h, k),
-                    "promotes": [tokenizer.decode([t]) for t in pos[i].tolist()],
-                    "promotes_negative": [tokenizer.decode([t]) for t in neg[i].tolist()]})
+        out.append(
+            {
+                "layer": component.layer,
+                "head": h,
+                "direction": k,
+                "sigma": float(component.S[h, k]),
+                **direction_block(blocks, h, k),
+                "promotes": [tokenizer.decode([t]) for t in pos[i].tolist()],
+                "promotes_negative": [tokenizer.decode([t]) for t in neg[i].tolist()],
+            }
+        )
     return out
 
 
 @torch.no_grad()
-def steer(run: Callable[[dict | None], Tensor], intervention: Intervention, batch: dict, name: str, group: int,
-          direction: int, factors: Sequence[float], base_scales: dict[str, Tensor] | None = None, *,
-          task: str) -> list[dict]:
+def steer(
+    run: Callable[[dict | None], Tensor],
+    intervention: Intervention,
+    batch: dict,
+    name: str,
+    group: int,
+    direction: int,
+    factors: Sequence[float],
+    base_scales: dict[str, Tensor] | None = None,
+    *,
+    task: str,
+) -> list[dict]:
     """Scale one direction's coefficient at the answer position by each factor and report the task
     metric. ``run(scales)`` returns answer-position logits ``[B, V]`` with ``scales`` applied at the
     answer positions (None: the unmodified model). ``flipped``: fraction of examples whose preferred
@@ -186,15 +225,24 @@ def _effect(logits: Tensor, base: Tensor, base_scores: dict[str, Tensor], batch:
     """A steered run against the unmodified one: mean task metric, its change, the fraction of examples
     whose preferred answer flips, and the KL from the unmodified model."""
     scores = task_scores(logits, base, batch, task)
-    return {"metric": float(scores["metric"].mean()),
-            "metric_change": float((scores["metric"] - base_scores["metric"]).mean()),
-            "flipped": float(((scores["metric"] > 0) != (base_scores["metric"] > 0)).float().mean()),
-            "kl": float(scores["kl"].mean())}
+    return {
+        "metric": float(scores["metric"].mean()),
+        "metric_change": float((scores["metric"] - base_scores["metric"]).mean()),
+        "flipped": float(((scores["metric"] > 0) != (base_scores["metric"] > 0)).float().mean()),
+        "kl": float(scores["kl"].mean()),
+    }
 
 
 @torch.no_grad()
-def swap_steer(run: Callable[[dict | None, dict | None], Tensor], batch: dict, coefficients: dict[str, Tensor],
-               keep: dict[str, Tensor], counts: Sequence[int] = (1, 2, 4, 8), *, task: str) -> dict | None:
+def swap_steer(
+    run: Callable[[dict | None, dict | None], Tensor],
+    batch: dict,
+    coefficients: dict[str, Tensor],
+    keep: dict[str, Tensor],
+    counts: Sequence[int] = (1, 2, 4, 8),
+    *,
+    task: str,
+) -> dict | None:
     """Swap the coefficients of the most class-separating kept directions toward the other class's mean.
 
     For a two-class task (the batch's ``correct_id`` takes two values, e.g. he / she on GP), each kept
@@ -228,5 +276,10 @@ def swap_steer(run: Callable[[dict | None, dict | None], Tensor], batch: dict, c
             scales[name][g, k] = 0.0
             reference[name][:, g, k] = other
         rows.append({"n_directions": n, **_effect(run(scales, reference), base, base_scores, batch, task)})
-    return {"classes": classes, "directions": [{"component": name, "head": g, "direction": k, "separation": s}
-                                               for s, name, g, k in ranked[: max(counts)]], "swaps": rows}
+    return {
+        "classes": classes,
+        "directions": [
+            {"component": name, "head": g, "direction": k, "separation": s} for s, name, g, k in ranked[: max(counts)]
+        ],
+        "swaps": rows,
+    }

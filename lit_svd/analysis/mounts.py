@@ -13,6 +13,7 @@ bound what the figures can mean: the *data ceiling* (the span figure of the top-
 directions of the outputs themselves, ``span_ceiling``) and the *structureless null* (``haar_null``:
 the same singular values with Haar-random singular vectors, scored by the same rules).
 """
+
 from __future__ import annotations
 
 import math
@@ -49,15 +50,18 @@ class Mounts:
 def tile_bounds(d_in: int, tile_width: int, key: str = "tile_width") -> list[tuple[int, int]]:
     """Column ranges ``[(s, e), ...]`` of the tiles (the last one may be narrower)."""
     if not isinstance(tile_width, int) or tile_width <= 0 or tile_width > d_in:
-        raise ValueError(f"{key}={tile_width!r} is not allowed: a tile width must be an integer in 1..{d_in}"
-                         " (the site's input size)")
+        raise ValueError(
+            f"{key}={tile_width!r} is not allowed: a tile width must be an integer in 1..{d_in} (the site's input size)"
+        )
     return [(s, min(s + tile_width, d_in)) for s in range(0, d_in, tile_width)]
 
 
 def check_modes(modes: int, tile_width: int, d_out: int, key: str = "modes_per_tile") -> int:
     if not isinstance(modes, int) or modes <= 0 or modes > min(tile_width, d_out):
-        raise ValueError(f"{key}={modes!r} is not allowed: modes per tile must be an integer in "
-                         f"1..{min(tile_width, d_out)} (at most the tile width {tile_width} and output size {d_out})")
+        raise ValueError(
+            f"{key}={modes!r} is not allowed: modes per tile must be an integer in "
+            f"1..{min(tile_width, d_out)} (at most the tile width {tile_width} and output size {d_out})"
+        )
     return modes
 
 
@@ -103,8 +107,10 @@ def tiled_svd_mounts(W: Tensor, tile_width: int, modes: int) -> Mounts:
 def whole_svd_mounts(W: Tensor, n: int) -> Mounts:
     """The top ``n`` singular triples of the whole matrix."""
     if n > min(W.shape):
-        raise ValueError(f"mount budget {n} exceeds the rank bound {min(W.shape)} of the {tuple(W.shape)} site;"
-                         " lower modes_per_tile or widen the tiles")
+        raise ValueError(
+            f"mount budget {n} exceeds the rank bound {min(W.shape)} of the {tuple(W.shape)} site;"
+            " lower modes_per_tile or widen the tiles"
+        )
     svd = top_svd(W, n)
     return Mounts(svd.U, svd.V, svd.S, torch.full((n,), -1))
 
@@ -130,8 +136,12 @@ def random_units(d: int, n: int, seed: int) -> Tensor:
 
 def random_mounts(d_out: int, d_in: int, n: int, seed: int = 0) -> Mounts:
     """Random unit writes (``seed``) and triggers (``seed + 1``), strength 1."""
-    return Mounts(random_units(d_out, n, seed), random_units(d_in, n, seed + 1), torch.ones(n, dtype=torch.float64),
-                  torch.full((n,), -1))
+    return Mounts(
+        random_units(d_out, n, seed),
+        random_units(d_in, n, seed + 1),
+        torch.ones(n, dtype=torch.float64),
+        torch.full((n,), -1),
+    )
 
 
 def reference_directions(d_out: int, n: int) -> Tensor:
@@ -140,13 +150,18 @@ def reference_directions(d_out: int, n: int) -> Tensor:
     return torch.cat([random_units(d_out, 1, REF_SEED + REF_STRIDE * j) for j in range(n)], dim=1)
 
 
-def strategy_mounts(W: Tensor, tile_width: int, modes: int, seed: int = 0, tiled: Mounts | None = None
-                    ) -> dict[str, Mounts]:
+def strategy_mounts(
+    W: Tensor, tile_width: int, modes: int, seed: int = 0, tiled: Mounts | None = None
+) -> dict[str, Mounts]:
     """The four strategies at the tiled budget ``n`` (the number of tiled mounts)."""
     tiled = tiled if tiled is not None else tiled_svd_mounts(W, tile_width, modes)
     n = len(tiled)
-    return {"tiled": tiled, "whole": whole_svd_mounts(W, n), "columns": column_sample_mounts(W, n, seed),
-            "random": random_mounts(W.shape[0], W.shape[1], n, seed)}
+    return {
+        "tiled": tiled,
+        "whole": whole_svd_mounts(W, n),
+        "columns": column_sample_mounts(W, n, seed),
+        "random": random_mounts(W.shape[0], W.shape[1], n, seed),
+    }
 
 
 # --- effective paths ------------------------------------------------------------------------------
@@ -181,7 +196,7 @@ class CoverageDict:
     G: Tensor
 
     @classmethod
-    def of(cls, D: Tensor) -> "CoverageDict":
+    def of(cls, D: Tensor) -> CoverageDict:
         D = D / D.norm(dim=0, keepdim=True).clamp_min(EPS)
         return cls(D, D.mT @ D)
 
@@ -216,7 +231,7 @@ def sparse_explained_many(pairs: list[tuple[Tensor, Tensor]], k_active: int) -> 
         evals, evecs = torch.linalg.eigh(Gk[~ok])
         proj = (evecs.mT @ ck[~ok]).squeeze(2)
         keep = evals > 1e-10 * evals[:, -1:].clamp_min(EPS)
-        per_token[~ok] = (proj ** 2 / torch.where(keep, evals, torch.ones_like(evals)) * keep).sum(1)
+        per_token[~ok] = (proj**2 / torch.where(keep, evals, torch.ones_like(evals)) * keep).sum(1)
     return torch.zeros(len(pairs), dtype=torch.float64).index_add_(0, owner, per_token)
 
 
@@ -262,8 +277,17 @@ def ceiling_dim(d_in: int, d_out: int, linear: bool) -> int:
     return d_in + 1 if linear and d_in + 1 < d_out else d_out
 
 
-def plan_site(W: Tensor, tile_width: int, modes: int, modes_sweep: list[int] | tuple[int, ...], k_active: int,
-              seed: int = 0, key: str = "tile_width", linear: bool = False, bias: Tensor | None = None) -> SitePlan:
+def plan_site(
+    W: Tensor,
+    tile_width: int,
+    modes: int,
+    modes_sweep: list[int] | tuple[int, ...],
+    k_active: int,
+    seed: int = 0,
+    key: str = "tile_width",
+    linear: bool = False,
+    bias: Tensor | None = None,
+) -> SitePlan:
     """Build the mounts of all strategies, references, span bases and coverage dictionaries of ``W``.
 
     ``linear``: the scored writes are exactly ``dh = W x + bias`` (a module site), so the ceiling's
@@ -289,20 +313,36 @@ def plan_site(W: Tensor, tile_width: int, modes: int, modes_sweep: list[int] | t
         coverage.append((m, CoverageDict.of(D), CoverageDict.of(random_units(d_out, D.shape[1], seed + 2))))
     ref = reference_directions(d_out, n)
     spans = {s: orthonormal_span(mt.U) for s, mt in strategies.items()}
-    groups = {**{f"lift_{s}": m.U for s, m in strategies.items()}, "ref": ref,
-              **{f"span_{s}": Q for s, Q in spans.items()},
-              **{f"cov_t{i}": t.D for i, (_, t, _) in enumerate(coverage)},
-              **{f"cov_r{i}": r.D for i, (_, _, r) in enumerate(coverage)}}
+    groups = {
+        **{f"lift_{s}": m.U for s, m in strategies.items()},
+        "ref": ref,
+        **{f"span_{s}": Q for s, Q in spans.items()},
+        **{f"cov_t{i}": t.D for i, (_, t, _) in enumerate(coverage)},
+        **{f"cov_r{i}": r.D for i, (_, _, r) in enumerate(coverage)},
+    }
     blocks, start = {}, 0
     for name, D in groups.items():
         blocks[name] = slice(start, start + D.shape[1])
         start += D.shape[1]
     proj = torch.cat(list(groups.values()), dim=1).float()
     # the dictionaries keep their float64 Gram matrices; their atoms become views of proj (no second copy)
-    coverage = [(m, CoverageDict(proj[:, blocks[f"cov_t{i}"]], t.G), CoverageDict(proj[:, blocks[f"cov_r{i}"]], r.G))
-                for i, (m, t, r) in enumerate(coverage)]
-    return SitePlan(W.float(), strategies, ref, spans, coverage, tiles, k_active, proj, blocks,
-                    (strategies["tiled"].V * strategies["tiled"].S).float(), affine)
+    coverage = [
+        (m, CoverageDict(proj[:, blocks[f"cov_t{i}"]], t.G), CoverageDict(proj[:, blocks[f"cov_r{i}"]], r.G))
+        for i, (m, t, r) in enumerate(coverage)
+    ]
+    return SitePlan(
+        W.float(),
+        strategies,
+        ref,
+        spans,
+        coverage,
+        tiles,
+        k_active,
+        proj,
+        blocks,
+        (strategies["tiled"].V * strategies["tiled"].S).float(),
+        affine,
+    )
 
 
 # --- tile widths ---------------------------------------------------------------------------------
@@ -333,7 +373,9 @@ def tile_widths_for(tile_widths, d_in: dict[str, int]) -> dict[str, int]:
     if tile_widths == "fixed":
         return {s: PAPER_TILE_WIDTHS[s] for s in d_in}
     if not isinstance(tile_widths, dict):
-        raise ValueError(f"tile_widths={tile_widths!r} is not allowed: give 'scaled', 'fixed' or a dict of widths per site")
+        raise ValueError(
+            f"tile_widths={tile_widths!r} is not allowed: give 'scaled', 'fixed' or a dict of widths per site"
+        )
     unknown = sorted(set(tile_widths) - set(PAPER_TILE_WIDTHS))
     if unknown:
         raise ValueError(f"tile_widths key {unknown[0]!r} is unknown; allowed: {', '.join(PAPER_TILE_WIDTHS)}")
@@ -371,9 +413,19 @@ def sum_shapes(n: int, n_sweep: int, d_gram: int, ceiling: bool = True) -> dict[
     """Name and shape of every token sum ``site_sums`` returns for a plan with ``n`` mounts, a
     coverage sweep of ``n_sweep`` points and a ceiling Gram of side ``d_gram`` (``plan.gram_dim``:
     ``d_out``, or ``d_in + 1`` on the input side; ``gram``: the ceiling's statistic)."""
-    shapes = {"tokens": (), "energy": (), "lift": (len(STRATEGIES), n), "ref": (n,), "span": (len(STRATEGIES),),
-              "cover_tiled": (n_sweep,), "cover_random": (n_sweep,), "tile_mode": (n,), "tile_ref": (n,),
-              "ident_err": (n,), "ident_norm": (n,)}
+    shapes = {
+        "tokens": (),
+        "energy": (),
+        "lift": (len(STRATEGIES), n),
+        "ref": (n,),
+        "span": (len(STRATEGIES),),
+        "cover_tiled": (n_sweep,),
+        "cover_random": (n_sweep,),
+        "tile_mode": (n,),
+        "tile_ref": (n,),
+        "ident_err": (n,),
+        "ident_norm": (n,),
+    }
     if ceiling:
         shapes["gram"] = (d_gram, d_gram)
     return shapes
@@ -402,23 +454,36 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor | None, ceiling: bool = True
             dh = tw if t == 0 else dh.add_(tw)
         tn2 = (tw * tw).sum(1).double().unsqueeze(1) + EPS
         proj, rp = (tw @ U32[:, j]).double(), (tw @ ref32[:, j]).double()
-        tm[j] = (proj ** 2 / tn2).sum(0)
-        tr[j] = (rp ** 2 / tn2).sum(0)
+        tm[j] = (proj**2 / tn2).sum(0)
+        tr[j] = (rp**2 / tn2).sum(0)
         ie[j] = ((proj - trig[:, j]) ** 2).sum(0)
-        inn[j] = (proj ** 2).sum(0)
+        inn[j] = (proj**2).sum(0)
     dh = dh.float()
     P = dh @ plan.proj  # [T, N]: every projection at once
     norm2 = (dh.double() ** 2).sum(1)
     ratio = (P[:, : plan.n_stat].double() ** 2 / (norm2 + EPS).unsqueeze(1)).sum(0)  # lifts, refs, spans
-    cover = sparse_explained_many([(P[:, b[f"cov_{kind}{i}"]], d.G) for kind in "tr"
-                                   for i, d in enumerate(c[1 if kind == "t" else 2] for c in plan.coverage)],
-                                  plan.k_active)
+    cover = sparse_explained_many(
+        [
+            (P[:, b[f"cov_{kind}{i}"]], d.G)
+            for kind in "tr"
+            for i, d in enumerate(c[1 if kind == "t" else 2] for c in plan.coverage)
+        ],
+        plan.k_active,
+    )
     n_sweep = len(plan.coverage)
-    out = {"tokens": torch.tensor(float(dh.shape[0]), dtype=torch.float64), "energy": norm2.sum(),
-           "lift": torch.stack([ratio[b[f"lift_{s}"]] for s in STRATEGIES]), "ref": ratio[b["ref"]],
-           "span": torch.stack([ratio[b[f"span_{s}"]].sum() for s in STRATEGIES]),
-           "cover_tiled": cover[:n_sweep], "cover_random": cover[n_sweep:],
-           "tile_mode": tm, "tile_ref": tr, "ident_err": ie, "ident_norm": inn}
+    out = {
+        "tokens": torch.tensor(float(dh.shape[0]), dtype=torch.float64),
+        "energy": norm2.sum(),
+        "lift": torch.stack([ratio[b[f"lift_{s}"]] for s in STRATEGIES]),
+        "ref": ratio[b["ref"]],
+        "span": torch.stack([ratio[b[f"span_{s}"]].sum() for s in STRATEGIES]),
+        "cover_tiled": cover[:n_sweep],
+        "cover_random": cover[n_sweep:],
+        "tile_mode": tm,
+        "tile_ref": tr,
+        "ident_err": ie,
+        "ident_norm": inn,
+    }
     if ceiling:
         out["gram"] = ceiling_sum(dh, x if plan.affine is not None else None)
     return out
@@ -501,27 +566,27 @@ def topk_jaccard(a: Tensor, b: Tensor, k: int = 20) -> float:
 class MountRules:
     """Every threshold of the per-site-layer pass rule (defaults: the paper's)."""
 
-    a1_margin: float = 0.005             # A1: tiled lift > random lift + margin
+    a1_margin: float = 0.005  # A1: tiled lift > random lift + margin
     a1_margin_effective: float = 0.002
-    a2_slack: float = 0.002              # A2: tiled >= column sampling - slack
-    a3_max_rel_err: float = 1e-4         # A3: the SVD identity holds on the data (relative error)
-    a4_slack_residual: float = 0.002     # A4: tiled + slack >= whole, or tiled / whole >= floor
+    a2_slack: float = 0.002  # A2: tiled >= column sampling - slack
+    a3_max_rel_err: float = 1e-4  # A3: the SVD identity holds on the data (relative error)
+    a4_slack_residual: float = 0.002  # A4: tiled + slack >= whole, or tiled / whole >= floor
     a4_floor_residual: float = 0.80
     a4_slack: float = 0.005
     a4_floor: float = 0.70
-    b1_peak_residual: float = 0.25       # B1: peak coverage lift >= floor
+    b1_peak_residual: float = 0.25  # B1: peak coverage lift >= floor
     b1_peak: float = 0.15
     b1_peak_effective: float = 0.08
-    b1_early_points_residual: int = 2    # best of the first points >= peak - early margin
+    b1_early_points_residual: int = 2  # best of the first points >= peak - early margin
     b1_early_points: int = 3
     b1_early_margin: float = 0.08
-    b1_last_margin: float = 0.10         # last point >= peak - last margin
-    c1_min_layer: int = 6                # C1 required on residual writes at layer >= this
-    c1_min_rho: float = 0.05             # pass if mean rho >= this or mean Jaccard >= c1_min_jaccard
+    b1_last_margin: float = 0.10  # last point >= peak - last margin
+    c1_min_layer: int = 6  # C1 required on residual writes at layer >= this
+    c1_min_rho: float = 0.05  # pass if mean rho >= this or mean Jaccard >= c1_min_jaccard
     c1_min_jaccard: float = 0.05
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "MountRules":
+    def from_dict(cls, d: dict | None) -> MountRules:
         d = dict(d or {})
         known = {f.name for f in fields(cls)}
         bad = sorted(set(d) - known)
@@ -537,13 +602,15 @@ def judge(row: dict, rules: MountRules, *, residual: bool, effective: bool) -> d
     checks["A1"] = t > r + (rules.a1_margin_effective if effective else rules.a1_margin)
     checks["A2"] = t >= c - rules.a2_slack
     checks["A3"] = row["identity_rel_err"] <= rules.a3_max_rel_err
-    slack, floor = ((rules.a4_slack_residual, rules.a4_floor_residual) if residual else (rules.a4_slack, rules.a4_floor))
+    slack, floor = (rules.a4_slack_residual, rules.a4_floor_residual) if residual else (rules.a4_slack, rules.a4_floor)
     checks["A4"] = t + slack >= w or (w > 0 and t / w >= floor)
     lifts = row["coverage_lift"]
     peak = max(lifts)
     floor_b = rules.b1_peak_residual if residual else (rules.b1_peak_effective if effective else rules.b1_peak)
     early = max(lifts[: rules.b1_early_points_residual if residual else rules.b1_early_points])
-    checks["B1"] = peak >= floor_b and early >= peak - rules.b1_early_margin and lifts[-1] >= peak - rules.b1_last_margin
+    checks["B1"] = (
+        peak >= floor_b and early >= peak - rules.b1_early_margin and lifts[-1] >= peak - rules.b1_last_margin
+    )
     if residual and row["layer"] >= rules.c1_min_layer:
         rho, jac = row.get("steer_rho"), row.get("steer_jaccard")
         checks["C1"] = rho is not None and (rho >= rules.c1_min_rho or jac >= rules.c1_min_jaccard)

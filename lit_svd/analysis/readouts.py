@@ -10,9 +10,10 @@
 
 The sign of a singular direction is arbitrary (``linalg.sign_fixed`` picks one); ``+`` and ``-`` swap with it.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -40,8 +41,9 @@ def read_scores(emb: Tensor, component: Component, group: int, direction: int, k
 
 
 @torch.no_grad()
-def readouts(view: ModelView, component: Component, claims: Sequence[tuple[int, int]], tokenizer,
-             top_k: int = 8) -> list[dict]:
+def readouts(
+    view: ModelView, component: Component, claims: Sequence[tuple[int, int]], tokenizer, top_k: int = 8
+) -> list[dict]:
     """For each ``(group, direction)`` of ``component``: ``side`` ("write" or "read"), ``plus`` and ``minus``
     (top tokens of ``+`` and ``-`` the direction), in the order of ``claims``."""
     if not claims:
@@ -52,8 +54,11 @@ def readouts(view: ModelView, component: Component, claims: Sequence[tuple[int, 
         for g, k in claims:
             keep[g, k] = True
         for row in logit_receptors(view, component, keep, tokenizer, top_k):
-            out[(row["head"], row["direction"])] = {"side": "write", "plus": row["promotes"],
-                                                    "minus": row["promotes_negative"]}
+            out[(row["head"], row["direction"])] = {
+                "side": "write",
+                "plus": row["promotes"],
+                "minus": row["promotes_negative"],
+            }
     elif component.kind == "mlp_out":
         V = torch.stack([component.V[g, :, k] for g, k in claims])
         logits = write_readings(view, "mlp", component.layer, V)

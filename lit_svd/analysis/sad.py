@@ -32,11 +32,12 @@ the head's attention weight ``a(d, s) >= threshold``; ``threshold=None`` means t
 
 Everything is batched over prompts, heads, destinations, directions and sources at once.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 import numpy as np
 import torch
@@ -54,8 +55,10 @@ Rotate = Callable[[Tensor, Tensor], Tensor]
 def check_threshold(threshold: float | None, key: str = "threshold") -> float | None:
     """``None`` (uniform 1/n rule) or a number in [0, 1]; anything else fails with one line."""
     if threshold is not None and not (isinstance(threshold, (int, float)) and 0.0 <= threshold <= 1.0):
-        raise ValueError(f"{key}={threshold!r} is outside [0, 1]: give an attention weight in [0, 1], or null for"
-                         " the uniform level 1/(visible sources)")
+        raise ValueError(
+            f"{key}={threshold!r} is outside [0, 1]: give an attention weight in [0, 1], or null for"
+            " the uniform level 1/(visible sources)"
+        )
     return threshold
 
 
@@ -110,21 +113,26 @@ class QKHeads:
 
     def __post_init__(self) -> None:
         if self.A_q.shape != self.A_k.shape or self.A_q.dim() != 3:
-            raise ValueError(f"QKHeads needs A_q and A_k of one shape [heads, D, d_head]; got {tuple(self.A_q.shape)}"
-                             f" and {tuple(self.A_k.shape)}")
+            raise ValueError(
+                f"QKHeads needs A_q and A_k of one shape [heads, D, d_head]; got {tuple(self.A_q.shape)}"
+                f" and {tuple(self.A_k.shape)}"
+            )
 
     @property
     def n_heads(self) -> int:
         return self.A_q.shape[0]
 
-    def select(self, heads: Tensor | list[int]) -> "QKHeads":
+    def select(self, heads: Tensor | list[int]) -> QKHeads:
         idx = torch.as_tensor(heads, dtype=torch.long, device=self.A_q.device)
         hn = None if self.head_norm is None else (self.head_norm[0][idx], self.head_norm[1][idx], self.head_norm[2])
         return QKHeads(self.A_q[idx], self.A_k[idx], self.rotate, self.softcap, hn)
 
-    def to(self, dtype: torch.dtype) -> "QKHeads":
-        hn = None if self.head_norm is None else (self.head_norm[0].to(dtype), self.head_norm[1].to(dtype),
-                                                  self.head_norm[2])
+    def to(self, dtype: torch.dtype) -> QKHeads:
+        hn = (
+            None
+            if self.head_norm is None
+            else (self.head_norm[0].to(dtype), self.head_norm[1].to(dtype), self.head_norm[2])
+        )
         return QKHeads(self.A_q.to(dtype), self.A_k.to(dtype), self.rotate, self.softcap, hn)
 
     def token_factors(self, xq: Tensor, xk: Tensor) -> tuple[Tensor, Tensor] | None:
@@ -166,9 +174,17 @@ def basis_blocks(qk: QKHeads, rel_gap: float = REL_GAP, top: int = 8) -> list[di
 
     S = svd_factored(qk.A_q.double(), qk.A_k.double()).S.cpu()  # [h, k]
     b = direction_blocks(S, rel_gap, size=qk.A_q.shape[-2])
-    return [{"rank": int(b.rank[h]), "n_isolated": int(b.isolated[h].sum()),
-             "top_terms": [{"direction": k, "sigma": float(S[h, k]), **direction_block(b, h, k)}
-                           for k in range(min(top, S.shape[-1]))]} for h in range(S.shape[0])]
+    return [
+        {
+            "rank": int(b.rank[h]),
+            "n_isolated": int(b.isolated[h].sum()),
+            "top_terms": [
+                {"direction": k, "sigma": float(S[h, k]), **direction_block(b, h, k)}
+                for k in range(min(top, S.shape[-1]))
+            ],
+        }
+        for h in range(S.shape[0])
+    ]
 
 
 def attention_window(view, layer: int) -> int | None:
@@ -180,8 +196,12 @@ def rotated_bases(U: Tensor, seed: int = 0, head_ids: list[int] | None = None) -
     """The control basis ``U Q`` per head, ``Q`` Haar-random ``[k, k]``, drawn for each head from
     ``(seed, head id)`` alone: the same on every rank, whichever other heads are analysed."""
     head_ids = list(range(U.shape[0])) if head_ids is None else list(head_ids)
-    Q = torch.stack([haar_orthogonal(U.shape[-1], generator=torch.Generator().manual_seed(seed * 1_000_003 + h),
-                                     dtype=U.dtype) for h in head_ids]).to(U.device)
+    Q = torch.stack(
+        [
+            haar_orthogonal(U.shape[-1], generator=torch.Generator().manual_seed(seed * 1_000_003 + h), dtype=U.dtype)
+            for h in head_ids
+        ]
+    ).to(U.device)
     return U @ Q
 
 
@@ -293,8 +313,9 @@ def contributions_at(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Te
 Pairs = tuple[Tensor, Tensor, Tensor, Tensor]  # (batch, head, dest, src) indices, each [P]
 
 
-def pair_contributions(a: Tensor, P: Tensor, keys: Tensor, visible: Tensor, pairs: Pairs,
-                       rotate: Rotate | None = None) -> Tensor:
+def pair_contributions(
+    a: Tensor, P: Tensor, keys: Tensor, visible: Tensor, pairs: Pairs, rotate: Rotate | None = None
+) -> Tensor:
     """Relative contributions ``c_k(d, s)`` of the listed pairs only -> ``[..., P, k]``.
 
     ``a: [..., B, h or 1, T_d, k]`` query coordinates ``x~_d . u_k``; ``P: [h, k, c]`` the directions as query
@@ -357,7 +378,7 @@ class NullHeads:
     def n_draws(self) -> int:
         return self.U.shape[1]
 
-    def head(self, draw: int, qk: "QKHeads") -> "QKHeads":
+    def head(self, draw: int, qk: QKHeads) -> QKHeads:
         """Draw ``draw`` as explicit factors (for tests and figures): ``A_q' = U'C_q``, ``A_k' = V'C_k``."""
         return QKHeads(self.U[:, draw] @ self.C_q, self.V[:, draw] @ self.C_k, qk.rotate, qk.softcap, qk.head_norm)
 
@@ -367,8 +388,12 @@ def null_heads(qk: QKHeads, svd, n_draws: int, seed: int, head_ids: list[int] | 
     head ``i``'s frames come from ``(seed, head_ids[i])`` alone, the same on every rank and selection."""
     head_ids = list(range(qk.n_heads)) if head_ids is None else list(head_ids)
     D, k = svd.U.shape[-2:]
-    F = torch.stack([haar_frames(D, k, 2 * n_draws, torch.Generator().manual_seed(seed * 1_000_003 + h),
-                                 qk.A_q.dtype) for h in head_ids]).to(qk.A_q.device)  # [h, 2n, D, k]
+    F = torch.stack(
+        [
+            haar_frames(D, k, 2 * n_draws, torch.Generator().manual_seed(seed * 1_000_003 + h), qk.A_q.dtype)
+            for h in head_ids
+        ]
+    ).to(qk.A_q.device)  # [h, 2n, D, k]
     return NullHeads(F[:, :n_draws], F[:, n_draws:], svd.U.mT @ qk.A_q, svd.V.mT @ qk.A_k)
 
 
@@ -421,8 +446,15 @@ class PairStats:
         return self.head.numel()
 
 
-def null_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, null: NullHeads,
-               threshold: float | None = None, tol: float = DEFAULT_RECON_TOL) -> NullStats:
+def null_pairs(
+    xq: Tensor,
+    xk: Tensor,
+    visible: Tensor,
+    qk: QKHeads,
+    null: NullHeads,
+    threshold: float | None = None,
+    tol: float = DEFAULT_RECON_TOL,
+) -> NullStats:
     """Decompose the matched-spectrum null heads on the same inputs, each on the pairs *it* attends to by
     the same rule (``select_pairs`` on its own scores); draws are stacked along the batch axis."""
     n, B = null.n_draws, xq.shape[0]
@@ -448,10 +480,20 @@ def null_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, null: NullH
     return NullStats(idx[0] // B, idx[1], rolls_tovee_sparsity(c), n_recon(c, r, tol))
 
 
-def sad_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, U_rot: Tensor,
-              threshold: float | None = None, tol: float = DEFAULT_RECON_TOL,
-              keep_contributions: bool = False, null: NullHeads | None = None,
-              unattended: bool = False, null_rows: Tensor | None = None) -> PairStats:
+def sad_pairs(
+    xq: Tensor,
+    xk: Tensor,
+    visible: Tensor,
+    qk: QKHeads,
+    U: Tensor,
+    U_rot: Tensor,
+    threshold: float | None = None,
+    tol: float = DEFAULT_RECON_TOL,
+    keep_contributions: bool = False,
+    null: NullHeads | None = None,
+    unattended: bool = False,
+    null_rows: Tensor | None = None,
+) -> PairStats:
     """Decompose every analysed pair of ``h`` heads over a batch of prompts.
 
     ``xq: [B, T_d, D]``, ``xk: [B, T_s, D]`` augmented inputs (``augment_inputs``; the same tensor for self-attention),
@@ -476,8 +518,15 @@ def sad_pairs(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, U
         return pair_contributions(a, basis.mT @ qk.A_q, keys, visible, where, qk.rotate)
 
     c, c_rot = decompose(U, idx), decompose(U_rot, idx)
-    stats = PairStats(*idx, r, rolls_tovee_sparsity(c), n_recon(c, r, tol), rolls_tovee_sparsity(c_rot),
-                      n_recon(c_rot, r, tol), c if keep_contributions else None)
+    stats = PairStats(
+        *idx,
+        r,
+        rolls_tovee_sparsity(c),
+        n_recon(c, r, tol),
+        rolls_tovee_sparsity(c_rot),
+        n_recon(c_rot, r, tol),
+        c if keep_contributions else None,
+    )
     if null is not None and (null_rows is None or len(null_rows)):
         rows = slice(None) if null_rows is None else null_rows
         stats.null = null_pairs(xq[rows], xk[rows], visible[rows], qk, null, threshold, tol)
@@ -508,8 +557,14 @@ class LayerBases:
     null: NullHeads | None = None
 
 
-def layer_bases(view, layer: int, heads: list[int] | None = None, seed: int = 0,
-                dtype: torch.dtype = torch.float32, null_draws: int = 0) -> LayerBases:
+def layer_bases(
+    view,
+    layer: int,
+    heads: list[int] | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    null_draws: int = 0,
+) -> LayerBases:
     """Bases of ``heads`` (default all) of ``layer``; the control rotation and the ``null_draws``
     matched-spectrum null heads are seeded by ``(seed, layer)`` (and the head, for the rotation)."""
     view.check_layer(layer)
@@ -517,8 +572,15 @@ def layer_bases(view, layer: int, heads: list[int] | None = None, seed: int = 0,
     qk = qk_heads_from_view(view, layer).select(heads).to(dtype)
     svd = svd_factored(qk.A_q, qk.A_k)
     null = null_heads(qk, svd, null_draws, seed * 100_003 + layer + 7_919_000, heads) if null_draws else None
-    return LayerBases(layer, torch.tensor(heads), qk, svd.U, rotated_bases(svd.U, seed * 100_003 + layer, heads),
-                      attention_window(view, layer), null)
+    return LayerBases(
+        layer,
+        torch.tensor(heads),
+        qk,
+        svd.U,
+        rotated_bases(svd.U, seed * 100_003 + layer, heads),
+        attention_window(view, layer),
+        null,
+    )
 
 
 @torch.no_grad()
@@ -527,21 +589,41 @@ def attention_inputs(view, input_ids: Tensor, attention_mask: Tensor, layers: li
     (``[1, view.normalized("attn", layer, resid)]``)."""
     with capture({l: view.block(view.check_layer(l)) for l in layers}, "pre") as got:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-        view.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   logits_to_keep=1)  # the logits are not needed (262k-word vocabularies)
+        view.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=1
+        )  # the logits are not needed (262k-word vocabularies)
     return {l: augment_inputs(view.normalized("attn", l, got[l])) for l in layers}
 
 
-def decompose_layer(bases: LayerBases, x: Tensor, attention_mask: Tensor, threshold: float | None = None,
-                    tol: float = DEFAULT_RECON_TOL, keep_contributions: bool = False,
-                    unattended: bool = False, null_rows: Tensor | None = None) -> PairStats:
+def decompose_layer(
+    bases: LayerBases,
+    x: Tensor,
+    attention_mask: Tensor,
+    threshold: float | None = None,
+    tol: float = DEFAULT_RECON_TOL,
+    keep_contributions: bool = False,
+    unattended: bool = False,
+    null_rows: Tensor | None = None,
+) -> PairStats:
     """All analysed pairs of one layer's heads over a batch (with the nulls the bases carry, on the
     prompts ``null_rows`` (None: all), and the pair null when ``unattended``); ``PairStats.head`` and
     ``.unattended.head`` hold model head indices."""
     x = x.to(bases.U.dtype)
     visible = causal_visibility(attention_mask, bases.window)
-    stats = sad_pairs(x, x, visible, bases.qk, bases.U, bases.U_rot, threshold, tol, keep_contributions,
-                      bases.null, unattended, null_rows)
+    stats = sad_pairs(
+        x,
+        x,
+        visible,
+        bases.qk,
+        bases.U,
+        bases.U_rot,
+        threshold,
+        tol,
+        keep_contributions,
+        bases.null,
+        unattended,
+        null_rows,
+    )
     heads = bases.heads.to(stats.head.device)
     stats.head = heads[stats.head]
     for extra in (stats.null, stats.unattended):
@@ -554,14 +636,16 @@ def head_means(head: Tensor, values: Tensor, n_heads: int) -> Tensor:
     """Mean of ``values [..., P]`` per head index ``head [P]`` -> ``[..., n_heads]`` (NaN for heads without pairs)."""
     v = values.double().cpu()
     total = torch.zeros(*v.shape[:-1], n_heads, dtype=torch.float64).index_add_(-1, head.cpu(), v)
-    count = torch.zeros(n_heads, dtype=torch.float64).index_add_(0, head.cpu(), torch.ones(len(head), dtype=torch.float64))
+    count = torch.zeros(n_heads, dtype=torch.float64).index_add_(
+        0, head.cpu(), torch.ones(len(head), dtype=torch.float64)
+    )
     return total / count
 
 
 def null_head_means(null: NullStats, n_heads: int, n_draws: int | None = None) -> Tensor:
     """Mean sparsity of each null draw of each head -> ``[n_heads, n_draws]`` (NaN without pairs)."""
     n_draws = int(null.draw.max().item()) + 1 if n_draws is None else n_draws
-    key = (null.head.cpu() * n_draws + null.draw.cpu())
+    key = null.head.cpu() * n_draws + null.draw.cpu()
     return head_means(key, null.sparsity, n_heads * n_draws).reshape(n_heads, n_draws)
 
 
@@ -579,30 +663,51 @@ def head_rows(names: list[str], st: PairStats, n_heads: int) -> dict[str, list]:
     if st.null is not None:
         draws = null_head_means(st.null, n_heads)  # [h, n_draws]
         p05 = null_quantile(draws)
-        out.update(sparsity_null=draws.mean(-1).tolist(), sparsity_null_p05=p05.tolist(),
-                   sparser_than_null=[bool(a < b) for a, b in zip(sp.tolist(), p05.tolist())])
+        out.update(
+            sparsity_null=draws.mean(-1).tolist(),
+            sparsity_null_p05=p05.tolist(),
+            sparser_than_null=[bool(a < b) for a, b in zip(sp.tolist(), p05.tolist())],
+        )
     return out
 
 
 @torch.no_grad()
-def lm_head_sparsity(view, ids: Tensor, mask: Tensor, threshold: float | None, tol: float, seed: int,
-                     null_draws: int = DEFAULT_NULL_DRAWS) -> dict[str, list]:
+def lm_head_sparsity(
+    view,
+    ids: Tensor,
+    mask: Tensor,
+    threshold: float | None,
+    tol: float,
+    seed: int,
+    null_draws: int = DEFAULT_NULL_DRAWS,
+) -> dict[str, list]:
     """Per head (every layer) on one probe batch: see ``head_rows``."""
     X = attention_inputs(view, ids, mask, list(range(view.n_layers)))
     out: dict[str, list] = {}
     for layer in range(view.n_layers):
         bases = layer_bases(view, layer, seed=seed, null_draws=null_draws)
-        rows = head_rows([f"L{layer}H{h}" for h in range(view.n_heads)],
-                         decompose_layer(bases, X[layer], mask, threshold, tol), view.n_heads)
+        rows = head_rows(
+            [f"L{layer}H{h}" for h in range(view.n_heads)],
+            decompose_layer(bases, X[layer], mask, threshold, tol),
+            view.n_heads,
+        )
         for k, v in rows.items():
             out.setdefault(k, []).extend(v)
     return out
 
 
 @torch.no_grad()
-def toy_head_sparsity(W: Tensor, W_Q: Tensor, W_K: Tensor, d_heads: list[int], feats: Tensor,
-                      threshold: float | None, tol: float, seed: int,
-                      null_draws: int = DEFAULT_NULL_DRAWS) -> dict[str, list]:
+def toy_head_sparsity(
+    W: Tensor,
+    W_Q: Tensor,
+    W_K: Tensor,
+    d_heads: list[int],
+    feats: Tensor,
+    threshold: float | None,
+    tol: float,
+    seed: int,
+    null_draws: int = DEFAULT_NULL_DRAWS,
+) -> dict[str, list]:
     """Per toy instance (``W: [I, D, N]``, ``W_Q, W_K: [I, H, D]``, ``feats: [I, B, 1 + m, N]``): the query
     token (0) attending over the key tokens, in the instance's own features; see ``head_rows``."""
     out: dict[str, list] = {}
@@ -653,8 +758,9 @@ def _fraction_le(hist: Tensor, k: int = 4) -> float:
     return hist[:k].sum().item() / max(hist.sum().item(), 1.0)
 
 
-def summarise_heads(layers: list[int], heads: list[list[int]], sums: dict[str, Tensor],
-                    min_pairs: int = 20) -> tuple[list[dict], dict]:
+def summarise_heads(
+    layers: list[int], heads: list[list[int]], sums: dict[str, Tensor], min_pairs: int = 20
+) -> tuple[list[dict], dict]:
     """Per-head rows and a summary over the heads with at least ``min_pairs`` pairs, from the sums of
     ``SADHeadStats`` (``[L, H]``; histograms ``[L, H, k]``; null pair counts and sparsity ``[L, H, n_draws]``).
 
@@ -669,27 +775,45 @@ def summarise_heads(layers: list[int], heads: list[list[int]], sums: dict[str, T
         for h in heads[i]:
             n = int(sums["n_pairs"][i, h].item())
             sp, rot = _mean(sums["sparsity"][i, h].item(), n), _mean(sums["sparsity_rotated"][i, h].item(), n)
-            row = {"layer": layer, "head": h, "n_pairs": n, "sparsity": sp, "sparsity_rotated": rot,
-                   "sparser_than_rotated": bool(n and sp < rot),
-                   "n_recon_median": histogram_median(sums["recon_hist"][i, h]) if n else None,
-                   "n_recon_median_rotated": histogram_median(sums["recon_hist_rotated"][i, h]) if n else None,
-                   "n_recon_hist": [int(v) for v in sums["recon_hist"][i, h].tolist()]}
+            row = {
+                "layer": layer,
+                "head": h,
+                "n_pairs": n,
+                "sparsity": sp,
+                "sparsity_rotated": rot,
+                "sparser_than_rotated": bool(n and sp < rot),
+                "n_recon_median": histogram_median(sums["recon_hist"][i, h]) if n else None,
+                "n_recon_median_rotated": histogram_median(sums["recon_hist_rotated"][i, h]) if n else None,
+                "n_recon_hist": [int(v) for v in sums["recon_hist"][i, h].tolist()],
+            }
             if has_null:
                 draws = sums["sparsity_null"][i, h] / sums["n_pairs_null"][i, h].clamp_min(1)
                 p05 = null_quantile(draws).item()
-                row.update(sparsity_null=draws.mean().item() if n else None, sparsity_null_p05=p05 if n else None,
-                           sparsity_null_draws=draws.tolist() if n else None,
-                           sparser_than_null=bool(n and sp < p05),
-                           null_fraction_below=(draws < sp).double().mean().item() if n else None,
-                           n_recon_median_null=histogram_median(sums["recon_hist_null"][i, h]) if n else None)
+                row.update(
+                    sparsity_null=draws.mean().item() if n else None,
+                    sparsity_null_p05=p05 if n else None,
+                    sparsity_null_draws=draws.tolist() if n else None,
+                    sparser_than_null=bool(n and sp < p05),
+                    null_fraction_below=(draws < sp).double().mean().item() if n else None,
+                    n_recon_median_null=histogram_median(sums["recon_hist_null"][i, h]) if n else None,
+                )
             if has_un:
                 m = int(sums["n_unattended"][i, h].item())
                 su = _mean(sums["sparsity_unattended"][i, h].item(), m)
-                z = _welch_z(sp, sums["sparsity_sq"][i, h].item(), n, su, sums["sparsity_unattended_sq"][i, h].item(),
-                             m) if n and m else None
-                row.update(n_unattended=m, sparsity_unattended=su, z_unattended=z,
-                           sparser_than_unattended=bool(z is not None and z > Z_ONE_SIDED_5),
-                           n_recon_median_unattended=histogram_median(sums["recon_hist_unattended"][i, h]) if m else None)
+                z = (
+                    _welch_z(
+                        sp, sums["sparsity_sq"][i, h].item(), n, su, sums["sparsity_unattended_sq"][i, h].item(), m
+                    )
+                    if n and m
+                    else None
+                )
+                row.update(
+                    n_unattended=m,
+                    sparsity_unattended=su,
+                    z_unattended=z,
+                    sparser_than_unattended=bool(z is not None and z > Z_ONE_SIDED_5),
+                    n_recon_median_unattended=histogram_median(sums["recon_hist_unattended"][i, h]) if m else None,
+                )
             rows.append(row)
     eligible = [r for r in rows if r["n_pairs"] >= min_pairs]
     mask = torch.zeros_like(sums["n_pairs"], dtype=torch.bool)
@@ -697,16 +821,20 @@ def summarise_heads(layers: list[int], heads: list[list[int]], sums: dict[str, T
         for h in heads[i]:
             mask[i, h] = sums["n_pairs"][i, h] >= min_pairs
     summary = {"min_pairs": min_pairs, "n_heads": len(rows), **_counts(eligible, has_null, has_un)}
-    for suffix, key in [("", "recon_hist"), ("_rotated", "recon_hist_rotated")] + \
-            ([("_null", "recon_hist_null")] if has_null else []) + ([("_unattended", "recon_hist_unattended")] if has_un else []):
+    for suffix, key in (
+        [("", "recon_hist"), ("_rotated", "recon_hist_rotated")]
+        + ([("_null", "recon_hist_null")] if has_null else [])
+        + ([("_unattended", "recon_hist_unattended")] if has_un else [])
+    ):
         pooled = sums[key][mask].sum(0)
         if suffix == "":
             summary["n_pairs"] = int(pooled.sum().item())
         summary[f"n_recon_hist{suffix}"] = [int(v) for v in pooled.tolist()]
         summary[f"n_recon_median{suffix}"] = histogram_median(pooled)
         summary[f"n_recon_fraction_le_4{suffix}"] = _fraction_le(pooled)
-    summary["per_layer"] = [{"layer": layer, **_counts([r for r in eligible if r["layer"] == layer], has_null, has_un)}
-                            for layer in layers]
+    summary["per_layer"] = [
+        {"layer": layer, **_counts([r for r in eligible if r["layer"] == layer], has_null, has_un)} for layer in layers
+    ]
     return rows, summary
 
 
@@ -714,8 +842,11 @@ def _counts(eligible: list[dict], has_null: bool, has_un: bool) -> dict:
     """Head counts sparser than each control and mean sparsities over ``eligible`` rows."""
     n = len(eligible)
     out = {"n_heads_eligible": n}
-    kinds = [("rotated", "sparsity_rotated")] + ([("null", "sparsity_null")] if has_null else []) + \
-        ([("unattended", "sparsity_unattended")] if has_un else [])
+    kinds = (
+        [("rotated", "sparsity_rotated")]
+        + ([("null", "sparsity_null")] if has_null else [])
+        + ([("unattended", "sparsity_unattended")] if has_un else [])
+    )
     out["mean_sparsity"] = sum(r["sparsity"] for r in eligible) / n if n else None
     for kind, key in kinds:
         k = sum(r[f"sparser_than_{kind}"] for r in eligible)

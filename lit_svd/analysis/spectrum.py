@@ -7,14 +7,15 @@ output maps (``view.mlp_in``, ``view.mlp_gate``, ``view.mlp_out``). Singular val
 (``sigma_1 >= sigma_2 >= ...``) everywhere a person reads them: TensorBoard tags, figure axes, docs; lists in
 results.json are plain arrays (position 0 holds sigma_1).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from lit_svd.linalg import SVD, FactoredMatrix, svd_dense
+from lit_svd.linalg import SVD, FactoredABt, svd_dense
 
 EPS = 1e-30
 
@@ -44,11 +45,13 @@ def layer_svds(view, layer: int, kinds: Sequence[str] | None = None) -> dict[str
     """Thin SVDs (descending, float64) of one layer's maps (``kinds``, default all of ``layer_kinds``):
     ``qk`` and ``ov`` batched over heads (``S: [n_heads, k]``); ``mlp_in``, ``mlp_gate`` (gated MLPs only) and
     ``mlp_out`` unbatched."""
-    build = {"qk": lambda: _factored_svd(view.qk(layer, 0 if view.rotary_dim else None)),
-             "ov": lambda: _factored_svd(view.ov(layer)),
-             "mlp_in": lambda: svd_dense(view.mlp_in(layer).double()),
-             "mlp_gate": lambda: svd_dense(view.mlp_gate(layer).double()),
-             "mlp_out": lambda: svd_dense(view.mlp_out(layer).double())}
+    build = {
+        "qk": lambda: _factored_svd(view.qk(layer, 0 if view.rotary_dim else None)),
+        "ov": lambda: _factored_svd(view.ov(layer)),
+        "mlp_in": lambda: svd_dense(view.mlp_in(layer).double()),
+        "mlp_gate": lambda: svd_dense(view.mlp_gate(layer).double()),
+        "mlp_out": lambda: svd_dense(view.mlp_out(layer).double()),
+    }
     return {k: build[k]() for k in (layer_kinds(view) if kinds is None else kinds)}
 
 
@@ -58,8 +61,8 @@ def layer_spectra(view, layer: int) -> dict[str, Tensor]:
     return {k: svd.S for k, svd in layer_svds(view, layer).items()}
 
 
-def _factored_svd(fm: FactoredMatrix) -> SVD:
-    return FactoredMatrix(fm.A.double(), fm.B.double()).svd()
+def _factored_svd(fm: FactoredABt) -> SVD:
+    return FactoredABt(fm.A.double(), fm.B.double()).svd()
 
 
 def row_key(row: dict) -> tuple:
@@ -79,9 +82,17 @@ def spectrum_rows(view, layers: list[int], top_k: int, svds: dict | None = None)
             er, en = effective_rank(per), top_k_energy(per, top_k)
             for i in range(per.shape[0]):
                 head = i if S.dim() == 2 else None
-                rows.append({"matrix": matrix, "layer": layer, "head": head,
-                             "name": f"L{layer}H{i}" if head is not None else f"L{layer}",
-                             "S": per[i].tolist(), "effective_rank": er[i].item(), "top_k_energy": en[i].item()})
+                rows.append(
+                    {
+                        "matrix": matrix,
+                        "layer": layer,
+                        "head": head,
+                        "name": f"L{layer}H{i}" if head is not None else f"L{layer}",
+                        "S": per[i].tolist(),
+                        "effective_rank": er[i].item(),
+                        "top_k_energy": en[i].item(),
+                    }
+                )
                 if svds is not None:
                     svds[row_key(rows[-1])] = svd if head is None else SVD(svd.U[i], svd.S[i], svd.V[i])
     return rows

@@ -19,6 +19,7 @@ value, its sign relative to the first step, and whether its identity held since 
   restarts on the largest direction that no other tracked name holds (``since`` says from which step), so
   ``d1..dn`` stay on the top of the spectrum instead of following a lost chain into its bottom.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -96,13 +97,17 @@ class DirectionTrack:
             state = ["kept"] * k
         else:
             if self.prev.S.shape != svd.S.shape:
-                raise ValueError(f"the tracked matrix changed shape: {tuple(self.prev.S.shape)} -> {tuple(svd.S.shape)}")
+                raise ValueError(
+                    f"the tracked matrix changed shape: {tuple(self.prev.S.shape)} -> {tuple(svd.S.shape)}"
+                )
             match = match_directions(self.prev, svd, self.rel_gap)
             old = self.position
             cos, block_cos = match.cos.abs()[old], match.block_cos[old]
             isolated = self.prev_blocks.isolated[old]
-            state = ["kept" if iso and c >= self.min_cos else "block" if not iso and b >= self.min_cos else "lost"
-                     for iso, c, b in zip(isolated.tolist(), cos.tolist(), block_cos.tolist())]
+            state = [
+                "kept" if iso and c >= self.min_cos else "block" if not iso and b >= self.min_cos else "lost"
+                for iso, c, b in zip(isolated.tolist(), cos.tolist(), block_cos.tolist())
+            ]
             self.position = match.index[old]
             self.sign = self.sign * match.sign.double()[old]
             self.since = torch.where(torch.tensor([s == "lost" for s in state]), step, self.since)
@@ -113,9 +118,18 @@ class DirectionTrack:
         b = blocks.block
         lo = torch.stack([svd.S[b == b[p]].min() for p in pos.tolist()]) if n else svd.S[:0]
         hi = torch.stack([svd.S[b == b[p]].max() for p in pos.tolist()]) if n else svd.S[:0]
-        return TrackStep(pos.tolist(), svd.S[pos].tolist(), self.sign[:n].tolist(), cos[:n].tolist(),
-                         block_cos[:n].tolist(), state[:n], blocks.size[pos].tolist(), lo.tolist(), hi.tolist(),
-                         self.since[:n].tolist())
+        return TrackStep(
+            pos.tolist(),
+            svd.S[pos].tolist(),
+            self.sign[:n].tolist(),
+            cos[:n].tolist(),
+            block_cos[:n].tolist(),
+            state[:n],
+            blocks.size[pos].tolist(),
+            lo.tolist(),
+            hi.tolist(),
+            self.since[:n].tolist(),
+        )
 
     def _restart(self, lost: list[int], n: int) -> None:
         """A reported direction that lost its identity restarts on the largest direction no other reported one
@@ -154,8 +168,9 @@ def track_scalars(prefix: str, step: TrackStep) -> dict[str, float]:
     return out
 
 
-def compare_svds(ref: SVD, new: SVD, n_track: int | None = None, rel_gap: float = REL_GAP,
-                 min_cos: float = MIN_COS) -> TrackStep:
+def compare_svds(
+    ref: SVD, new: SVD, n_track: int | None = None, rel_gap: float = REL_GAP, min_cos: float = MIN_COS
+) -> TrackStep:
     """The top ``n_track`` directions of ``ref`` (unbatched) followed into ``new`` of the same shape, as
     ``DirectionTrack`` follows them from one logged step to the next: per direction where its partner
     sits in ``new``, its singular value there, |cos| / block cosine, and ``kept`` / ``block`` / ``lost``.

@@ -15,6 +15,7 @@ singular values cross, ``d_k`` stays with its direction, and a heatmap column st
 ``<instance>`` names the settings that differ between instances (``lambda=0.3,seed=2``; ``seed=0`` for one).
 At the end of fit it writes ``results.json`` (keys in docs/toy.md) and PNG figures. Rank zero only.
 """
+
 from __future__ import annotations
 
 import lightning.pytorch as pl
@@ -37,13 +38,17 @@ class SVDAlignmentCallback(Callback):
         spectrum_scalars: how many tracked directions (d1, d2, ...) get scalar tags.
     """
 
-    def __init__(self, every_n_steps: int = 50, heatmap_instances: int = 2, pair_scalars: int = 4,
-                 spectrum_scalars: int = 4):
+    def __init__(
+        self, every_n_steps: int = 50, heatmap_instances: int = 2, pair_scalars: int = 4, spectrum_scalars: int = 4
+    ):
         super().__init__()
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps={every_n_steps!r}: must be a positive integer")
-        for name, v in (("heatmap_instances", heatmap_instances), ("pair_scalars", pair_scalars),
-                        ("spectrum_scalars", spectrum_scalars)):
+        for name, v in (
+            ("heatmap_instances", heatmap_instances),
+            ("pair_scalars", pair_scalars),
+            ("spectrum_scalars", spectrum_scalars),
+        ):
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}={v!r}: must be an integer >= 0")
         self.every_n_steps, self.heatmap_instances = every_n_steps, heatmap_instances
@@ -57,8 +62,9 @@ class SVDAlignmentCallback(Callback):
     @staticmethod
     def report(module) -> list[dict]:
         W_Q, W_K = (w.float().cpu() for w in module.head_weights())
-        return alignment_report(module.feature_directions(), W_Q, W_K, module.template.cpu(), module.pairs,
-                                frozen=module.frozen_features)
+        return alignment_report(
+            module.feature_directions(), W_Q, W_K, module.template.cpu(), module.pairs, frozen=module.frozen_features
+        )
 
     def on_train_start(self, trainer: pl.Trainer, module) -> None:
         self.observe(trainer, module)
@@ -132,17 +138,30 @@ class SVDAlignmentCallback(Callback):
         W = module.feature_directions()
         instances = []
         for n, r in enumerate(reports):
-            inst = {"index": n, "seed": module.seeds[n], "lambda": module.lambdas[n], "d_head": module.d_heads[n],
-                    "d_model": module.d_models[n], **({"p": p[n]} if p is not None else {}), **r,
-                    "interference_target": targets[n],
-                    # reached ||E_X||_2: as built (frozen) or of the learnt features at the end
-                    "interference": module.interference[n] if module.frozen_features else float(interference(W[n]))}
+            inst = {
+                "index": n,
+                "seed": module.seeds[n],
+                "lambda": module.lambdas[n],
+                "d_head": module.d_heads[n],
+                "d_model": module.d_models[n],
+                **({"p": p[n]} if p is not None else {}),
+                **r,
+                "interference_target": targets[n],
+                # reached ||E_X||_2: as built (frozen) or of the learnt features at the end
+                "interference": module.interference[n] if module.frozen_features else float(interference(W[n])),
+            }
             instances.append(inst)
-        results = {"experiment": "toy_alignment", "global_step": trainer.global_step,
-                   "n_instances": module.n_instances, "frozen_features": module.frozen_features,
-                   "template_pairs": [list(pr) for pr in module.pairs], "summary": summarise(instances),
-                   "history": [{"step": s, "mean_abs_cos": v} for s, v in self.history],
-                   "tracked_directions": self.tracked, "instances": instances}
+        results = {
+            "experiment": "toy_alignment",
+            "global_step": trainer.global_step,
+            "n_instances": module.n_instances,
+            "frozen_features": module.frozen_features,
+            "template_pairs": [list(pr) for pr in module.pairs],
+            "summary": summarise(instances),
+            "history": [{"step": s, "mean_abs_cos": v} for s, v in self.history],
+            "tracked_directions": self.tracked,
+            "instances": instances,
+        }
         results["summary"]["theorem1_groups"] = theorem1_groups(instances)
         path = write_results(trainer, results)
         self.write_figures(trainer, module, results)
@@ -161,14 +180,22 @@ class SVDAlignmentCallback(Callback):
         if len({i["interference"] for i in instances}) > 1 and len({i["d_model"] for i in instances}) == 1:
             save_figure(trainer, figs.interference_sweep(instances), "interference_sweep")
         if len({i["d_model"] for i in instances}) > 1:
-            save_figure(trainer, figs.theorem1_superposition(results["summary"]["theorem1_groups"], module.n_features),
-                        "theorem1_superposition")
+            save_figure(
+                trainer,
+                figs.theorem1_superposition(results["summary"]["theorem1_groups"], module.n_features),
+                "theorem1_superposition",
+            )
 
 
 def _varying_settings(module) -> dict[str, list]:
     """The settings (seed, lambda, D, H, ||E_X||) that differ between the instances; the seed alone if none do."""
-    settings = {"seed": module.seeds, "lambda": module.lambdas, "D": module.d_models, "H": module.d_heads,
-                "||E_X||": getattr(module, "interference", None) if module.frozen_features else None}
+    settings = {
+        "seed": module.seeds,
+        "lambda": module.lambdas,
+        "D": module.d_models,
+        "H": module.d_heads,
+        "||E_X||": getattr(module, "interference", None) if module.frozen_features else None,
+    }
     varying = {k: v for k, v in settings.items() if v is not None and len(set(v)) > 1}
     return varying or {"seed": module.seeds}
 
@@ -193,15 +220,18 @@ def _first(svd: SVD, n: int) -> SVD:
 
 def summarise(instances: list[dict]) -> dict:
     """Ensemble-level figures: how many instances have every pair at |cos| >= 0.95 on both sides, etc."""
+
     def aligned(inst: dict, thr: float) -> bool:
         return all(m["cos_query"] >= thr and m["cos_key"] >= thr for m in inst["pairs"])
 
-    out = {"n_instances": len(instances),
-           "n_all_pairs_cos_ge_0.95": sum(aligned(i, 0.95) for i in instances),
-           "n_all_pairs_cos_ge_0.9": sum(aligned(i, 0.9) for i in instances),
-           "mean_abs_cos": sum(i["mean_abs_cos"] for i in instances) / len(instances),
-           "min_sigma_ratio": min(i["sigma_ratio"] for i in instances),
-           "n_distinct_indices": sum(i["distinct_indices"] for i in instances)}
+    out = {
+        "n_instances": len(instances),
+        "n_all_pairs_cos_ge_0.95": sum(aligned(i, 0.95) for i in instances),
+        "n_all_pairs_cos_ge_0.9": sum(aligned(i, 0.9) for i in instances),
+        "mean_abs_cos": sum(i["mean_abs_cos"] for i in instances) / len(instances),
+        "min_sigma_ratio": min(i["sigma_ratio"] for i in instances),
+        "n_distinct_indices": sum(i["distinct_indices"] for i in instances),
+    }
     if "spearman_sigma_target" in instances[0]:
         out["min_spearman_sigma_target"] = min(i["spearman_sigma_target"] for i in instances)
     return out

@@ -1,20 +1,23 @@
 """Matplotlib figures of the toy alignment experiment (each returns a Figure; the caller saves it)."""
+
 from __future__ import annotations
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 
 def heatmaps(cos_u: torch.Tensor, cos_v: torch.Tensor, pairs: list[tuple[int, int, float]], max_cols: int = 25):
     """|cos(w_i, u_k)| and |cos(w_j, v_k)| of one instance; template pairs' features marked (red, left edge)."""
     k = min(max_cols, cos_u.shape[-1])
     fig, axes = plt.subplots(1, 2, figsize=(8, 4.2), sharey=True)
-    for ax, cos, title, feats in ((axes[0], cos_u, "|cos(w_i, u_k)| (query side)", {p[0] for p in pairs}),
-                                  (axes[1], cos_v, "|cos(w_j, v_k)| (key side)", {p[1] for p in pairs})):
+    for ax, cos, title, feats in (
+        (axes[0], cos_u, "|cos(w_i, u_k)| (query side)", {p[0] for p in pairs}),
+        (axes[1], cos_v, "|cos(w_j, v_k)| (key side)", {p[1] for p in pairs}),
+    ):
         im = _cos_image(ax, cos[:, :k], feats)
         ax.set_title(title, fontsize=9)
     axes[0].set_ylabel("feature")
@@ -22,15 +25,25 @@ def heatmaps(cos_u: torch.Tensor, cos_v: torch.Tensor, pairs: list[tuple[int, in
     return fig
 
 
-def heatmap(cos: torch.Tensor, side: str, pairs: list[tuple[int, int, float]], title: str, max_cols: int = 25,
-            tracked: bool = False):
+def heatmap(
+    cos: torch.Tensor,
+    side: str,
+    pairs: list[tuple[int, int, float]],
+    title: str,
+    max_cols: int = 25,
+    tracked: bool = False,
+):
     """One side's |cos(feature, singular vector)| (the TensorBoard image): axes, pair features marked, colour bar.
     ``tracked``: the columns are tracked directions d1, d2, ... (``lit_svd.analysis.tracking``), not sorted
     singular indices."""
     fig, ax = plt.subplots(figsize=(4.6, 3.8))
     feats = {p[0] if side == "query" else p[1] for p in pairs}
-    im = _cos_image(ax, cos[:, : min(max_cols, cos.shape[-1])], feats,
-                    "tracked direction d_k (sigma_k at the first logged step)" if tracked else None)
+    im = _cos_image(
+        ax,
+        cos[:, : min(max_cols, cos.shape[-1])],
+        feats,
+        "tracked direction d_k (sigma_k at the first logged step)" if tracked else None,
+    )
     ax.set_ylabel("feature")
     ax.set_title(f"|cos(w, {'u' if side == 'query' else 'v'}_k)|, {side} side ({title})", fontsize=8)
     fig.colorbar(im, ax=ax, shrink=0.85, label="|cos|")
@@ -107,8 +120,13 @@ def interference_sweep(instances: list[dict]):
     the mean |cos| over pairs at each pair's recorded ``singular_index`` (``mean_abs_cos``)."""
     fig, ax = plt.subplots(figsize=(5, 3.4))
     x = [i["interference"] for i in instances]
-    ax.plot(x, [i["theorem1"]["cos_u1_prediction"] for i in instances], "s", mfc="none",
-            label="|cos(u_1, Sigma_X^-1 x_1)| (whitened prediction)")
+    ax.plot(
+        x,
+        [i["theorem1"]["cos_u1_prediction"] for i in instances],
+        "s",
+        mfc="none",
+        label="|cos(u_1, Sigma_X^-1 x_1)| (whitened prediction)",
+    )
     ax.plot(x, [i["theorem1"]["cos_u1_raw"] for i in instances], "o", label="|cos(u_1, x_1)| (raw feature)")
     ax.plot(x, [i["mean_abs_cos"] for i in instances], "x", label="mean |cos| over pairs, matched index")
     ax.set_xlabel("interference ||E_X||_2")
@@ -126,10 +144,18 @@ def theorem1_superposition(groups: list[dict], n_features: int):
     for color, d in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], dims):
         rows = sorted((g for g in groups if g["d_model"] == d), key=lambda g: g["interference_mean"])
         x = [g["interference_mean"] for g in rows]
-        for key, ls, mk, name in (("cos_u1_prediction", "-", "s", "whitened prediction"),
-                                  ("cos_u1_raw", "--", "o", "raw x_1")):
-            ax.plot(x, [g[f"{key}_mean"] for g in rows], ls=ls, marker=mk, color=color,
-                    label=f"N/D = {n_features / d:g}: {name} (mean)")
+        for key, ls, mk, name in (
+            ("cos_u1_prediction", "-", "s", "whitened prediction"),
+            ("cos_u1_raw", "--", "o", "raw x_1"),
+        ):
+            ax.plot(
+                x,
+                [g[f"{key}_mean"] for g in rows],
+                ls=ls,
+                marker=mk,
+                color=color,
+                label=f"N/D = {n_features / d:g}: {name} (mean)",
+            )
             ax.plot(x, [g[f"{key}_worst"] for g in rows], ls="none", marker=mk, mfc="none", color=color, alpha=0.7)
     ax.set_xlabel("interference ||E_X||_2 (mean over seeds)")
     ax.set_ylabel("|cos(u_1, .)|  (open markers: worst seed)")

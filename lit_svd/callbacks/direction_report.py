@@ -12,21 +12,42 @@ After ``test`` (rank zero) it writes:
   table, sortable by clicking a column header; open it with ``python -m webbrowser file://PATH``;
 * ``directions_z.png``: z against the isolation gap, one point per direction.
 """
+
 from __future__ import annotations
 
 import csv
 import html
 import io
-from typing import Sequence
+from collections.abc import Sequence
 
 from lightning.pytorch.callbacks import Callback
 
 from lit_svd.analysis.causal import LEVEL, Z_PASS
 from lit_svd.output import run_dir, save_figure, write_results
 
-COLUMNS = ("component", "kind", "layer", "head", "direction", "sigma", "block", "block_size", "block_claimed",
-           "gap", "isolated", "past_rank", "effect", "null_mean", "null_std", "z", "percentile", "passes", "readout_side",
-           "readout_plus", "readout_minus")
+COLUMNS = (
+    "component",
+    "kind",
+    "layer",
+    "head",
+    "direction",
+    "sigma",
+    "block",
+    "block_size",
+    "block_claimed",
+    "gap",
+    "isolated",
+    "past_rank",
+    "effect",
+    "null_mean",
+    "null_std",
+    "z",
+    "percentile",
+    "passes",
+    "readout_side",
+    "readout_plus",
+    "readout_minus",
+)
 SEP = " | "  # between readout tokens in the CSV and the page
 
 
@@ -34,9 +55,13 @@ def flat_row(row: dict) -> dict:
     """A table row of plain values: the block's id and size, the readout's token lists joined by ``SEP``."""
     read = row.get("readout") or {}
     flat = {k: row[k] for k in COLUMNS if k in row}
-    flat.update(block=row["block"]["id"], block_size=row["block"]["size"],
-                readout_side=read.get("side", ""), readout_plus=SEP.join(read.get("plus", [])),
-                readout_minus=SEP.join(read.get("minus", [])))
+    flat.update(
+        block=row["block"]["id"],
+        block_size=row["block"]["size"],
+        readout_side=read.get("side", ""),
+        readout_plus=SEP.join(read.get("plus", [])),
+        readout_minus=SEP.join(read.get("minus", [])),
+    )
     return flat
 
 
@@ -44,11 +69,17 @@ def summary(rows: Sequence[dict]) -> dict:
     """Counts and fractions of isolated and passing directions."""
     n = len(rows)
     iso = [r for r in rows if r["isolated"]]
-    return {"n_directions": n, "n_isolated": len(iso), "fraction_isolated": len(iso) / n if n else None,
-            "n_pass": sum(r["passes"] for r in rows), "fraction_pass": sum(r["passes"] for r in rows) / n if n else None,
-            "fraction_pass_isolated": sum(r["passes"] for r in iso) / len(iso) if iso else None,
-            "fraction_pass_in_blocks": (sum(r["passes"] for r in rows if not r["isolated"]) / (n - len(iso))
-                                        if n > len(iso) else None)}
+    return {
+        "n_directions": n,
+        "n_isolated": len(iso),
+        "fraction_isolated": len(iso) / n if n else None,
+        "n_pass": sum(r["passes"] for r in rows),
+        "fraction_pass": sum(r["passes"] for r in rows) / n if n else None,
+        "fraction_pass_isolated": sum(r["passes"] for r in iso) / len(iso) if iso else None,
+        "fraction_pass_in_blocks": (
+            sum(r["passes"] for r in rows if not r["isolated"]) / (n - len(iso)) if n > len(iso) else None
+        ),
+    }
 
 
 def csv_text(rows: Sequence[dict]) -> str:
@@ -118,13 +149,15 @@ def html_page(rows: Sequence[dict], facts: dict, title: str) -> str:
             cls = ' class="tokens"' if c.startswith("readout_") else (' class="passes"' if c == "passes" else "")
             cells.append(f'<td{cls} data-v="{html.escape(str(v), quote=True)}">{_cell(v)}</td>')
         lines.append(f'<tr class="{"pass" if row["passes"] else "fail"}">{"".join(cells)}</tr>')
-    about = (f"Each direction of the component (one head's OV map, or an MLP map) is patched alone at the answer"
-             f" position toward the corrupted prompt's coefficient; effect = mean change of the task metric."
-             f" z = (|effect| - mean |null|) / std |null| over random unit directions of the same head; passes"
-             f" at z &ge; {Z_PASS:.3f} (one-sided {LEVEL:.0%}). Block: neighbours within the relative gap share a"
-             f" block; a direction in a block of size &gt; 1 is not identifiable alone. Readout: top tokens of"
-             f" +/- the direction (write side: through the final norm and unembedding; read side: token"
-             f" embeddings through the layer's norm). Click a column header to sort.")
+    about = (
+        f"Each direction of the component (one head's OV map, or an MLP map) is patched alone at the answer"
+        f" position toward the corrupted prompt's coefficient; effect = mean change of the task metric."
+        f" z = (|effect| - mean |null|) / std |null| over random unit directions of the same head; passes"
+        f" at z &ge; {Z_PASS:.3f} (one-sided {LEVEL:.0%}). Block: neighbours within the relative gap share a"
+        f" block; a direction in a block of size &gt; 1 is not identifiable alone. Readout: top tokens of"
+        f" +/- the direction (write side: through the final norm and unembedding; read side: token"
+        f" embeddings through the layer's norm). Click a column header to sort."
+    )
     return PAGE.format(title=html.escape(title), facts=fact_html, about=about, head=head, body="\n".join(lines))
 
 
@@ -141,18 +174,47 @@ class DirectionReport(Callback):
 
     def on_test_end(self, trainer, module) -> None:
         rows, hp = module.table, module.hparams
-        results = {"experiment": "direction_check", "run": str(module.run_path), "model": module.model_name,
-                   "task": module.task, "claims": hp.claims, "kinds": list(hp.kinds), **summary(rows),
-                   "level": LEVEL, "z_pass": Z_PASS, "n_random": hp.n_random, "seed": hp.seed, "rel_gap": hp.rel_gap,
-                   **module.timing, "table_csv": self.csv_name, "table_html": self.html_name, "directions": rows}
+        results = {
+            "experiment": "direction_check",
+            "run": str(module.run_path),
+            "model": module.model_name,
+            "task": module.task,
+            "claims": hp.claims,
+            "kinds": list(hp.kinds),
+            **summary(rows),
+            "level": LEVEL,
+            "z_pass": Z_PASS,
+            "n_random": hp.n_random,
+            "seed": hp.seed,
+            "rel_gap": hp.rel_gap,
+            **module.timing,
+            "table_csv": self.csv_name,
+            "table_html": self.html_name,
+            "directions": rows,
+        }
         write_results(trainer, results)
         if not trainer.is_global_zero:
             return
         out = run_dir(trainer)
         (out / self.csv_name).write_text(csv_text(rows))
-        facts = {k: results[k] for k in ("run", "model", "task", "claims", "n_directions", "fraction_isolated",
-                                         "fraction_pass", "fraction_pass_isolated", "level", "n_random",
-                                         "n_prompts", "rel_gap", "wall_s")}
+        facts = {
+            k: results[k]
+            for k in (
+                "run",
+                "model",
+                "task",
+                "claims",
+                "n_directions",
+                "fraction_isolated",
+                "fraction_pass",
+                "fraction_pass_isolated",
+                "level",
+                "n_random",
+                "n_prompts",
+                "rel_gap",
+                "wall_s",
+            )
+        }
         title = f"{module.model_name} {module.task}: {hp.claims} directions, blocks, causal check, readouts"
         (out / self.html_name).write_text(html_page(rows, facts, title), encoding="utf-8")
         if rows:
@@ -169,9 +231,14 @@ class DirectionReport(Callback):
         for isolated, marker in ((True, "o"), (False, "x")):
             pick = [r for r in rows if r["isolated"] == isolated]
             if pick:
-                ax.scatter([max(r["gap"], 1e-4) for r in pick], [r["z"] for r in pick], s=10, marker=marker,
-                           c=["tab:green" if r["passes"] else "tab:red" for r in pick],
-                           label=f"{'isolated' if isolated else 'in a block'} ({len(pick)})")
+                ax.scatter(
+                    [max(r["gap"], 1e-4) for r in pick],
+                    [r["z"] for r in pick],
+                    s=10,
+                    marker=marker,
+                    c=["tab:green" if r["passes"] else "tab:red" for r in pick],
+                    label=f"{'isolated' if isolated else 'in a block'} ({len(pick)})",
+                )
         ax.axhline(Z_PASS, color="k", lw=0.8, ls="--", label=f"z = {Z_PASS:.2f} (one-sided {LEVEL:.0%})")
         ax.set_xscale("log")
         ax.set_xlabel("isolation gap (relative, to the nearest singular value outside the block)")

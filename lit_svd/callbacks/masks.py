@@ -11,7 +11,8 @@ the test split. It writes (rank zero):
   ``agreement_hard`` (these flat figures are ``eval_split``'s), ``splits`` (the same figures and
   ``n_examples`` per split), ``per_kind``, ``kept_without_qk`` and ``components`` (kept counts per
   component and group), ``steps``, ``max_steps``, ``stopped_early`` (the run ended before
-  ``max_steps``: the ``max_time`` safety net fired), ``train_wall_s`` (of this process: a resumed run counts from the resume), ``receptors``, ``steering`` (one
+  ``max_steps``: the ``max_time`` safety net fired), ``train_wall_s`` (of this
+  process: a resumed run counts from the resume), ``receptors``, ``steering`` (one
   direction scaled) and ``steering_swap`` (two-class tasks: the most class-separating kept OV
   directions swapped toward the other class's mean); the trajectory and steering use the validation
   split, never the test split;
@@ -29,10 +30,12 @@ the test split. It writes (rank zero):
 During training it logs the kept fraction per component type to TensorBoard every ``log_every`` steps
 (the module itself logs KL, L1 and the overall kept fraction every step).
 """
+
 from __future__ import annotations
 
 import time
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import lightning.pytorch as pl
 import torch
@@ -40,7 +43,6 @@ import torch
 from lit_svd.analysis.blocks import block_report, direction_block, kept_blocks
 from lit_svd.analysis.masks import logit_receptors, steer, swap_steer
 from lit_svd.output import run_dir, save_figure, write_results
-
 
 SPLITS = ("val", "test")
 
@@ -75,11 +77,18 @@ class DirectionMaskReport(pl.Callback):
             directions are swapped toward the other class's mean (``results["steering_swap"]``).
     """
 
-    def __init__(self, log_every: int = 10, receptors_top: int = 12,
-                 steer_factors: Sequence[float] = (-2.0, -1.0, 0.0, 2.0, 4.0), steer_component: str | None = None,
-                 steer_head: int | None = None, steer_direction: int | None = None,
-                 eval_split: Literal["val", "test"] = "val",
-                 trajectory_every: int = 10, swap_counts: Sequence[int] = (1, 2, 4, 8, 16)):
+    def __init__(
+        self,
+        log_every: int = 10,
+        receptors_top: int = 12,
+        steer_factors: Sequence[float] = (-2.0, -1.0, 0.0, 2.0, 4.0),
+        steer_component: str | None = None,
+        steer_head: int | None = None,
+        steer_direction: int | None = None,
+        eval_split: Literal["val", "test"] = "val",
+        trajectory_every: int = 10,
+        swap_counts: Sequence[int] = (1, 2, 4, 8, 16),
+    ):
         if eval_split not in ("val", "test"):
             raise ValueError(f"eval_split={eval_split!r} is unknown; choose val or test")
         self.log_every, self.receptors_top, self.steer_factors = log_every, receptors_top, list(steer_factors)
@@ -108,7 +117,10 @@ class DirectionMaskReport(pl.Callback):
         full = module.answer_logits(batch["clean_ids"], batch)
         reference = module.reference(batch)
         point = {"step": trainer.global_step, "kept_fraction": module.kept()["kept_fraction"]}
-        for setting, scales in (("soft", {n: l.detach() for n, l in module.lambdas().items()}), ("hard", module.hard())):
+        for setting, scales in (
+            ("soft", {n: l.detach() for n, l in module.lambdas().items()}),
+            ("hard", module.hard()),
+        ):
             logits = module.answer_logits(batch["clean_ids"], batch, scales, reference)
             point[f"kl_{setting}"] = float(module.scores(logits, full, batch)["kl"].mean())
         return point
@@ -122,8 +134,10 @@ class DirectionMaskReport(pl.Callback):
 
     def on_fit_start(self, trainer, module) -> None:
         if not len(self._loader(trainer, self.eval_split).dataset):
-            raise ValueError(f"eval_split={self.eval_split!r} but the data module's {self.eval_split} split is empty;"
-                             f" give n_{self.eval_split} > 0")
+            raise ValueError(
+                f"eval_split={self.eval_split!r} but the data module's {self.eval_split} split is empty;"
+                f" give n_{self.eval_split} > 0"
+            )
 
     def on_train_start(self, trainer, module) -> None:
         self._train_start = time.monotonic()
@@ -133,8 +147,11 @@ class DirectionMaskReport(pl.Callback):
 
     def on_fit_end(self, trainer, module) -> None:
         show = trainer.is_global_zero and trainer.progress_bar_callback is not None
-        evals = {split: module.evaluate(self._loader(trainer, split), progress=show) for split in SPLITS
-                 if len(self._loader(trainer, split).dataset)}
+        evals = {
+            split: module.evaluate(self._loader(trainer, split), progress=show)
+            for split in SPLITS
+            if len(self._loader(trainer, split).dataset)
+        }
         self.report(trainer, module, evals, fit=True)
 
     def on_test_end(self, trainer, module) -> None:
@@ -155,29 +172,49 @@ class DirectionMaskReport(pl.Callback):
         gt = module.task == "gt"
         max_steps = trainer.max_steps
         results = {
-            "experiment": "direction_mask", "task": _task_name(trainer), "model": module.model_name,
-            "n_directions": kept["n_directions"], "kept": kept["kept"],
-            "kept_fraction": kept["kept_fraction"], "threshold": module.threshold, "alpha": module.alpha,
-            "ablation": module.ablation, "positions": module.positions, "steps": trainer.global_step,
-            "straight_through": module.hparams.straight_through, "soft_steps": module.hparams.soft_steps,
-            "eval_split": headline, "metric": "prob_diff" if gt else "logit_diff",
+            "experiment": "direction_mask",
+            "task": _task_name(trainer),
+            "model": module.model_name,
+            "n_directions": kept["n_directions"],
+            "kept": kept["kept"],
+            "kept_fraction": kept["kept_fraction"],
+            "threshold": module.threshold,
+            "alpha": module.alpha,
+            "ablation": module.ablation,
+            "positions": module.positions,
+            "steps": trainer.global_step,
+            "straight_through": module.hparams.straight_through,
+            "soft_steps": module.hparams.soft_steps,
+            "eval_split": headline,
+            "metric": "prob_diff" if gt else "logit_diff",
             **_scores(evals[headline]),
-            "per_kind": kept["per_kind"], "trajectory": self.trajectory, "components": kept["components"],
-            "splits": {split: {"n_examples": len(self._loader(trainer, split).dataset), **_scores(ev)}
-                       for split, ev in evals.items()},
-            "kept_without_qk": kept["without_qk"], "max_steps": max_steps,
+            "per_kind": kept["per_kind"],
+            "trajectory": self.trajectory,
+            "components": kept["components"],
+            "splits": {
+                split: {"n_examples": len(self._loader(trainer, split).dataset), **_scores(ev)}
+                for split, ev in evals.items()
+            },
+            "kept_without_qk": kept["without_qk"],
+            "max_steps": max_steps,
             "stopped_early": fit and max_steps > 0 and trainer.global_step < max_steps,
-            "train_wall_s": self.train_wall_s if fit else None, "trajectory_split": self.trajectory_split,
+            "train_wall_s": self.train_wall_s if fit else None,
+            "trajectory_split": self.trajectory_split,
             "steering_split": probe_split,
             "data_seed": getattr(trainer.datamodule, "seed", None),
             "order_seed": getattr(trainer.datamodule, "order_seed", None),
         }
         kb = kept_blocks(module.components, {n: h.bool() for n, h in module.hard().items()}, module.rel_gap)
         report = block_report(module.components, module.rel_gap)
-        results.update(mask_unit=module.mask_unit, rel_gap=module.rel_gap,
-                       kept_isolated={k: kb[k] for k in ("kept", "isolated", "isolated_fraction", "per_kind")},
-                       kept_directions=kb["directions"], kept_blocks=kb["blocks"],
-                       blocks_per_kind=report["per_kind"], blocks_file="blocks.json")
+        results.update(
+            mask_unit=module.mask_unit,
+            rel_gap=module.rel_gap,
+            kept_isolated={k: kb[k] for k in ("kept", "isolated", "isolated_fraction", "per_kind")},
+            kept_directions=kb["directions"],
+            kept_blocks=kb["blocks"],
+            blocks_per_kind=report["per_kind"],
+            blocks_file="blocks.json",
+        )
         results["receptors"] = self.receptors(module)
         results["steering"] = self.steering(module, first)
         results["steering_swap"] = self.swap(module, first)
@@ -204,11 +241,25 @@ class DirectionMaskReport(pl.Callback):
             if picked is None:
                 return None
             name, head, direction = picked
-        rows = steer(_steered_run(module, batch), module.intervention, batch, name, head, direction, self.steer_factors,
-                     task=module.task)
+        rows = steer(
+            _steered_run(module, batch),
+            module.intervention,
+            batch,
+            name,
+            head,
+            direction,
+            self.steer_factors,
+            task=module.task,
+        )
         blocks = module.blocks()[name]
-        return {"component": name, "head": head, "direction": direction, **direction_block(blocks, head, direction),
-                "n_examples": len(batch["answer_pos"]), "factors": rows}
+        return {
+            "component": name,
+            "head": head,
+            "direction": direction,
+            **direction_block(blocks, head, direction),
+            "n_examples": len(batch["answer_pos"]),
+            "factors": rows,
+        }
 
     def swap(self, module, batch: dict) -> dict | None:
         """Two-class tasks (GP): kept OV directions swapped toward the other class's mean coefficient."""
@@ -218,8 +269,14 @@ class DirectionMaskReport(pl.Callback):
         with torch.no_grad(), module.intervention.record(names, positions=batch["answer_pos"]) as coefficients:
             module.answer_logits(batch["clean_ids"], batch)
         hard = module.hard()
-        out = swap_steer(_steered_run(module, batch), batch, dict(coefficients), {n: hard[n] for n in names},
-                         self.swap_counts, task=module.task)
+        out = swap_steer(
+            _steered_run(module, batch),
+            batch,
+            dict(coefficients),
+            {n: hard[n] for n in names},
+            self.swap_counts,
+            task=module.task,
+        )
         if out is not None:
             blocks = module.blocks()
             for row in out["directions"]:
@@ -253,7 +310,6 @@ class DirectionMaskReport(pl.Callback):
             fig.colorbar(im, ax=ax)
             save_figure(trainer, fig, f"masks_kept_{kind}")
 
-
     @staticmethod
     def blocks_figure(trainer, per_kind: dict, rel_gap: float) -> None:
         """``masks_blocks.png``: kept directions per kind, split into isolated, in blocks and past the rank."""
@@ -278,6 +334,7 @@ class DirectionMaskReport(pl.Callback):
 def _steered_run(module, batch: dict):
     """``run(scales, reference=None)``: answer-position logits of the clean prompts with ``scales``
     applied at the answer positions, patched toward ``reference`` (None scales: the unmodified model)."""
+
     @torch.no_grad()
     def run(scales: dict | None, reference: dict | None = None):
         if scales is None:

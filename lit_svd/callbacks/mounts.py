@@ -3,6 +3,7 @@
 The pass table counts each check per site on the real matrices and, where the run scored the
 structureless null, on the nulls beside them; a check that passes on the null at least as often as on
 the real matrices is *non-discriminating* at that site (``discrimination``)."""
+
 from __future__ import annotations
 
 import csv
@@ -32,8 +33,9 @@ def pass_table(rows: list[dict], null: bool = False) -> dict[str, dict[str, str]
     """Per site and check: ``"passed/required"`` over the site's layers (C1 counts required layers only);
     ``"all"`` holds the overall pass count. ``null``: the same for the structureless nulls."""
     counts = _counts(rows, null)
-    table = {site: {c: f"{p}/{n}" if n else "-" for c, (p, n) in by.items()}
-             for site, by in counts.items() if site != "all"}
+    table = {
+        site: {c: f"{p}/{n}" if n else "-" for c, (p, n) in by.items()} for site, by in counts.items() if site != "all"
+    }
     p, n = counts["all"]["pass"]
     table["all"] = {"pass": f"{p}/{n}"}
     return table
@@ -55,9 +57,13 @@ def discrimination(rows: list[dict]) -> dict[str, dict[str, bool | None]]:
     """Per site (and "all") and check: True where the real matrices pass significantly more often than their
     nulls (``discriminates``), False where they do not (non-discriminating), None where nothing is required."""
     real, null = _counts(rows, False), _counts(rows, True)
-    return {site: {c: (None if n == 0 or null[site][c][1] == 0 else discriminates((p, n), null[site][c]))
-                   for c, (p, n) in by.items()}
-            for site, by in real.items()}
+    return {
+        site: {
+            c: (None if n == 0 or null[site][c][1] == 0 else discriminates((p, n), null[site][c]))
+            for c, (p, n) in by.items()
+        }
+        for site, by in real.items()
+    }
 
 
 def site_summary(rows: list[dict]) -> dict[str, dict]:
@@ -67,17 +73,20 @@ def site_summary(rows: list[dict]) -> dict[str, dict]:
     out = {}
     for site in dict.fromkeys(r["site"] for r in rows):
         mine = [r for r in rows if r["site"] == site]
-        entry = {"n_layers": len(mine),
-                 "tiled_beats_whole_lift": sum(r["lift_tiled"] > r["lift_whole"] for r in mine),
-                 "tiled_beats_whole_span": sum(r["span_lift_tiled"] > r["span_lift_whole"] for r in mine)}
+        entry = {
+            "n_layers": len(mine),
+            "tiled_beats_whole_lift": sum(r["lift_tiled"] > r["lift_whole"] for r in mine),
+            "tiled_beats_whole_span": sum(r["span_lift_tiled"] > r["span_lift_whole"] for r in mine),
+        }
         for strat in STRATEGIES[:-1]:
             fr = [r[f"ceiling_fraction_{strat}"] for r in mine if f"ceiling_fraction_{strat}" in r]
             if fr:
                 entry[f"ceiling_fraction_{strat}"] = {"mean": sum(fr) / len(fr), "min": min(fr), "max": max(fr)}
         if "null" in mine[0]:
             entry["null_tiled_beats_whole_lift"] = sum(r["null"]["lift_tiled"] > r["null"]["lift_whole"] for r in mine)
-            entry["null_tiled_beats_whole_span"] = sum(r["null"]["span_lift_tiled"] > r["null"]["span_lift_whole"]
-                                                       for r in mine)
+            entry["null_tiled_beats_whole_span"] = sum(
+                r["null"]["span_lift_tiled"] > r["null"]["span_lift_whole"] for r in mine
+            )
         out[site] = entry
     return out
 
@@ -107,13 +116,24 @@ class MountsReport(pl.Callback):
         if not rows or not trainer.is_global_zero:
             return
         hp = dict(pl_module.hparams)
-        results = {"experiment": "tiled_mounts", "model": hp.get("model"), "config": hp,
-                   "n_tokens": max(r["n_tokens"] for r in rows), "pass_table": pass_table(rows),
-                   "n_pass": sum(r["pass"] for r in rows), "n_site_layers": len(rows),
-                   "tile_widths": dict(pl_module.tile_widths), "site_summary": site_summary(rows), "sites": rows}
+        results = {
+            "experiment": "tiled_mounts",
+            "model": hp.get("model"),
+            "config": hp,
+            "n_tokens": max(r["n_tokens"] for r in rows),
+            "pass_table": pass_table(rows),
+            "n_pass": sum(r["pass"] for r in rows),
+            "n_site_layers": len(rows),
+            "tile_widths": dict(pl_module.tile_widths),
+            "site_summary": site_summary(rows),
+            "sites": rows,
+        }
         if "null" in rows[0]:
-            results.update(pass_table_null=pass_table(rows, null=True), n_pass_null=sum(r["null"]["pass"] for r in rows),
-                           discriminating=discrimination(rows))
+            results.update(
+                pass_table_null=pass_table(rows, null=True),
+                n_pass_null=sum(r["null"]["pass"] for r in rows),
+                discriminating=discrimination(rows),
+            )
         write_results(trainer, results)
         flat = [csv_row(r) for r in rows]
         keys = list(dict.fromkeys(k for r in flat for k in r))
@@ -158,9 +178,11 @@ def depth_figures(rows: list[dict]) -> dict:
             ax.plot(L, [r["null"]["span_lift_tiled"] for r in by[s]], label="tiled, null", color="grey", lw=0.8)
         return s
 
-    figs = {"mounts_lift_depth": _depth_panels(sites, by, lifts, "full-write lift", legend_size=7),
-            "mounts_span_depth": _depth_panels(sites, by, spans, "span lift over random", legend_size=6),
-            "mounts_coverage_depth": _depth_panels(sites, by, coverage, "coverage lift over random", legend_size=6)}
+    figs = {
+        "mounts_lift_depth": _depth_panels(sites, by, lifts, "full-write lift", legend_size=7),
+        "mounts_span_depth": _depth_panels(sites, by, spans, "span lift over random", legend_size=6),
+        "mounts_coverage_depth": _depth_panels(sites, by, coverage, "coverage lift over random", legend_size=6),
+    }
     steer = [s for s in sites if "steer_rho" in by[s][0]]
     if steer:
         figs["mounts_steering_depth"] = _depth_panels(steer, by, steering, None, legend_size=7, width=3.2)

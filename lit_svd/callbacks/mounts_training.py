@@ -20,6 +20,7 @@ TensorBoard: ``mounts/<site>/layer<l>/<stat>`` (stat: ``lift_<strategy>``, ``lif
 (rank zero): ``results.json["mounts_training"]`` (the settings and the history), ``mounts_training.png`` and,
 with ``figures``, ``mounts_depth.png``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,9 +48,22 @@ def probe_activations(view, lm, ids, mask, keys: list[tuple[int, str]]) -> dict:
     return {key: (flat(xin[key]), flat(view.site_output(*key, xout[key]))) for key in keys}
 
 
-def score_site_layers(view, lm, ids, mask, keys: list[tuple[int, str]], tile_widths: dict[str, int], modes: int,
-                      sweep: list[int], k_active: int, seed: int, rules: M.MountRules, reduce=lambda t: t,
-                      null_control: bool = False, steer: dict | None = None) -> list[dict]:
+def score_site_layers(
+    view,
+    lm,
+    ids,
+    mask,
+    keys: list[tuple[int, str]],
+    tile_widths: dict[str, int],
+    modes: int,
+    sweep: list[int],
+    k_active: int,
+    seed: int,
+    rules: M.MountRules,
+    reduce=lambda t: t,
+    null_control: bool = False,
+    steer: dict | None = None,
+) -> list[dict]:
     """One row per (layer, site) of ``keys``: ``summarize`` of the probe's token sums (``reduce`` sums them
     over DDP ranks) plus ``judge``'s checks, exactly as the mounts test run computes them. ``null_control``:
     also the site-layer's structureless null (``row["null"]``, same seed as the test run); ``steer``: check C1
@@ -59,8 +73,15 @@ def score_site_layers(view, lm, ids, mask, keys: list[tuple[int, str]], tile_wid
         W = view.site_weight(*key)[0].mT
         plans[key] = M.plan_site(W, tile_widths[key[1]], modes, sweep, k_active, seed, f"tile_widths.{key[1]}")
         if null_control:
-            nulls[key] = M.plan_site(M.haar_null(W, M.null_seed(*key)), tile_widths[key[1]], modes, sweep, k_active,
-                                     seed, f"tile_widths.{key[1]}")
+            nulls[key] = M.plan_site(
+                M.haar_null(W, M.null_seed(*key)),
+                tile_widths[key[1]],
+                modes,
+                sweep,
+                k_active,
+                seed,
+                f"tile_widths.{key[1]}",
+            )
     acts = probe_activations(view, lm, ids, mask, keys) if ids.shape[0] else {}
     jobs = [(key, plans[key], True) for key in keys] + [(key, nulls[key], False) for key in nulls]
     flat = []
@@ -71,32 +92,64 @@ def score_site_layers(view, lm, ids, mask, keys: list[tuple[int, str]], tile_wid
             sums = M.site_sums(plan, x, dh if real else None, ceiling=real)  # None: the null scores its own writes
         else:
             sums = {}
-        flat += [sums[k].reshape(-1).double() if k in sums else torch.zeros(shape, dtype=torch.float64).reshape(-1)
-                 for k, shape in shapes.items()]
+        flat += [
+            sums[k].reshape(-1).double() if k in sums else torch.zeros(shape, dtype=torch.float64).reshape(-1)
+            for k, shape in shapes.items()
+        ]
     total, start = reduce(torch.cat(flat)), 0
     summaries = {}
     for key, plan, real in jobs:
         sums = {}
         for k, shape in M.sum_shapes(plan.n, len(plan.coverage), plan.d_out, ceiling=real).items():
             size = math.prod(shape)
-            sums[k], start = total[start: start + size].reshape(shape), start + size
+            sums[k], start = total[start : start + size].reshape(shape), start + size
         summaries[key, real] = M.summarize(plan, sums)
     rows = []
     for key in keys:
         layer, site = key
-        row = {"site": site, "layer": layer, "residual": site in RESIDUAL_SITES, "path": "module",
-               "tile_width": tile_widths[site], **summaries[key, True]}
+        row = {
+            "site": site,
+            "layer": layer,
+            "residual": site in RESIDUAL_SITES,
+            "path": "module",
+            "tile_width": tile_widths[site],
+            **summaries[key, True],
+        }
         if null_control:
             row["null"] = {"layer": layer, **summaries[key, False]}
         if steer is not None and row["residual"]:
             from lit_svd.modules.mounts import steer_scores
 
             W_U = view.unembed()[0].double()
-            row.update(steer_scores(view, lm, steer["context"], plans[key], row["tile_lift"], layer, site, W_U,
-                                    steer["alpha"], steer["mounts"]))
+            row.update(
+                steer_scores(
+                    view,
+                    lm,
+                    steer["context"],
+                    plans[key],
+                    row["tile_lift"],
+                    layer,
+                    site,
+                    W_U,
+                    steer["alpha"],
+                    steer["mounts"],
+                )
+            )
             if null_control:
-                row["null"].update(steer_scores(view, lm, steer["context"], nulls[key], row["null"]["tile_lift"],
-                                                layer, site, W_U, steer["alpha"], steer["mounts"]))
+                row["null"].update(
+                    steer_scores(
+                        view,
+                        lm,
+                        steer["context"],
+                        nulls[key],
+                        row["null"]["tile_lift"],
+                        layer,
+                        site,
+                        W_U,
+                        steer["alpha"],
+                        steer["mounts"],
+                    )
+                )
         for r in [row, row["null"]] if null_control else [row]:
             r["checks"] = M.judge(r, rules, residual=row["residual"], effective=False)
             r["pass"] = r["checks"]["pass"]
@@ -139,16 +192,37 @@ class MountsCallback(StepCallback):
         write_results: write the history into results.json and mounts_training.png at the end of fit.
     """
 
-    def __init__(self, probe_path: str, every_n_steps: int = 250, sites: list[str] = ("o", "down"),
-                 layers: list[int] | None = None, probe_windows: int = 8, probe_seq_len: int = 64,
-                 tile_widths: dict[str, int] | Literal["scaled", "fixed"] = "scaled", modes_per_tile: int = 2,
-                 modes_sweep: list[int] = (1, 2, 4, 8), k_active: int = 8, seed: int = 0,
-                 rules: dict | None = None, null_control: bool = False, steer: bool = False, steer_alpha: float = 2.0,
-                 steer_mounts: int = 8, steer_texts: int = 8, steer_tokens: int = 32, figures: bool = False,
-                 write_results: bool = True):
+    def __init__(
+        self,
+        probe_path: str,
+        every_n_steps: int = 250,
+        sites: list[str] = ("o", "down"),
+        layers: list[int] | None = None,
+        probe_windows: int = 8,
+        probe_seq_len: int = 64,
+        tile_widths: dict[str, int] | Literal["scaled", "fixed"] = "scaled",
+        modes_per_tile: int = 2,
+        modes_sweep: list[int] = (1, 2, 4, 8),
+        k_active: int = 8,
+        seed: int = 0,
+        rules: dict | None = None,
+        null_control: bool = False,
+        steer: bool = False,
+        steer_alpha: float = 2.0,
+        steer_mounts: int = 8,
+        steer_texts: int = 8,
+        steer_tokens: int = 32,
+        figures: bool = False,
+        write_results: bool = True,
+    ):
         super().__init__(every_n_steps)
-        for key, value in (("probe_windows", probe_windows), ("probe_seq_len", probe_seq_len),
-                           ("steer_mounts", steer_mounts), ("steer_texts", steer_texts), ("steer_tokens", steer_tokens)):
+        for key, value in (
+            ("probe_windows", probe_windows),
+            ("probe_seq_len", probe_seq_len),
+            ("steer_mounts", steer_mounts),
+            ("steer_texts", steer_texts),
+            ("steer_tokens", steer_tokens),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key}={value!r} must be a positive integer")
         if steer and steer_tokens < 2:
@@ -189,9 +263,22 @@ class MountsCallback(StepCallback):
             a = self.steer_args
             texts = self.probe[0][: a["texts"], : a["tokens"]].to(module.device)
             steer = {"context": steer_context(module.lm, texts), "alpha": a["alpha"], "mounts": a["mounts"]}
-        rows = score_site_layers(view, module.lm, ids, mask, self.keys(view), self.widths(view), self.modes,
-                                 self.sweep, self.k_active, self.seed, self.rules, all_reduce_sum,
-                                 self.null_control, steer)
+        rows = score_site_layers(
+            view,
+            module.lm,
+            ids,
+            mask,
+            self.keys(view),
+            self.widths(view),
+            self.modes,
+            self.sweep,
+            self.k_active,
+            self.seed,
+            self.rules,
+            all_reduce_sum,
+            self.null_control,
+            steer,
+        )
         step = trainer.global_step
         log_scalars(trainer, scalars(rows), step)
         if self.figures and trainer.is_global_zero:
@@ -203,11 +290,23 @@ class MountsCallback(StepCallback):
         if not self.write or not trainer.is_global_zero or not self.history:
             return
         view = pl_module.view
-        merge_results(trainer, "mounts_training", {
-            "probe_path": self.probe_path, "probe_windows": self.probe_windows, "probe_seq_len": self.probe_seq_len,
-            "tile_widths": self.widths(view), "modes_per_tile": self.modes, "modes_sweep": self.sweep,
-            "k_active": self.k_active, "seed": self.seed, "null_control": self.null_control, "steer": self.steer,
-            "history": self.history})
+        merge_results(
+            trainer,
+            "mounts_training",
+            {
+                "probe_path": self.probe_path,
+                "probe_windows": self.probe_windows,
+                "probe_seq_len": self.probe_seq_len,
+                "tile_widths": self.widths(view),
+                "modes_per_tile": self.modes,
+                "modes_sweep": self.sweep,
+                "k_active": self.k_active,
+                "seed": self.seed,
+                "null_control": self.null_control,
+                "steer": self.steer,
+                "history": self.history,
+            },
+        )
         save_figure(trainer, history_figure(self.history), "mounts_training")
         if self.figures:
             save_figure(trainer, depth_figure(self.history[-1]["rows"], self.history[-1]["step"]), "mounts_depth")
@@ -260,7 +359,9 @@ def history_figure(history: list[dict]):
     names = [f"{r['site']} layer {r['layer']}" for r in history[0]["rows"]]
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
     for i, name in enumerate(names):
-        a.plot(steps, [h["rows"][i]["lift_tiled"] - h["rows"][i]["lift_random"] for h in history], marker=".", label=name)
+        a.plot(
+            steps, [h["rows"][i]["lift_tiled"] - h["rows"][i]["lift_random"] for h in history], marker=".", label=name
+        )
         b.plot(steps, [max(h["rows"][i]["coverage_lift"]) for h in history], marker=".", label=name)
     a.set_title("tiled lift - random lift", fontsize=9)
     b.set_title("peak coverage lift (tiled - random dictionary)", fontsize=9)

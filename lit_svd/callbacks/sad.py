@@ -18,6 +18,7 @@ Scalars go to TensorBoard as ``sad/<head>/sparsity``, ``sad/<head>/sparsity_rota
 heads and ``sad/fraction_sparser_than_null``; at the end of fit rank zero writes ``results.json``
 (``"experiment": "sad_training"``; the toy: ``sad_results.json``) and ``sad_training.png``.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -30,11 +31,19 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from lit_svd.analysis.blocks import check_rel_gap
-from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, basis_blocks, check_null_draws,
-                                  check_threshold, check_tolerance, lm_head_sparsity, qk_heads_from_view,
-                                  toy_head_sparsity)
-from lit_svd.linalg import REL_GAP
+from lit_svd.analysis.sad import (
+    DEFAULT_NULL_DRAWS,
+    DEFAULT_RECON_TOL,
+    basis_blocks,
+    check_null_draws,
+    check_threshold,
+    check_tolerance,
+    lm_head_sparsity,
+    qk_heads_from_view,
+    toy_head_sparsity,
+)
 from lit_svd.callbacks.training import held_out_probe, log_scalars
+from lit_svd.linalg import REL_GAP
 from lit_svd.output import save_figure, write_results
 
 
@@ -94,8 +103,11 @@ def annotate_basis(results: dict, view, rel_gap: float = REL_GAP, top: int = 8) 
 def report_scalars(results: dict) -> dict[str, float]:
     """TensorBoard scalars of a SAD test run: the summary counts and means, and per head its sparsity, the
     matched null's mean and 5th percentile, the pair null and the rotated control."""
-    out = {f"sad/{k}": float(v) for k, v in results["summary"].items()
-           if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
+    out = {
+        f"sad/{k}": float(v)
+        for k, v in results["summary"].items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+    }
     for r in results["heads"]:
         for key in ("sparsity", "sparsity_null", "sparsity_null_p05", "sparsity_unattended", "sparsity_rotated"):
             if r.get(key) is not None:
@@ -133,11 +145,22 @@ class SADCallback(Callback):
         probe_seq_len: tokens per probe window with ``probe_path``.
     """
 
-    def __init__(self, every_n_steps: int = 250, n_probe: int = 8, threshold: float | None = None,
-                 recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0, log_spaced: bool = False,
-                 write_results: bool = True, results_name: str | None = None, null_draws: int = DEFAULT_NULL_DRAWS,
-                 probe_path: str | None = None, probe_seq_len: int = 64,
-                 null_at: Literal["every", "ends", "last"] = "last", null_probe: int | None = 2):
+    def __init__(
+        self,
+        every_n_steps: int = 250,
+        n_probe: int = 8,
+        threshold: float | None = None,
+        recon_tol: float = DEFAULT_RECON_TOL,
+        seed: int = 0,
+        log_spaced: bool = False,
+        write_results: bool = True,
+        results_name: str | None = None,
+        null_draws: int = DEFAULT_NULL_DRAWS,
+        probe_path: str | None = None,
+        probe_seq_len: int = 64,
+        null_at: Literal["every", "ends", "last"] = "last",
+        null_probe: int | None = 2,
+    ):
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps={every_n_steps!r} must be a positive integer")
         if not isinstance(n_probe, int) or n_probe < 1:
@@ -165,8 +188,10 @@ class SADCallback(Callback):
     def _lm_probe(self, trainer: pl.Trainer) -> tuple[Tensor, Tensor]:
         dm = trainer.datamodule
         if dm is None:
-            raise ValueError("SADCallback on a language model needs a datamodule (its first validation, else"
-                             " training, sequences are the probe); pass datamodule=... to fit")
+            raise ValueError(
+                "SADCallback on a language model needs a datamodule (its first validation, else"
+                " training, sequences are the probe); pass datamodule=... to fit"
+            )
         try:
             loader = dm.val_dataloader()
         except (NotImplementedError, AttributeError):
@@ -215,22 +240,35 @@ class SADCallback(Callback):
         try:
             if self._is_lm(module):
                 if self.probe is None:
-                    self.probe = (held_out_probe(trainer, module, self.probe_path, self.n_probe, self.probe_seq_len,
-                                                 map_ids=False) if self.probe_path else self._lm_probe(trainer))
+                    self.probe = (
+                        held_out_probe(
+                            trainer, module, self.probe_path, self.n_probe, self.probe_seq_len, map_ids=False
+                        )
+                        if self.probe_path
+                        else self._lm_probe(trainer)
+                    )
                 ids, mask = (t.to(module.device) for t in self.probe)
                 if hasattr(module, "map_ids"):  # a model trained on a compacted vocabulary
                     ids = module.map_ids(ids)
-                res = self._sparsity(lambda n, d: lm_head_sparsity(module.view, ids[:n], mask[:n], self.threshold,
-                                                                   self.recon_tol, self.seed, d),
-                                     ids.shape[0], self._null_draws(last))
+                res = self._sparsity(
+                    lambda n, d: lm_head_sparsity(
+                        module.view, ids[:n], mask[:n], self.threshold, self.recon_tol, self.seed, d
+                    ),
+                    ids.shape[0],
+                    self._null_draws(last),
+                )
             else:
                 if feats is None:
                     return
                 W_Q, W_K = module.head_weights()
                 W, feats = module.features().detach(), feats[:, : self.n_probe]
-                res = self._sparsity(lambda n, d: toy_head_sparsity(W, W_Q, W_K, module.d_heads, feats[:, :n],
-                                                                    self.threshold, self.recon_tol, self.seed, d),
-                                     feats.shape[1], self._null_draws(last))
+                res = self._sparsity(
+                    lambda n, d: toy_head_sparsity(
+                        W, W_Q, W_K, module.d_heads, feats[:, :n], self.threshold, self.recon_tol, self.seed, d
+                    ),
+                    feats.shape[1],
+                    self._null_draws(last),
+                )
         finally:
             module.train(was_training)
         means = history_means(res)
@@ -259,18 +297,27 @@ class SADCallback(Callback):
         self._last_batch = batch
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._measure(trainer, pl_module, None if self._is_lm(pl_module) else getattr(self, "_last_batch", None),
-                      last=True)
+        self._measure(
+            trainer, pl_module, None if self._is_lm(pl_module) else getattr(self, "_last_batch", None), last=True
+        )
         if not self.write or not self.history:
             return
         first, last = self.history[0], self.history[-1]
         summary = {"first_step": first["step"], "last_step": last["step"]}
         for key in history_means(last):
             summary[f"{key}_first"], summary[f"{key}_last"] = first.get(key, float("nan")), last[key]
-        results = {"experiment": "sad_training", "threshold": self.threshold, "recon_tol": self.recon_tol,
-                   "seed": self.seed, "n_probe": self.n_probe, "null_draws": self.null_draws,
-                   "null_at": self.null_at, "null_probe": self.null_probe,
-                   "summary": nan_to_none(summary), "history": nan_to_none(self.history)}
+        results = {
+            "experiment": "sad_training",
+            "threshold": self.threshold,
+            "recon_tol": self.recon_tol,
+            "seed": self.seed,
+            "n_probe": self.n_probe,
+            "null_draws": self.null_draws,
+            "null_at": self.null_at,
+            "null_probe": self.null_probe,
+            "summary": nan_to_none(summary),
+            "history": nan_to_none(self.history),
+        }
         name = self.results_name or ("results.json" if self._is_lm(pl_module) else "sad_results.json")
         write_results(trainer, results, name)
         if trainer.is_global_zero:
@@ -295,11 +342,20 @@ def plot_training(trainer: pl.Trainer, history: list[dict], name: str = "sad_tra
     """Sparsity against the step: the heads (thin) and their mean (thick) in the singular basis, the
     matched-spectrum null (mean over draws, and its 5th percentile dashed) and the Haar-rotated control;
     below, the fraction of heads sparser than their null (at the steps the null was measured)."""
-    series = [("sparsity", "tab:blue", "singular basis"), ("sparsity_null", "tab:green", "matched-spectrum null (mean)"),
-              ("sparsity_rotated", "tab:orange", "Haar-rotated control (secondary)")]
+    series = [
+        ("sparsity", "tab:blue", "singular basis"),
+        ("sparsity_null", "tab:green", "matched-spectrum null (mean)"),
+        ("sparsity_rotated", "tab:orange", "Haar-rotated control (secondary)"),
+    ]
     has_null = any("sparsity_null" in h for h in history)
-    fig, axes = plt.subplots(2 if has_null else 1, 1, figsize=(6.4, 6.0 if has_null else 4.0), sharex=True,
-                             squeeze=False, gridspec_kw={"height_ratios": [3, 1]} if has_null else None)
+    fig, axes = plt.subplots(
+        2 if has_null else 1,
+        1,
+        figsize=(6.4, 6.0 if has_null else 4.0),
+        sharex=True,
+        squeeze=False,
+        gridspec_kw={"height_ratios": [3, 1]} if has_null else None,
+    )
     ax = axes[0, 0]
     for key, color, label in series:
         at = [h for h in history if key in h]  # the matched null may be measured at some steps only
@@ -309,13 +365,21 @@ def plot_training(trainer: pl.Trainer, history: list[dict], name: str = "sad_tra
         v = torch.tensor([h[key] for h in at], dtype=torch.float64)
         for j in range(v.shape[1]):
             ax.plot(x, v[:, j], color=color, alpha=0.2, lw=0.7, marker="." if len(at) < 3 else None)
-        ax.plot(x, v.nanmean(1), color=color, lw=2.5, marker="o" if len(at) < 3 else None,
-                label=f"{label}, mean over heads")
+        ax.plot(
+            x, v.nanmean(1), color=color, lw=2.5, marker="o" if len(at) < 3 else None, label=f"{label}, mean over heads"
+        )
     if has_null:
         at = [h for h in history if "sparsity_null_p05" in h]
         p05 = torch.tensor([h["sparsity_null_p05"] for h in at], dtype=torch.float64).nanmean(1)
-        ax.plot([h["step"] for h in at], p05, color="tab:green", lw=1.5, ls="--", marker="_" if len(at) < 3 else None,
-                label="null 5th percentile, mean over heads")
+        ax.plot(
+            [h["step"] for h in at],
+            p05,
+            color="tab:green",
+            lw=1.5,
+            ls="--",
+            marker="_" if len(at) < 3 else None,
+            label="null 5th percentile, mean over heads",
+        )
     ax.set_xscale("symlog", linthresh=10)
     ax.set_ylabel("Rolls–Tovee sparsity (lower = sparser)")
     ax.set_title("SAD sparsity of every head during training")
@@ -351,8 +415,9 @@ def plot_head_heatmap(trainer: pl.Trainer, results: dict, name: str = "sad_heatm
     grids = [_grid(results, k) for k, _ in panels]
     diff = grids[1] - grids[0] if panels[1][0] == "sparsity_null_p05" else grids[-1] - grids[0]
     n_layers, n_heads = grids[0].shape
-    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(2.4 + 0.9 * n_heads * (len(panels) + 1) / 2,
-                                                           0.8 + 0.2 * n_layers), sharey=True)
+    fig, axes = plt.subplots(
+        1, len(panels) + 1, figsize=(2.4 + 0.9 * n_heads * (len(panels) + 1) / 2, 0.8 + 0.2 * n_layers), sharey=True
+    )
     lo, hi = np.nanmin(np.stack(grids)), np.nanmax(np.stack(grids))
     span = np.nanmax(np.abs(diff))
     for ax, grid, (_, title) in zip(axes, grids, panels):
@@ -368,9 +433,11 @@ def plot_head_heatmap(trainer: pl.Trainer, results: dict, name: str = "sad_heatm
         ax.tick_params(labelsize=6)
     axes[0].set_ylabel("layer")
     s = results["summary"]
-    parts = [f"{s[f'n_heads_sparser_than_{k}']}/{s['n_heads_eligible']} sparser than {label}"
-             for k, label in (("null", "matched null"), ("unattended", "pair null"), ("rotated", "rotated"))
-             if f"n_heads_sparser_than_{k}" in s]
+    parts = [
+        f"{s[f'n_heads_sparser_than_{k}']}/{s['n_heads_eligible']} sparser than {label}"
+        for k, label in (("null", "matched null"), ("unattended", "pair null"), ("rotated", "rotated"))
+        if f"n_heads_sparser_than_{k}" in s
+    ]
     fig.suptitle(f"{results['model']}: " + "; ".join(parts), fontsize=9)
     save_figure(trainer, fig, name)
 
@@ -379,25 +446,38 @@ def plot_n_recon(trainer: pl.Trainer, results: dict, name: str = "sad_n_recon") 
     """Pooled N_recon distributions (singular basis, matched null over all draws, pair null, rotated) and
     the per-head medians."""
     s = results["summary"]
-    kinds = [(suffix, label) for suffix, label in (("", "singular basis"), ("_null", "matched null"),
-                                                   ("_unattended", "pair null"), ("_rotated", "rotated control"))
-             if f"n_recon_hist{suffix}" in s]
+    kinds = [
+        (suffix, label)
+        for suffix, label in (
+            ("", "singular basis"),
+            ("_null", "matched null"),
+            ("_unattended", "pair null"),
+            ("_rotated", "rotated control"),
+        )
+        if f"n_recon_hist{suffix}" in s
+    ]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     width = 0.8 / len(kinds)
     k = len(s["n_recon_hist"])
     x = np.arange(1, k + 1)
     for j, (suffix, label) in enumerate(kinds):
         hist = np.asarray(s[f"n_recon_hist{suffix}"], dtype=float)
-        a.bar(x - 0.4 + width * (j + 0.5), hist / max(hist.sum(), 1.0), width=width,
-              label=f"{label} (median {s[f'n_recon_median{suffix}']:g})")
+        a.bar(
+            x - 0.4 + width * (j + 0.5),
+            hist / max(hist.sum(), 1.0),
+            width=width,
+            label=f"{label} (median {s[f'n_recon_median{suffix}']:g})",
+        )
     a.set_xlim(0.3, min(k, 32) + 0.7)
     a.set_xlabel("N_recon (directions needed to reach l~)")
     a.set_ylabel("fraction of pairs")
     a.legend(fontsize=7)
     a.set_title(f"{s['n_pairs']} attended pairs, {s['n_heads_eligible']} heads", fontsize=9)
     eligible = [r for r in results["heads"] if r["n_pairs"] >= s["min_pairs"]]
-    meds = {label: [r[f"n_recon_median{suffix}"] for r in eligible if r.get(f"n_recon_median{suffix}") is not None]
-            for suffix, label in kinds}
+    meds = {
+        label: [r[f"n_recon_median{suffix}"] for r in eligible if r.get(f"n_recon_median{suffix}") is not None]
+        for suffix, label in kinds
+    }
     top = max([1.0] + [max(v) for v in meds.values() if v])
     bins = np.arange(0.5, top + 1.5, 1.0)
     for label, v in meds.items():

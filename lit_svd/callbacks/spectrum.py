@@ -21,6 +21,7 @@ the per-matrix means ``spectrum/<matrix>/mean_effective_rank``, and with ``figur
 (mean effective rank per layer against the step), ``spectrum_tracked.png`` (tracked singular values and
 the identity counts against the step) and, with ``figures``, ``spectrum_values.png`` (the last step's spectra).
 """
+
 from __future__ import annotations
 
 from lit_svd.analysis.spectrum import row_key, spectrum_rows
@@ -45,8 +46,17 @@ class SpectrumCallback(StepCallback):
         write_results: write the history into results.json and spectrum_training.png at the end of fit.
     """
 
-    def __init__(self, every_n_steps: int = 250, layers: list[int] | None = None, top_k: int = 4, track: int = 4,
-                 min_cos: float = MIN_COS, figures: bool = False, keep_values: bool = True, write_results: bool = True):
+    def __init__(
+        self,
+        every_n_steps: int = 250,
+        layers: list[int] | None = None,
+        top_k: int = 4,
+        track: int = 4,
+        min_cos: float = MIN_COS,
+        figures: bool = False,
+        keep_values: bool = True,
+        write_results: bool = True,
+    ):
         super().__init__(every_n_steps)
         if not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"top_k={top_k!r} must be a positive integer")
@@ -178,7 +188,7 @@ def tracked_figure(history: list[dict], min_cos: float = MIN_COS):
         recs = [next(r["tracked"] for r in h["rows"] if (r["matrix"], r["layer"], r["head"]) == key) for h in history]
         for i in range(len(recs[0]["sigma"])):
             ys = [r["sigma"][i] for r in recs]
-            line, = ax.plot(steps, ys, marker=".", lw=1, label=f"d{i + 1}")
+            (line,) = ax.plot(steps, ys, marker=".", lw=1, label=f"d{i + 1}")
             lost = [(x, y) for x, y, r in zip(steps, ys, recs) if r["state"][i] == "lost"]
             block = [(x, y) for x, y, r in zip(steps, ys, recs) if r["state"][i] != "lost" and r["block_size"][i] > 1]
             if lost:

@@ -7,6 +7,7 @@
 * ``merge_results``: adds one section to the run's ``results.json`` (rank zero), so the SAD, mounts and
   spectrum callbacks of one run share the file whatever order they finish in.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def _training_paths(trainer: pl.Trainer) -> list[Path]:
     return [Path(path).resolve()] if path else []
 
 
-def held_out_probe(trainer: pl.Trainer, module, path: str, n_windows: int, seq_len: int,
-                   map_ids: bool = True) -> tuple[Tensor, Tensor]:
+def held_out_probe(
+    trainer: pl.Trainer, module, path: str, n_windows: int, seq_len: int, map_ids: bool = True
+) -> tuple[Tensor, Tensor]:
     """``(ids [n_windows, seq_len], mask)``: the first windows of ``path``, as the model reads them
     (``module.map_ids`` when the vocabulary is compacted, unless ``map_ids`` is False: the tokenizer's
     ids). Fails if ``path`` is the training text."""
@@ -50,8 +52,10 @@ def held_out_probe(trainer: pl.Trainer, module, path: str, n_windows: int, seq_l
     if ids.numel() < n_windows * seq_len:
         ids = tokenize_texts(tok, texts)
     if ids.numel() < n_windows * seq_len:
-        raise ValueError(f"probe_path={path!r} holds {ids.numel()} tokens, fewer than probe_windows * probe_seq_len"
-                         f" = {n_windows * seq_len}")
+        raise ValueError(
+            f"probe_path={path!r} holds {ids.numel()} tokens, fewer than probe_windows * probe_seq_len"
+            f" = {n_windows * seq_len}"
+        )
     ids = ids[: n_windows * seq_len].reshape(n_windows, seq_len)
     if map_ids and hasattr(module, "map_ids"):
         ids = module.map_ids(ids)

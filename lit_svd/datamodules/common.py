@@ -1,7 +1,9 @@
 """Pieces shared by the task and text DataModules: tokenizer resolution, DDP sharding, resumable shuffling."""
+
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -51,13 +51,15 @@ Training order: the training loader shuffles with ``order_seed`` (the *training 
 splits and changes only the order in which the training prompts are batched; nothing else in the mask
 learner is random (lambda starts at a constant), so this is the one principled training seed.
 """
+
 from __future__ import annotations
 
 import math
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -143,8 +145,10 @@ class PromptTask(ABC):
         tok = self.tokenizer
         clean, corrupt = bos + encode(tok, prompt.clean), bos + encode(tok, prompt.corrupt)
         if len(clean) != len(corrupt):
-            raise ValueError(f"task {self.name}: clean and corrupted prompts differ in token length"
-                             f" ({len(clean)} vs {len(corrupt)}): {prompt.clean!r} / {prompt.corrupt!r}")
+            raise ValueError(
+                f"task {self.name}: clean and corrupted prompts differ in token length"
+                f" ({len(clean)} vs {len(corrupt)}): {prompt.clean!r} / {prompt.corrupt!r}"
+            )
         enc = Encoded(clean, corrupt, index)
         if prompt.correct is not None:
             enc.correct_id = single_token_id(tok, prompt.correct)
@@ -154,8 +158,9 @@ class PromptTask(ABC):
 
 def _require(count: int, needed: int, what: str, task: str) -> None:
     if count < needed:
-        raise ValueError(f"task {task}: only {count} {what} are single tokens in this tokenizer; at least"
-                         f" {needed} are needed")
+        raise ValueError(
+            f"task {task}: only {count} {what} are single tokens in this tokenizer; at least {needed} are needed"
+        )
 
 
 class IOITask(PromptTask):
@@ -180,9 +185,12 @@ class IOITask(PromptTask):
         first, second = (io_name, s_name) if order == 0 else (s_name, io_name)  # ABBA / BABA
         fresh = rng.sample([n for n in self.names if n not in (io_name, s_name)], 3)
         tpl = self.templates[template]
-        return Prompt(clean=tpl.format(n1=first, n2=second, s=s_name, **fill),
-                      corrupt=tpl.format(n1=fresh[0], n2=fresh[1], s=fresh[2], **fill),
-                      correct=" " + io_name, wrong=" " + s_name)
+        return Prompt(
+            clean=tpl.format(n1=first, n2=second, s=s_name, **fill),
+            corrupt=tpl.format(n1=fresh[0], n2=fresh[1], s=fresh[2], **fill),
+            correct=" " + io_name,
+            wrong=" " + s_name,
+        )
 
 
 class GenderPronounTask(PromptTask):
@@ -191,11 +199,13 @@ class GenderPronounTask(PromptTask):
 
     def __init__(self, tokenizer):
         super().__init__(tokenizer)
-        self.by_gender = {g: single_token_words(tokenizer, names)
-                          for g, names in (("male", words.MALE_NAMES), ("female", words.FEMALE_NAMES))}
+        self.by_gender = {
+            g: single_token_words(tokenizer, names)
+            for g, names in (("male", words.MALE_NAMES), ("female", words.FEMALE_NAMES))
+        }
         for gender, names in self.by_gender.items():
             _require(len(names), 1, f"{gender} names", self.name)
-        for gender, pronoun in words.PRONOUNS.items():
+        for pronoun in words.PRONOUNS.values():
             if single_token_id(tokenizer, " " + pronoun) is None:
                 raise ValueError(f"task gp: the pronoun {pronoun!r} is not a single token in this tokenizer")
         self.names = [(n, g) for g in ("male", "female") for n in self.by_gender[g]]
@@ -209,9 +219,12 @@ class GenderPronounTask(PromptTask):
         clean_name, gender = self.names[name]
         other = "female" if gender == "male" else "male"
         tpl, adj_word = self.templates[template], words.GP_ADJECTIVES[adj]
-        return Prompt(clean=tpl.format(name=clean_name, adj=adj_word),
-                      corrupt=tpl.format(name=rng.choice(self.by_gender[other]), adj=adj_word),
-                      correct=" " + words.PRONOUNS[gender], wrong=" " + words.PRONOUNS[other])
+        return Prompt(
+            clean=tpl.format(name=clean_name, adj=adj_word),
+            corrupt=tpl.format(name=rng.choice(self.by_gender[other]), adj=adj_word),
+            correct=" " + words.PRONOUNS[gender],
+            wrong=" " + words.PRONOUNS[other],
+        )
 
 
 class GreaterThanTask(PromptTask):
@@ -224,14 +237,20 @@ class GreaterThanTask(PromptTask):
         super().__init__(tokenizer)
         self.mode, self.answer_ids = self._answer_tokens()
         # start years whose clean prompt has the corrupted prompt's token length, per century
-        self.pairs = [(c, xx) for c in words.GT_CENTURIES for xx in words.GT_START_YEARS
-                      if self.answer_ids[c] and self._same_length(c, xx)]
+        self.pairs = [
+            (c, xx)
+            for c in words.GT_CENTURIES
+            for xx in words.GT_START_YEARS
+            if self.answer_ids[c] and self._same_length(c, xx)
+        ]
         _require(len(self.pairs), 1, "(century, start year) pairs", self.name)
 
     def _probe(self, century: int, start: int) -> tuple[str, str]:
         tpl = self.templates[0]
-        return (tpl.format(noun="war", century=century, start=f"{start:02d}"),
-                tpl.format(noun="war", century=century, start=f"{words.GT_CORRUPT_START:02d}"))
+        return (
+            tpl.format(noun="war", century=century, start=f"{start:02d}"),
+            tpl.format(noun="war", century=century, start=f"{words.GT_CORRUPT_START:02d}"),
+        )
 
     def _same_length(self, century: int, start: int) -> bool:
         clean, corrupt = self._probe(century, start)
@@ -243,7 +262,7 @@ class GreaterThanTask(PromptTask):
         prompt = self._probe(century, 50)[0]
         base = encode(self.tokenizer, prompt)
         out = {}
-        for value in range(10 ** width):
+        for value in range(10**width):
             ids = encode(self.tokenizer, prompt + f"{value:0{width}d}")
             if len(ids) == len(base) + 1 and ids[:-1] == base:
                 out[value] = ids[-1]
@@ -256,8 +275,10 @@ class GreaterThanTask(PromptTask):
         one = {c: self._continuations(c, 1) for c in words.GT_CENTURIES}
         if all(len(v) == 10 for v in one.values()):
             return "single_digit", one
-        raise ValueError("task gt: this tokenizer has neither two-digit year tokens nor single-digit tokens"
-                         " after the century; greater-than cannot be scored")
+        raise ValueError(
+            "task gt: this tokenizer has neither two-digit year tokens nor single-digit tokens"
+            " after the century; greater-than cannot be scored"
+        )
 
     @property
     def radices(self):
@@ -267,9 +288,12 @@ class GreaterThanTask(PromptTask):
         template, noun, pair = self.slots(point)
         century, start = self.pairs[pair]
         tpl, fill = self.templates[template], dict(noun=words.GT_NOUNS[noun], century=century)
-        return Prompt(clean=tpl.format(start=f"{start:02d}", **fill),
-                      corrupt=tpl.format(start=f"{words.GT_CORRUPT_START:02d}", **fill),
-                      start_year=start, century=century)
+        return Prompt(
+            clean=tpl.format(start=f"{start:02d}", **fill),
+            corrupt=tpl.format(start=f"{words.GT_CORRUPT_START:02d}", **fill),
+            start_year=start,
+            century=century,
+        )
 
     def answer_sets(self, century: int, start: int) -> tuple[list[int], list[int]]:
         """Token ids of the greater and the at-or-below answers after ``century`` given start ``XX``."""
@@ -293,7 +317,7 @@ TASKS: dict[str, type[PromptTask]] = {"ioi": IOITask, "gp": GenderPronounTask, "
 
 
 def canonical_task(task: str) -> str:
-    """"ioi" / "gp" / "gt" for a task name or alias; one-line error otherwise."""
+    """ "ioi" / "gp" / "gt" for a task name or alias; one-line error otherwise."""
     key = TASK_ALIASES.get(task, task)
     if key not in TASKS:
         raise ValueError(f"task={task!r} is unknown; choose one of {', '.join(list(TASKS) + list(TASK_ALIASES))}")
@@ -350,8 +374,13 @@ def collate_prompts(examples: Sequence[Encoded], pad_id: int, vocab_size: int) -
         clean[row, :length] = torch.tensor(e.clean_ids)
         corrupt[row, :length] = torch.tensor(e.corrupt_ids)
         mask[row, :length] = 1
-    batch = dict(clean_ids=clean, corrupt_ids=corrupt, attention_mask=mask,
-                 answer_pos=mask.sum(1) - 1, index=torch.tensor([e.index for e in examples]))
+    batch = dict(
+        clean_ids=clean,
+        corrupt_ids=corrupt,
+        attention_mask=mask,
+        answer_pos=mask.sum(1) - 1,
+        index=torch.tensor([e.index for e in examples]),
+    )
     if examples[0].correct_id is not None:
         batch["correct_id"] = torch.tensor([e.correct_id for e in examples])
         batch["wrong_id"] = torch.tensor([e.wrong_id for e in examples])
@@ -361,8 +390,9 @@ def collate_prompts(examples: Sequence[Encoded], pad_id: int, vocab_size: int) -
         for row, e in enumerate(examples):
             greater[row, e.greater_ids] = True
             lesser[row, e.lesser_ids] = True
-        batch.update(greater_mask=greater, lesser_mask=lesser,
-                     start_year=torch.tensor([e.start_year for e in examples]))
+        batch.update(
+            greater_mask=greater, lesser_mask=lesser, start_year=torch.tensor([e.start_year for e in examples])
+        )
     return batch
 
 
@@ -385,21 +415,35 @@ class TaskDataModule(ResumableTrainOrder, pl.LightningDataModule):
         test_last: draw the test split after validation and train (see the module docstring).
     """
 
-    def __init__(self, task: Literal["ioi", "gp", "gt", "gender_pronoun", "greater_than"] = "ioi", tokenizer: Any = "smollm2-135m", n_train: int = 1000,
-                 n_val: int = 256, n_test: int = 256, batch_size: int = 64, seed: int = 0,
-                 prepend_bos: bool = False, num_workers: int = 0, test_last: bool = False,
-                 order_seed: int | None = None):
+    def __init__(
+        self,
+        task: Literal["ioi", "gp", "gt", "gender_pronoun", "greater_than"] = "ioi",
+        tokenizer: Any = "smollm2-135m",
+        n_train: int = 1000,
+        n_val: int = 256,
+        n_test: int = 256,
+        batch_size: int = 64,
+        seed: int = 0,
+        prepend_bos: bool = False,
+        num_workers: int = 0,
+        test_last: bool = False,
+        order_seed: int | None = None,
+    ):
         super().__init__()
         for key, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test), ("batch_size", batch_size)):
             if value < 0 or (key == "batch_size" and value < 1):
-                raise ValueError(f"{key}={value} is invalid; give a {'positive' if key == 'batch_size' else 'non-negative'} integer")
+                raise ValueError(
+                    f"{key}={value} is invalid; give a {'positive' if key == 'batch_size' else 'non-negative'} integer"
+                )
         canonical_task(task)  # fail on a bad name before loading the tokenizer
         self.tokenizer = resolve_tokenizer(tokenizer)
         self.task = make_task(task, self.tokenizer)
         total, space = n_train + n_val + n_test, self.task.space_size
         if total > space:
-            raise ValueError(f"n_train + n_val + n_test = {total} exceeds the {space} distinct {self.task.name}"
-                             f" prompts that its templates and single-token words allow; ask for at most {space}")
+            raise ValueError(
+                f"n_train + n_val + n_test = {total} exceeds the {space} distinct {self.task.name}"
+                f" prompts that its templates and single-token words allow; ask for at most {space}"
+            )
         bos = []
         if prepend_bos:
             if self.tokenizer.bos_token_id is None:
@@ -409,8 +453,10 @@ class TaskDataModule(ResumableTrainOrder, pl.LightningDataModule):
             val, train, test = draw_points(space, (n_val, n_train, n_test), seed)
         else:
             test, val, train = draw_points(space, (n_test, n_val, n_train), seed)
-        self.splits = {name: PromptDataset(build_split(self.task, points, seed, bos), self.task.name)
-                       for name, points in (("train", train), ("val", val), ("test", test))}
+        self.splits = {
+            name: PromptDataset(build_split(self.task, points, seed, bos), self.task.name)
+            for name, points in (("train", train), ("val", val), ("test", test))
+        }
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
         self.order_seed = seed if order_seed is None else order_seed
 

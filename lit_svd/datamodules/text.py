@@ -18,11 +18,13 @@ Under DDP the evaluation loaders give rank r windows r, r + w, ... with no overl
 Without ``path`` the text comes from the hub (``datasets.load_dataset(dataset, dataset_config,
 split, streaming=True)``); when that fails the error names the ``path`` option.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -59,8 +61,10 @@ def read_hub_text(dataset: str, config: str | None, split: str) -> Iterable[str]
         first = next(iter(rows))  # streaming is lazy: touch the hub now so failures surface here
     except Exception as err:  # offline, unknown name, no network: all end the same way
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"could not stream dataset={dataset!r} (config {config!r}, split {split!r}) from the hub"
-                         f" ({reason[:200]}); pass path=<local text file or folder>, e.g. {LOCAL_WIKITEXT}") from None
+        raise ValueError(
+            f"could not stream dataset={dataset!r} (config {config!r}, split {split!r}) from the hub"
+            f" ({reason[:200]}); pass path=<local text file or folder>, e.g. {LOCAL_WIKITEXT}"
+        ) from None
     if "text" not in first:
         raise ValueError(f"dataset={dataset!r} has no 'text' column (columns: {', '.join(first)})")
     return (row["text"] for row in rows)
@@ -93,10 +97,12 @@ def sample_windows(ids: torch.Tensor, seq_len: int, n_tokens: int, seed: int) ->
     available = ids.numel() // seq_len
     needed = math.ceil(n_tokens / seq_len)
     if needed > available:
-        raise ValueError(f"n_tokens={n_tokens} needs {needed} windows of seq_len={seq_len}, but the text has only"
-                         f" {available} ({available * seq_len} tokens); ask for at most {available * seq_len}")
+        raise ValueError(
+            f"n_tokens={n_tokens} needs {needed} windows of seq_len={seq_len}, but the text has only"
+            f" {available} ({available * seq_len} tokens); ask for at most {available * seq_len}"
+        )
     picks = torch.randperm(available, generator=torch.Generator().manual_seed(seed))[:needed].sort().values
-    windows = [ids[p * seq_len:(p + 1) * seq_len] for p in picks.tolist()]
+    windows = [ids[p * seq_len : (p + 1) * seq_len] for p in picks.tolist()]
     windows[-1] = windows[-1][: n_tokens - (needed - 1) * seq_len]
     return windows
 
@@ -137,9 +143,19 @@ class TextDataModule(ResumableTrainOrder, pl.LightningDataModule):
         num_workers: DataLoader workers.
     """
 
-    def __init__(self, tokenizer: Any = "smollm2-135m", path: str | None = None, dataset: str = "wikitext",
-                 dataset_config: str | None = "wikitext-2-raw-v1", split: str = "validation", seq_len: int = 128,
-                 n_tokens: int = 16384, seed: int = 0, batch_size: int = 8, num_workers: int = 0):
+    def __init__(
+        self,
+        tokenizer: Any = "smollm2-135m",
+        path: str | None = None,
+        dataset: str = "wikitext",
+        dataset_config: str | None = "wikitext-2-raw-v1",
+        split: str = "validation",
+        seq_len: int = 128,
+        n_tokens: int = 16384,
+        seed: int = 0,
+        batch_size: int = 8,
+        num_workers: int = 0,
+    ):
         super().__init__()
         for key, value in (("seq_len", seq_len), ("n_tokens", n_tokens), ("batch_size", batch_size)):
             if value < 1:

@@ -6,9 +6,10 @@ a query feature vector f(r) and m key feature vectors f(s_1..s_m). A batch is a 
 samples, drawn with its own p. The stream is seeded from (seed, rank, dataloader worker), so each DDP
 rank and worker draws different samples, and the same ones on every rerun.
 """
+
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import lightning.pytorch as pl
 import numpy as np
@@ -23,8 +24,9 @@ def stream_seed(seed: int, rank: int, worker: int = 0) -> int:
     return int(state[0]) << 31 ^ int(state[1])
 
 
-def sample_sparse_features(generator: torch.Generator, batch_size: int, n_tokens: int, n_features: int,
-                           p: Tensor) -> Tensor:
+def sample_sparse_features(
+    generator: torch.Generator, batch_size: int, n_tokens: int, n_features: int, p: Tensor
+) -> Tensor:
     """``[len(p), batch_size, n_tokens, n_features]``: active with probability ``p[instance]``, then U[0, 1]."""
     shape = (len(p), batch_size, n_tokens, n_features)
     active = torch.rand(shape, generator=generator) < p.view(-1, 1, 1, 1)
@@ -63,8 +65,16 @@ class SparseFeatureDataModule(pl.LightningDataModule):
         num_workers: DataLoader worker processes (each gets its own seed).
     """
 
-    def __init__(self, n_features: int = 20, n_keys: int = 8, p: float | list[float] = 0.1,
-                 n_instances: int | None = None, batch_size: int = 1024, seed: int = 0, num_workers: int = 0):
+    def __init__(
+        self,
+        n_features: int = 20,
+        n_keys: int = 8,
+        p: float | list[float] = 0.1,
+        n_instances: int | None = None,
+        batch_size: int = 1024,
+        seed: int = 0,
+        num_workers: int = 0,
+    ):
         super().__init__()
         for name, value in (("n_features", n_features), ("n_keys", n_keys), ("batch_size", batch_size)):
             _check_positive(name, value)
@@ -87,5 +97,6 @@ class SparseFeatureDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         stream = SparseFeatureStream(self.n_features, self.n_keys, self.p, self.batch_size, self.seed, self.rank())
-        return DataLoader(stream, batch_size=None, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+        return DataLoader(
+            stream, batch_size=None, num_workers=self.num_workers, persistent_workers=self.num_workers > 0
+        )

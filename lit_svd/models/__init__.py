@@ -1,4 +1,5 @@
 """Loading Hugging Face causal LMs and one weight view per architecture family."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -14,8 +15,13 @@ def _registry() -> dict[str, type[ModelView]]:
     from lit_svd.models.gpt_neox import GPTNeoXView
     from lit_svd.models.llama import LlamaView
 
-    return {"gpt2": GPT2View, "gpt_neox": GPTNeoXView, "llama": LlamaView, "gemma2": Gemma2View,
-            "gemma3_text": Gemma3View}
+    return {
+        "gpt2": GPT2View,
+        "gpt_neox": GPTNeoXView,
+        "llama": LlamaView,
+        "gemma2": Gemma2View,
+        "gemma3_text": Gemma3View,
+    }
 
 
 def view(model: nn.Module, fold_norms: bool = True) -> ModelView:
@@ -27,5 +33,15 @@ def view(model: nn.Module, fold_norms: bool = True) -> ModelView:
     return registry[model_type](model, fold_norms=fold_norms)
 
 
-__all__ = ["SITES", "AttnWeights", "MLPWeights", "ModelUnavailableError", "ModelView", "NormAffine", "augment",
-           "load_causal_lm", "load_tokenizer", "view"]
+__all__ = [
+    "SITES",
+    "AttnWeights",
+    "MLPWeights",
+    "ModelUnavailableError",
+    "ModelView",
+    "NormAffine",
+    "augment",
+    "load_causal_lm",
+    "load_tokenizer",
+    "view",
+]

@@ -29,16 +29,18 @@ Augmented matrices act on ``[1, x]`` (the leading 1 carries the biases):
   ``sum_h sum_j A_h[i, j] [1, x_j] M_h + b_O``. (Gemma-2 then applies its post-attention norm.)
 * ``mlp_in / mlp_gate``: ``[d_model+1, d_mlp]`` augmented input maps; ``mlp_out``: ``[d_mlp+1, d_model]``.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from lit_svd.linalg import FactoredMatrix
+from lit_svd.linalg import FactoredABt
 
 Site = Literal["q", "k", "v", "o", "gate", "up", "down"]
 SITES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
@@ -91,7 +93,9 @@ class NormAffine:
 
 
 def augment(W: Tensor, b: Tensor) -> Tensor:
-    """``[b; W]``: prepend the bias as row 0, ``W: [..., d_in, d_out]``, ``b: [..., d_out]`` -> ``[..., d_in+1, d_out]``."""
+    """``[b; W]``: prepend the bias as row 0.
+
+    ``W: [..., d_in, d_out]``, ``b: [..., d_out]`` -> ``[..., d_in+1, d_out]``."""
     return torch.cat([b.unsqueeze(-2), W], dim=-2)
 
 
@@ -122,8 +126,8 @@ class ModelView(ABC):
     """Per-layer, per-head weights of one HF causal LM, and the hook points to run it modified.
 
     Subclasses say where the blocks and norms live (``layers_path``, ``norm_paths``), extend ``read_sizes``
-    where the config names differ, and implement the ``_``-prefixed weight accessors and ``_sites``; everything public is
-    derived here.
+    where the config names differ, and implement the ``_``-prefixed weight accessors and ``_sites``; everything
+    public is derived here.
     """
 
     model_type: str = ""
@@ -169,8 +173,18 @@ class ModelView(ABC):
 
     def sizes(self) -> dict[str, int | bool | str]:
         """All size attributes as one dict (for logs and results.json)."""
-        keys = ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head", "d_mlp", "vocab_size",
-                "gated_mlp", "rotary_dim", "norm_kind")
+        keys = (
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "d_model",
+            "d_head",
+            "d_mlp",
+            "vocab_size",
+            "gated_mlp",
+            "rotary_dim",
+            "norm_kind",
+        )
         return {"model_type": self.model_type, **{k: getattr(self, k) for k in keys}}
 
     def check_layer(self, layer: int) -> int:
@@ -238,7 +252,7 @@ class ModelView(ABC):
         mod = self.norm_module(point, layer)
         eps = getattr(mod, "eps", None)
         if eps is None:
-            eps = getattr(mod, "variance_epsilon")
+            eps = mod.variance_epsilon
         weight = getattr(mod, "weight", None)
         if weight is None:  # a norm without an affine part
             weight = torch.ones(self.d_model, device=self._device, dtype=self._dtype)
@@ -384,19 +398,21 @@ class ModelView(ABC):
 
     # --- factored, bias-augmented matrices ---------------------------------------------------
     @torch.no_grad()
-    def qk(self, layer: int, delta: int | Sequence[int] | Tensor | None = None) -> FactoredMatrix:
+    def qk(self, layer: int, delta: int | Sequence[int] | Tensor | None = None) -> FactoredABt:
         """Per head ``[n_heads, d_model+1, d_model+1]``: ``[1, x_q] M [1, x_k]^T`` is the pre-softmax
-        score (scale included; Gemma-2: before the soft-cap; Gemma-3: times ``qk_factors``) of a query at position i and a key at
-        ``j = i + delta`` (``delta <= 0`` for causal models; ignored for non-rotary models, required
-        for rotary ones). Computed at ``i = max(0, -delta)``; RoPE depends only on ``j - i``.
+        score (scale included; Gemma-2: before the soft-cap; Gemma-3: times ``qk_factors``) of a query at
+        position i and a key at ``j = i + delta`` (``delta <= 0`` for causal models; ignored for non-rotary
+        models, required for rotary ones). Computed at ``i = max(0, -delta)``; RoPE depends only on ``j - i``.
         A sequence of offsets gives ``[len(delta), n_heads, d_model+1, d_model+1]`` in one pass."""
         fm = self.qk_unrotated(layer)
         if not self.rotary_dim:
             return fm
         A, B = fm.A, fm.B
         if delta is None:
-            raise ValueError(f"delta=None: {self.model_type} uses rotary positions, qk needs the key offset"
-                             " delta = key position - query position (an int, <= 0 for causal attention)")
+            raise ValueError(
+                f"delta=None: {self.model_type} uses rotary positions, qk needs the key offset"
+                " delta = key position - query position (an int, <= 0 for causal attention)"
+            )
         deltas = torch.as_tensor(delta, dtype=torch.long).reshape(-1)
         q_pos = (-deltas).clamp_min(0)
         R_q, R_k = self.rotary_matrices(q_pos, layer), self.rotary_matrices(q_pos + deltas, layer)  # [n, dh, dh]
@@ -404,22 +420,22 @@ class ModelView(ABC):
         B = B.unsqueeze(0) @ R_k.unsqueeze(1)
         if isinstance(delta, int) or (isinstance(delta, Tensor) and delta.dim() == 0):
             A, B = A[0], B[0]
-        return FactoredMatrix(A, B)
+        return FactoredABt(A, B)
 
     @torch.no_grad()
-    def qk_unrotated(self, layer: int) -> FactoredMatrix:
+    def qk_unrotated(self, layer: int) -> FactoredABt:
         """``A = [b_Q; W_Q] * scale`` and ``B = [b_K; W_K]`` per head, ``[n_heads, d_model+1, d_head]``,
         before any rotary rotation: ``qk(layer)`` itself without rotary, ``qk(layer, 0)`` with it; a rotary
         score is ``rotate([1, x_q] A, i) . rotate([1, x_k] B, j)``."""
         w = self.attn(layer)
-        return FactoredMatrix(augment(w.W_Q, w.b_Q) * w.scale, augment(w.W_K, w.b_K))
+        return FactoredABt(augment(w.W_Q, w.b_Q) * w.scale, augment(w.W_K, w.b_K))
 
     @torch.no_grad()
-    def ov(self, layer: int) -> FactoredMatrix:
+    def ov(self, layer: int) -> FactoredABt:
         """Per head ``[n_heads, d_model+1, d_model]``: ``M = [b_V; W_V] W_O``. ``b_O`` is shared by
         all heads and is *not* included; it is added once per layer."""
         w = self.attn(layer)
-        return FactoredMatrix(augment(w.W_V, w.b_V), w.W_O.mT)
+        return FactoredABt(augment(w.W_V, w.b_V), w.W_O.mT)
 
     @torch.no_grad()
     def q_map(self, layer: int) -> Tensor:

@@ -8,11 +8,12 @@ on run per variant, one token each. Rows come out prompt-major (prompt ``i``, co
 
 The prompts of one call must have the same length (no padding): group them by ``answer_pos`` first.
 """
+
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -50,6 +51,7 @@ def _cache_kwarg(model) -> str:
 def fanned_out(view: ModelView, layer: int, copies: int) -> Iterator[None]:
     """Within the block, block ``layer`` receives its input repeated ``copies`` times along the batch; blocks
     from ``layer`` on receive every per-example tensor argument (e.g. the attention mask) repeated alike."""
+
     def pre(module, args, kwargs, first):
         x = first_input(args, kwargs)
         n = x.shape[0] if first else x.shape[0] // copies
@@ -62,15 +64,24 @@ def fanned_out(view: ModelView, layer: int, copies: int) -> Iterator[None]:
             return (x, *map(grow, args[1:])), {k: grow(v) for k, v in kwargs.items()}
         return args, {k: (x if k == "hidden_states" else grow(v)) for k, v in kwargs.items()}
 
-    specs = [Hook(view.block(i), lambda m, a, k, first=(i == layer): pre(m, a, k, first), "pre")
-             for i in range(view.check_layer(layer), view.n_layers)]
+    specs = [
+        Hook(view.block(i), lambda m, a, k, first=(i == layer): pre(m, a, k, first), "pre")
+        for i in range(view.check_layer(layer), view.n_layers)
+    ]
     with hooks(*specs):
         yield
 
 
 @torch.no_grad()
-def last_token_copies(view: ModelView, ids: Tensor, prefix: list[tuple[Tensor, Tensor]], layer: int, copies: int,
-                      columns: Tensor | None = None, unembed: tuple[Tensor, Tensor] | None = None) -> Tensor:
+def last_token_copies(
+    view: ModelView,
+    ids: Tensor,
+    prefix: list[tuple[Tensor, Tensor]],
+    layer: int,
+    copies: int,
+    columns: Tensor | None = None,
+    unembed: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
     """Logits ``[n * copies, V]`` of the last token of ``ids: [n, T]`` (unpadded) run on its ``prefix`` cache and
     fanned out into ``copies`` rows per prompt at block ``layer``. ``columns: [n * copies, c]``: only these
     logits per row (the unembedding is then applied to them alone). Hooks that make the copies differ are the
@@ -81,15 +92,17 @@ def last_token_copies(view: ModelView, ids: Tensor, prefix: list[tuple[Tensor, T
     position_ids = torch.full((1, 1), T - 1, dtype=torch.long, device=ids.device)
     keep = {} if columns is None else {"logits_to_keep": torch.zeros(0, dtype=torch.long, device=ids.device)}
     with fanned_out(view, layer, copies), capture({"final": view.norm_module("final", None)}, "pre") as got:
-        logits = model(input_ids=ids[:, -1:], position_ids=position_ids, use_cache=True,
-                       **{_cache_kwarg(model): cache}, **keep).logits
+        logits = model(
+            input_ids=ids[:, -1:], position_ids=position_ids, use_cache=True, **{_cache_kwarg(model): cache}, **keep
+        ).logits
     if columns is None:
         return logits[:, -1]
     return unembed_columns(view, got["final"][:, -1], columns, unembed)
 
 
-def unembed_columns(view: ModelView, resid: Tensor, columns: Tensor,
-                    unembed: tuple[Tensor, Tensor] | None = None) -> Tensor:
+def unembed_columns(
+    view: ModelView, resid: Tensor, columns: Tensor, unembed: tuple[Tensor, Tensor] | None = None
+) -> Tensor:
     """``logits[r, columns[r]]`` from the residual stream ``resid: [R, d_model]`` before the final norm: the
     model's logits at those tokens only (Gemma-2's soft-cap applied)."""
     W_U, b_U = unembed or view.unembed()

@@ -11,6 +11,7 @@
 * alternate layers use a sliding-window mask (``config.sliding_window``): the QK score is the same,
   the mask hides keys further back than the window.
 """
+
 from __future__ import annotations
 
 from torch import Tensor, nn

@@ -10,6 +10,7 @@
 * no soft-caps (``attn_logit_softcapping`` / ``final_logit_softcapping`` are None); tied unembedding,
   embeddings scaled by ``sqrt(d_model)``, sandwich norms (``post_norm``) as Gemma-2.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -49,6 +50,7 @@ class Gemma3View(Gemma2View):
 
     def _cos_sin(self, rotary, x, position_ids, layer):
         if layer is None:
-            raise ValueError("layer=None: gemma3_text uses a different rotary base on sliding and full layers;"
-                             " pass the layer")
+            raise ValueError(
+                "layer=None: gemma3_text uses a different rotary base on sliding and full layers; pass the layer"
+            )
         return rotary(x, position_ids, self.config.layer_types[self.check_layer(layer)])

@@ -7,6 +7,7 @@ HF layout: ``gpt_neox.layers[l].{input_layernorm, attention.query_key_value, att
 post_attention_layernorm, mlp.dense_h_to_4h, mlp.dense_4h_to_h}``, ``gpt_neox.final_layer_norm``,
 ``embed_out`` / ``lm_head`` (untied).
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,13 +45,27 @@ class GPTNeoXView(ModelView):
         qkv_b = at.query_key_value.bias
         b = qkv_b.reshape(h, 3, dh).transpose(0, 1) if qkv_b is not None else self._zeros(3, h, dh)
         b_O = at.dense.bias if at.dense.bias is not None else self._zeros(d)
-        return AttnWeights(W_Q=W[0], b_Q=b[0], W_K=W[1], b_K=b[1], W_V=W[2], b_V=b[2],
-                           W_O=at.dense.weight.T.reshape(h, dh, d), b_O=b_O, scale=float(at.scaling))
+        return AttnWeights(
+            W_Q=W[0],
+            b_Q=b[0],
+            W_K=W[1],
+            b_K=b[1],
+            W_V=W[2],
+            b_V=b[2],
+            W_O=at.dense.weight.T.reshape(h, dh, d),
+            b_O=b_O,
+            scale=float(at.scaling),
+        )
 
     def _raw_mlp(self, layer: int) -> MLPWeights:
         m = self._layers[layer].mlp
-        return MLPWeights(W_in=m.dense_h_to_4h.weight.T, b_in=m.dense_h_to_4h.bias,
-                          W_out=m.dense_4h_to_h.weight.T, b_out=m.dense_4h_to_h.bias, act=m.act)
+        return MLPWeights(
+            W_in=m.dense_h_to_4h.weight.T,
+            b_in=m.dense_h_to_4h.bias,
+            W_out=m.dense_4h_to_h.weight.T,
+            b_out=m.dense_4h_to_h.bias,
+            act=m.act,
+        )
 
     def _raw_unembed(self) -> tuple[Tensor, Tensor]:
         head = self.model.get_output_embeddings()
@@ -59,5 +74,11 @@ class GPTNeoXView(ModelView):
     def _sites(self, layer: int):
         blk = self._layers[layer]
         qkv = blk.attention.query_key_value
-        return {"q": (qkv, (0, 3)), "k": (qkv, (1, 3)), "v": (qkv, (2, 3)), "o": (blk.attention.dense, None),
-                "up": (blk.mlp.dense_h_to_4h, None), "down": (blk.mlp.dense_4h_to_h, None)}
+        return {
+            "q": (qkv, (0, 3)),
+            "k": (qkv, (1, 3)),
+            "v": (qkv, (2, 3)),
+            "o": (blk.attention.dense, None),
+            "up": (blk.mlp.dense_h_to_4h, None),
+            "down": (blk.mlp.dense_4h_to_h, None),
+        }

@@ -12,11 +12,13 @@ Every hook is added inside a context manager and removed when it exits, also on 
 `fn` follows torch's signatures: ``pre`` hooks get ``(module, args, kwargs)`` and may return
 ``(args, kwargs)``; ``post`` hooks get ``(module, args, kwargs, output)`` and may return a new output.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterator, Literal, Mapping
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -66,8 +68,7 @@ def hooks(*specs: Hook) -> Iterator[None]:
 
 
 @contextmanager
-def capture(modules: Mapping[Hashable, nn.Module], kind: HookKind = "pre", *,
-            detach: bool = True) -> Iterator[dict]:
+def capture(modules: Mapping[Hashable, nn.Module], kind: HookKind = "pre", *, detach: bool = True) -> Iterator[dict]:
     """Record each module's first input (``pre``) or output (``post``) under its key.
 
     Yields the dict that is filled while the block runs; a module called twice keeps the last call.

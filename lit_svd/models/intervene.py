@@ -37,11 +37,12 @@ query / key norms (Gemma-3 ``q_norm`` / ``k_norm``): there ``q`` and ``k`` are t
 direction removes its coefficient without renormalising the rest, so all-ones scales are exact and
 ``out' = f (q + ((c - c_ref)(lambda - 1)) V^T)`` stays linear in the scales.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -53,8 +54,15 @@ from lit_svd.models.hooks import Hook, first_input, hooks
 KINDS: tuple[str, ...] = ("qk", "q", "k", "ov", "mlp_in", "mlp_gate", "mlp_out")
 ALIASES = {"mlp": "mlp_in, mlp_gate (gated MLPs), mlp_out", "qk": "qk (non-rotary) or q and k (rotary)"}
 SITE_OF = {"qk": "q", "q": "q", "k": "k", "ov": "o", "mlp_in": "up", "mlp_gate": "gate", "mlp_out": "down"}
-GROUP_OF = {"qk": "head", "q": "head", "k": "kv_head", "ov": "head", "mlp_in": "layer", "mlp_gate": "layer",
-            "mlp_out": "layer"}
+GROUP_OF = {
+    "qk": "head",
+    "q": "head",
+    "k": "kv_head",
+    "ov": "head",
+    "mlp_in": "layer",
+    "mlp_gate": "layer",
+    "mlp_out": "layer",
+}
 
 
 @dataclass
@@ -162,8 +170,12 @@ def build_component(view: ModelView, kind: str, layer: int) -> Component:
     return _component(kind, layer, svd_dense(M.double()))
 
 
-def build_components(view: ModelView, kinds: Sequence[str] = ("qk", "ov", "mlp"),
-                     layers: Sequence[int] | None = None, progress: bool = False) -> list[Component]:
+def build_components(
+    view: ModelView,
+    kinds: Sequence[str] = ("qk", "ov", "mlp"),
+    layers: Sequence[int] | None = None,
+    progress: bool = False,
+) -> list[Component]:
     """Every requested component of every layer (default all), ordered by layer then kind."""
     kinds = expand_kinds(view, kinds)
     layers = range(view.n_layers) if layers is None else [view.check_layer(int(l)) for l in layers]
@@ -205,7 +217,9 @@ class Intervention:
             if name not in self.components:
                 raise KeyError(f"scales: no component {name!r}; known: {', '.join(list(self.components)[:6])}, ...")
             if tuple(lam.shape) != self.components[name].shape:
-                raise ValueError(f"scales[{name!r}] has shape {tuple(lam.shape)}; expected {self.components[name].shape}")
+                raise ValueError(
+                    f"scales[{name!r}] has shape {tuple(lam.shape)}; expected {self.components[name].shape}"
+                )
 
     def _by_site(self, names) -> dict[tuple[int, str], list[Component]]:
         out: dict[tuple[int, str], list[Component]] = {}
@@ -217,8 +231,9 @@ class Intervention:
         return out
 
     @contextmanager
-    def apply(self, scales: dict[str, Tensor], *, positions: Tensor | None = None,
-              reference: dict[str, Tensor] | None = None) -> Iterator[None]:
+    def apply(
+        self, scales: dict[str, Tensor], *, positions: Tensor | None = None, reference: dict[str, Tensor] | None = None
+    ) -> Iterator[None]:
         """Within the block, the model runs with ``scales[name]: [G, K]`` on each named component.
 
         ``positions``: None (every position) or ``[batch]`` long, one position per example, for all
@@ -250,10 +265,16 @@ class Intervention:
         if site in ("q", "k") and all(c.kind in ("q", "k") for c in comps):
             norm = view.head_norm_module(layer, site)
         if norm is not None:
-            return (norm, lambda out: out.transpose(1, 2).flatten(-2),
-                    lambda out, value: value.reshape(*value.shape[:-1], out.shape[1], -1).transpose(1, 2))
-        return (view.site_module(layer, site), lambda out: view.site_output(layer, site, out),
-                lambda out, value: view.with_site_output(layer, site, out, value))
+            return (
+                norm,
+                lambda out: out.transpose(1, 2).flatten(-2),
+                lambda out, value: value.reshape(*value.shape[:-1], out.shape[1], -1).transpose(1, 2),
+            )
+        return (
+            view.site_module(layer, site),
+            lambda out: view.site_output(layer, site, out),
+            lambda out, value: view.with_site_output(layer, site, out, value),
+        )
 
     def _apply_hook(self, layer, site, comps, scales, positions, reference, normalized, read, write):
         view = self.view
@@ -301,7 +322,6 @@ class Intervention:
         (at ``positions`` if given) into the yielded dict: the ``reference`` for patching."""
         names = list(self.components) if names is None else list(names)
         store: dict[str, Tensor] = {}
-        view = self.view
         specs = []
         for (layer, site), comps in self._by_site(names).items():
             comps = [c for c in comps if c.kind != "qk"]  # joint QK masks only zero-ablate

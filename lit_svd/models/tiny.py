@@ -3,6 +3,7 @@
 They cover each architecture's code path exactly (biases, rotary conventions, GQA, fused qkv,
 norm conventions) at a size that runs in milliseconds on a CPU.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,31 +19,77 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
     from transformers import Gemma2Config, Gemma3TextConfig, GPT2Config, GPTNeoXConfig, LlamaConfig
 
     if arch == "gpt2":
-        cfg = GPT2Config(vocab_size=vocab_size, n_positions=128, n_embd=64, n_layer=2, n_head=4,
-                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                         bos_token_id=0, eos_token_id=0)  # GPT-2's 50256 lies outside the tiny vocabulary
+        cfg = GPT2Config(
+            vocab_size=vocab_size,
+            n_positions=128,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )  # GPT-2's 50256 lies outside the tiny vocabulary
     elif arch == "gpt_neox":
-        cfg = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                            intermediate_size=256, max_position_embeddings=128, rotary_pct=0.25,
-                            use_parallel_residual=True, attention_bias=True)
+        cfg = GPTNeoXConfig(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=256,
+            max_position_embeddings=128,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+            attention_bias=True,
+        )
     elif arch == "llama":
-        cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128,
-                          rms_norm_eps=1e-5, tie_word_embeddings=True)
+        cfg = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+        )
     elif arch == "gemma2":
-        cfg = Gemma2Config(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=128,
-                           query_pre_attn_scalar=16, sliding_window=64)
+        cfg = Gemma2Config(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            query_pre_attn_scalar=16,
+            sliding_window=64,
+        )
     elif arch == "gemma3":  # layer 0 slides over 4 keys with the local rotary base, layer 1 is global
-        cfg = Gemma3TextConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=1, head_dim=16, intermediate_size=128,
-                               max_position_embeddings=128, query_pre_attn_scalar=16, sliding_window=4,
-                               layer_types=["sliding_attention", "full_attention"],
-                               rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
-                                                "full_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+        cfg = Gemma3TextConfig(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            query_pre_attn_scalar=16,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        )
     else:
-        raise ValueError(f"unknown architecture {arch!r}; choose one of"
-                         f" {', '.join(ARCHITECTURES + HEAD_NORM_ARCHITECTURES)}")
+        raise ValueError(
+            f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES + HEAD_NORM_ARCHITECTURES)}"
+        )
     for key, value in overrides.items():
         setattr(cfg, key, value)
     cfg._attn_implementation = "eager"
@@ -68,28 +115,66 @@ def tiny_causal_lm(arch: str, seed: int = 0, vocab_size: int = 49152, **override
     return model.eval()
 
 
-def scratch_config(arch: str, vocab_size: int, n_layers: int, d_model: int, n_heads: int, d_mlp: int,
-                   max_positions: int, rotary_pct: float):
+def scratch_config(
+    arch: str,
+    vocab_size: int,
+    n_layers: int,
+    d_model: int,
+    n_heads: int,
+    d_mlp: int,
+    max_positions: int,
+    rotary_pct: float,
+):
     """The HF config of a small dropout-free ``gpt2`` or ``gpt_neox`` model to train from scratch."""
     from transformers import GPT2Config, GPTNeoXConfig
 
     if arch == "gpt2":
-        cfg = GPT2Config(vocab_size=vocab_size, n_positions=max_positions, n_embd=d_model, n_layer=n_layers,
-                         n_head=n_heads, n_inner=d_mlp, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                         bos_token_id=None, eos_token_id=None)
+        cfg = GPT2Config(
+            vocab_size=vocab_size,
+            n_positions=max_positions,
+            n_embd=d_model,
+            n_layer=n_layers,
+            n_head=n_heads,
+            n_inner=d_mlp,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
     elif arch == "gpt_neox":
-        cfg = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=d_model, num_hidden_layers=n_layers,
-                            num_attention_heads=n_heads, intermediate_size=d_mlp, max_position_embeddings=max_positions,
-                            rotary_pct=rotary_pct, use_parallel_residual=True, attention_dropout=0.0,
-                            hidden_dropout=0.0, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
+        cfg = GPTNeoXConfig(
+            vocab_size=vocab_size,
+            hidden_size=d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            intermediate_size=d_mlp,
+            max_position_embeddings=max_positions,
+            rotary_pct=rotary_pct,
+            use_parallel_residual=True,
+            attention_dropout=0.0,
+            hidden_dropout=0.0,
+            tie_word_embeddings=False,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
     else:
         raise ValueError(f"arch={arch!r}: choose gpt2 or gpt_neox")
     cfg._attn_implementation = "eager"
     return cfg
 
 
-def scratch_causal_lm(arch: str, vocab_size: int, n_layers: int, d_model: int, n_heads: int, d_mlp: int,
-                      max_positions: int, rotary_pct: float, seed: int):
+def scratch_causal_lm(
+    arch: str,
+    vocab_size: int,
+    n_layers: int,
+    d_model: int,
+    n_heads: int,
+    d_mlp: int,
+    max_positions: int,
+    rotary_pct: float,
+    seed: int,
+):
     """A freshly initialised (HF default init, seeded without touching the global RNG) model to train."""
     from transformers import AutoModelForCausalLM
 

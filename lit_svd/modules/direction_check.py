@@ -4,25 +4,35 @@ For each claimed direction (the kept mask directions of the requested kinds, or 
 directions of ``results.json["steering_swap"]``) it measures the causal check of ``lit_svd.analysis.causal``
 on the test batches (summed over batches through the named state ``changes``), and at the end of the epoch
 builds the table: component, layer, head, direction, sigma, block (id, size, first, last, claimed in it),
-isolation gap, isolated, past_rank, effect, z, percentile, passes, readout. ``callbacks.direction_report.DirectionReport`` writes it.
+isolation gap, isolated, past_rank, effect, z, percentile, passes, readout.
+``callbacks.direction_report.DirectionReport`` writes it.
 
 The data module must give the run's own test split (checked against the run's ``config.yaml``): nothing
 here is chosen on those prompts (``n_random``, ``seed`` and the level are fixed before the run).
 """
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
 from lit_svd.analysis.blocks import component_blocks, direction_block
-from lit_svd.analysis.causal import (N_RANDOM, PATCHABLE, Probes, corrupted_coefficients, judge, patched_metrics,
-                                     probe_set)
+from lit_svd.analysis.causal import (
+    N_RANDOM,
+    PATCHABLE,
+    Probes,
+    corrupted_coefficients,
+    judge,
+    patched_metrics,
+    probe_set,
+)
 from lit_svd.analysis.masks import hard_masks
 from lit_svd.analysis.readouts import readouts
 from lit_svd.linalg import REL_GAP
@@ -64,7 +74,9 @@ def run_claims(run: Path, claims: str, kinds: Sequence[str]) -> tuple[dict, dict
         results = run / "results.json"
         swap = json.loads(results.read_text()).get("steering_swap") if results.is_file() else None
         if not swap:
-            raise ValueError(f"claims='swap' but {str(results)!r} has no steering_swap (a two-class task's run, e.g. GP)")
+            raise ValueError(
+                f"claims='swap' but {str(results)!r} has no steering_swap (a two-class task's run, e.g. GP)"
+            )
         for d in swap["directions"]:
             out.setdefault(d["component"], []).append((int(d["head"]), int(d["direction"])))
     return state, out
@@ -98,9 +110,18 @@ class DirectionCheckModule(PretrainedLMModule):
         model: the model (default: the run's).
     """
 
-    def __init__(self, run: str, claims: Literal["kept", "swap"] = "kept", kinds: Sequence[str] = ("ov",),
-                 n_random: int = N_RANDOM, seed: int = 0, rows_per_forward: int = 512, top_k: int = 8,
-                 rel_gap: float = REL_GAP, model: str | None = None):
+    def __init__(
+        self,
+        run: str,
+        claims: Literal["kept", "swap"] = "kept",
+        kinds: Sequence[str] = ("ov",),
+        n_random: int = N_RANDOM,
+        seed: int = 0,
+        rows_per_forward: int = 512,
+        top_k: int = 8,
+        rel_gap: float = REL_GAP,
+        model: str | None = None,
+    ):
         bad = [k for k in kinds if k not in PATCHABLE]
         if bad:
             raise ValueError(f"kinds={list(kinds)!r}: {bad[0]!r} cannot be patched; allowed: {', '.join(PATCHABLE)}")
@@ -113,8 +134,12 @@ class DirectionCheckModule(PretrainedLMModule):
         self.run_path = Path(run)
         state, self.claims = run_claims(self.run_path, claims, kinds)
         hp = state.get("hparams", {})
-        super().__init__(model=model or state["model"], gguf_file=hp.get("gguf_file"), revision=hp.get("revision"),
-                         fold_norms=hp.get("fold_norms", True))
+        super().__init__(
+            model=model or state["model"],
+            gguf_file=hp.get("gguf_file"),
+            revision=hp.get("revision"),
+            fold_norms=hp.get("fold_norms", True),
+        )
         self.save_hyperparameters()
         layers = sorted({int(n.split(".")[0][1:]) for n in self.claims})
         wanted = sorted({n.split(".", 1)[1] for n in self.claims})
@@ -137,8 +162,10 @@ class DirectionCheckModule(PretrainedLMModule):
                 t = getattr(c, attr)
                 if t is not None:
                     setattr(c, attr, t.to(self.device))
-        self.probes = {c.name: Probes(c, self.probes[c.name].group.to(self.device),
-                                      self.probes[c.name].coords.to(self.device)) for c in self.components}
+        self.probes = {
+            c.name: Probes(c, self.probes[c.name].group.to(self.device), self.probes[c.name].coords.to(self.device))
+            for c in self.components
+        }
         self._wall = 0.0
 
     @torch.no_grad()
@@ -149,10 +176,19 @@ class DirectionCheckModule(PretrainedLMModule):
         reference = corrupted_coefficients(self.view, self.components, batch)
         show = self.trainer.is_global_zero and self.trainer.progress_bar_callback is not None
         total = sum(len(p) for p in self.probes.values()) * len(batch["answer_pos"])
-        with tqdm(total=total, desc=f"batch {batch_idx}: (prompt, direction) rows", disable=not show, leave=False) as bar:
+        with tqdm(
+            total=total, desc=f"batch {batch_idx}: (prompt, direction) rows", disable=not show, leave=False
+        ) as bar:
             for c in self.components:
-                metrics = patched_metrics(self.view, self.probes[c.name], batch, reference[c.name], self.task,
-                                          self.hparams.rows_per_forward, bar.update)
+                metrics = patched_metrics(
+                    self.view,
+                    self.probes[c.name],
+                    batch,
+                    reference[c.name],
+                    self.task,
+                    self.hparams.rows_per_forward,
+                    bar.update,
+                )
                 self.changes[_key(c.name)].update(metrics[:, 1:] - metrics[:, :1])
         self._wall += time.monotonic() - start
 
@@ -172,9 +208,14 @@ class DirectionCheckModule(PretrainedLMModule):
         rows.sort(key=lambda r: (r["layer"], r["kind"], r["head"], r["direction"]))
         self.table = rows
         n_probes = sum(len(p) for p in self.probes.values())
-        self.timing = {"wall_s": self._wall, "directions": len(rows), "probes": n_probes, "n_prompts": n_prompts,
-                       "directions_per_s": len(rows) / max(self._wall, 1e-9),
-                       "probe_rows_per_s": n_probes * n_prompts / max(self._wall, 1e-9)}
+        self.timing = {
+            "wall_s": self._wall,
+            "directions": len(rows),
+            "probes": n_probes,
+            "n_prompts": n_prompts,
+            "directions_per_s": len(rows) / max(self._wall, 1e-9),
+            "probe_rows_per_s": n_probes * n_prompts / max(self._wall, 1e-9),
+        }
 
 
 def check_same_test_split(run: Path, dm) -> None:
@@ -191,8 +232,10 @@ def check_same_test_split(run: Path, dm) -> None:
     theirs = TaskDataModule(**args).splits["test"]
     ours = dm.splits["test"]
     if theirs.examples != ours.examples:
-        raise ValueError(f"data: the test split differs from the run's ({config}); use its data section"
-                         f" (task, tokenizer, n_train, n_val, n_test, seed, test_last, prepend_bos)")
+        raise ValueError(
+            f"data: the test split differs from the run's ({config}); use its data section"
+            f" (task, tokenizer, n_train, n_val, n_test, seed, test_last, prepend_bos)"
+        )
 
 
 def _key(name: str) -> str:

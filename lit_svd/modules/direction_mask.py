@@ -8,17 +8,26 @@ Defaults follow the paper where it fits this machine (AdamW, eps 1e-7, gradient 
 threshold 1e-3, lambda initialised near 1); ``lr`` and ``init`` are configurable because the number
 of optimiser steps affordable on two CPU cores is far below the paper's 480 (see docs/masks.md).
 """
+
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from lit_svd.analysis.blocks import MaskUnit, check_mask_unit, check_rel_gap, component_blocks, mask_units
-from lit_svd.analysis.masks import (check_mask_config, hard_masks, initial_logits, kept_report, mask_loss,
-                                    most_effective_direction, task_scores)
+from lit_svd.analysis.masks import (
+    check_mask_config,
+    hard_masks,
+    initial_logits,
+    kept_report,
+    mask_loss,
+    most_effective_direction,
+    task_scores,
+)
 from lit_svd.linalg import REL_GAP
 from lit_svd.models.intervene import Intervention, build_components
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -66,14 +75,30 @@ class DirectionMaskModule(PretrainedLMModule):
             reports, and the units of ``mask_unit=block``); default ``lit_svd.linalg.REL_GAP``.
     """
 
-    def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
-                 fold_norms: bool = True, components: Sequence[str] = ("qk", "ov", "mlp"),
-                 layers: Sequence[int] | None = None, alpha: float = 2e-4, lr: float = 2e-2, eps: float = 1e-7,
-                 weight_decay: float = 0.0, grad_clip: float = 1.0, lr_min: float | None = None,
-                 init: float = 0.99, ablation: Literal["zero", "patch"] = "zero",
-                 positions: Literal["answer", "all"] = "answer", threshold: float = 1e-3, steps_per_batch: int = 1,
-                 straight_through: bool = False, soft_steps: int = 0, mask_unit: MaskUnit = "direction",
-                 rel_gap: float = REL_GAP):
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        gguf_file: str | None = None,
+        revision: str | None = None,
+        fold_norms: bool = True,
+        components: Sequence[str] = ("qk", "ov", "mlp"),
+        layers: Sequence[int] | None = None,
+        alpha: float = 2e-4,
+        lr: float = 2e-2,
+        eps: float = 1e-7,
+        weight_decay: float = 0.0,
+        grad_clip: float = 1.0,
+        lr_min: float | None = None,
+        init: float = 0.99,
+        ablation: Literal["zero", "patch"] = "zero",
+        positions: Literal["answer", "all"] = "answer",
+        threshold: float = 1e-3,
+        steps_per_batch: int = 1,
+        straight_through: bool = False,
+        soft_steps: int = 0,
+        mask_unit: MaskUnit = "direction",
+        rel_gap: float = REL_GAP,
+    ):
         check_mask_config(alpha, init, threshold, ablation, positions)
         check_mask_unit(mask_unit)
         check_rel_gap(rel_gap)
@@ -117,9 +142,14 @@ class DirectionMaskModule(PretrainedLMModule):
 
     def masks_state(self) -> dict:
         """Everything needed to reload the masks: per component its lambdas and SVD shape."""
-        return {"lambdas": {n: lam.detach().cpu() for n, lam in self.lambdas().items()},
-                "threshold": self.threshold, "mask_unit": self.mask_unit, "rel_gap": self.rel_gap,
-                "model": self.model_name, "hparams": dict(self.hparams)}
+        return {
+            "lambdas": {n: lam.detach().cpu() for n, lam in self.lambdas().items()},
+            "threshold": self.threshold,
+            "mask_unit": self.mask_unit,
+            "rel_gap": self.rel_gap,
+            "model": self.model_name,
+            "hparams": dict(self.hparams),
+        }
 
     def setup(self, stage: str) -> None:
         task = getattr(getattr(self.trainer, "datamodule", None), "task", None)
@@ -128,8 +158,10 @@ class DirectionMaskModule(PretrainedLMModule):
     def scores(self, logits: Tensor, full: Tensor, batch: dict) -> dict[str, Tensor]:
         """``task_scores`` for this run's task (one-line error when no task data set the task)."""
         if self.task is None:
-            raise ValueError("direction masks need the task of the prompts (ioi, gp or gt); use"
-                             " lit_svd.datamodules.tasks.TaskDataModule")
+            raise ValueError(
+                "direction masks need the task of the prompts (ioi, gp or gt); use"
+                " lit_svd.datamodules.tasks.TaskDataModule"
+            )
         return task_scores(logits, full, batch, self.task)
 
     def on_fit_start(self) -> None:
@@ -152,8 +184,9 @@ class DirectionMaskModule(PretrainedLMModule):
             self.units = {n: u.to(self.device) for n, u in self.units.items()}
 
     # --- forward passes ------------------------------------------------------------------------
-    def answer_logits(self, ids: Tensor, batch: dict, scales: dict[str, Tensor] | None = None,
-                      reference: dict | None = None) -> Tensor:
+    def answer_logits(
+        self, ids: Tensor, batch: dict, scales: dict[str, Tensor] | None = None, reference: dict | None = None
+    ) -> Tensor:
         """Logits ``[B, V]`` at the answer position, with ``scales`` applied (None: the plain model)."""
         pos = batch["answer_pos"]
         kwargs = dict(input_ids=ids, attention_mask=batch["attention_mask"], logits_to_keep=pos[:, None])
@@ -196,19 +229,29 @@ class DirectionMaskModule(PretrainedLMModule):
             if self.hparams.lr_min is not None:
                 self.lr_schedulers().step()
         kept = sum(int((lam.detach() >= self.threshold).sum()) for lam in lambdas.values())
-        self.log_dict({"train/loss": loss.detach(), "train/kl": kl.detach(), "train/l1": total.detach(),
-                       "train/kept_fraction": kept / self.n_directions}, prog_bar=True, on_step=True)
+        self.log_dict(
+            {
+                "train/loss": loss.detach(),
+                "train/kl": kl.detach(),
+                "train/l1": total.detach(),
+                "train/kept_fraction": kept / self.n_directions,
+            },
+            prog_bar=True,
+            on_step=True,
+        )
         return loss.detach()
 
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.theta.parameters(), lr=self.hparams.lr, eps=self.hparams.eps,
-                                weight_decay=self.hparams.weight_decay)
+        opt = torch.optim.AdamW(
+            self.theta.parameters(), lr=self.hparams.lr, eps=self.hparams.eps, weight_decay=self.hparams.weight_decay
+        )
         if self.hparams.lr_min is None:
             return opt
         if self.trainer.max_steps < 1:
             raise ValueError("lr_min needs trainer.max_steps (the length of the cosine decay)")
-        return [opt], [torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=self.trainer.max_steps,
-                                                                  eta_min=self.hparams.lr_min)]
+        return [opt], [
+            torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=self.trainer.max_steps, eta_min=self.hparams.lr_min)
+        ]
 
     # --- evaluation (soft and hard masks) --------------------------------------------------------
     @torch.no_grad()
@@ -220,8 +263,10 @@ class DirectionMaskModule(PretrainedLMModule):
         full = self.answer_logits(ids, batch)
         reference = self.reference(batch)
         lambdas = {n: l.detach() for n, l in self.lambdas().items()}
-        out = {"full": self.scores(full, full, batch),
-               "soft": self.scores(self.answer_logits(ids, batch, lambdas, reference), full, batch)}
+        out = {
+            "full": self.scores(full, full, batch),
+            "soft": self.scores(self.answer_logits(ids, batch, lambdas, reference), full, batch),
+        }
         for t in thresholds:
             out[t] = self.scores(self.answer_logits(ids, batch, hard_masks(lambdas, t), reference), full, batch)
         return out

@@ -4,6 +4,7 @@
 ``SADCallback`` tracking every head's SAD sparsity against its rotated control as it learns. The model
 is a plain Hugging Face causal LM, so ``self.view`` (``lit_svd.models.view``) reads its weights live.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -56,15 +57,31 @@ class LanguageModelModule(pl.LightningModule):
         seed: initialisation seed.
     """
 
-    def __init__(self, arch: Literal["gpt2", "gpt_neox"] = "gpt2", n_layers: int = 2, d_model: int = 128, n_heads: int = 4,
-                 d_mlp: int | None = None, max_positions: int = 256, vocab_size: int | None = None,
-                 vocab_top_k: int | None = 4096, rotary_pct: float = 0.25, lr: float = 1e-3,
-                 weight_decay: float = 0.01, warmup_steps: int = 100, seed: int = 0):
+    def __init__(
+        self,
+        arch: Literal["gpt2", "gpt_neox"] = "gpt2",
+        n_layers: int = 2,
+        d_model: int = 128,
+        n_heads: int = 4,
+        d_mlp: int | None = None,
+        max_positions: int = 256,
+        vocab_size: int | None = None,
+        vocab_top_k: int | None = 4096,
+        rotary_pct: float = 0.25,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        warmup_steps: int = 100,
+        seed: int = 0,
+    ):
         super().__init__()
         if arch not in ARCHS:
             raise ValueError(f"model.arch={arch!r} is not supported; choose one of {', '.join(ARCHS)}")
-        for key, value in (("n_layers", n_layers), ("d_model", d_model), ("n_heads", n_heads),
-                           ("max_positions", max_positions)):
+        for key, value in (
+            ("n_layers", n_layers),
+            ("d_model", d_model),
+            ("n_heads", n_heads),
+            ("max_positions", max_positions),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"model.{key}={value!r} must be a positive integer")
         if d_model % n_heads:
@@ -76,8 +93,9 @@ class LanguageModelModule(pl.LightningModule):
         if not 0.0 < rotary_pct <= 1.0:
             raise ValueError(f"model.rotary_pct={rotary_pct!r} must lie in (0, 1]")
         if not lr > 0 or weight_decay < 0 or warmup_steps < 0:
-            raise ValueError(f"model.lr={lr!r} must be > 0, weight_decay={weight_decay!r} and"
-                             f" warmup_steps={warmup_steps!r} >= 0")
+            raise ValueError(
+                f"model.lr={lr!r} must be > 0, weight_decay={weight_decay!r} and warmup_steps={warmup_steps!r} >= 0"
+            )
         self.save_hyperparameters()
         self.lm = None
         self._view = None
@@ -89,8 +107,17 @@ class LanguageModelModule(pl.LightningModule):
         from lit_svd.models.tiny import scratch_causal_lm
 
         hp = self.hparams
-        self.lm = scratch_causal_lm(hp.arch, vocab_size, hp.n_layers, hp.d_model, hp.n_heads,
-                                    hp.d_mlp or 4 * hp.d_model, hp.max_positions, hp.rotary_pct, hp.seed)
+        self.lm = scratch_causal_lm(
+            hp.arch,
+            vocab_size,
+            hp.n_layers,
+            hp.d_model,
+            hp.n_heads,
+            hp.d_mlp or 4 * hp.d_model,
+            hp.max_positions,
+            hp.rotary_pct,
+            hp.seed,
+        )
 
     def configure_model(self) -> None:
         if self.lm is not None:
@@ -126,7 +153,9 @@ class LanguageModelModule(pl.LightningModule):
     def loss(self, batch) -> Tensor:
         ids, mask = self.unpack(batch)
         if ids.shape[1] > self.hparams.max_positions:
-            raise ValueError(f"sequences of {ids.shape[1]} tokens exceed model.max_positions={self.hparams.max_positions}")
+            raise ValueError(
+                f"sequences of {ids.shape[1]} tokens exceed model.max_positions={self.hparams.max_positions}"
+            )
         labels = ids.masked_fill(mask == 0, -100)
         loss = self.lm(input_ids=ids, attention_mask=mask, labels=labels).loss
         if not torch.isfinite(loss):
@@ -148,8 +177,9 @@ class LanguageModelModule(pl.LightningModule):
         hp = self.hparams
         decay = [p for n, p in self.lm.named_parameters() if p.dim() >= 2]
         rest = [p for n, p in self.lm.named_parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},
-                                 {"params": rest, "weight_decay": 0.0}], lr=hp.lr)
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": rest, "weight_decay": 0.0}], lr=hp.lr
+        )
         return with_warmup(opt, hp.warmup_steps)
 
 
@@ -184,14 +214,23 @@ class FineTuneLMModule(PretrainedLMModule):
         warmup_steps: steps of the linear warm-up.
     """
 
-    def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
-                 trainable: Literal["all", "attention", "mlp"] = "attention", layers: list[int] | None = None,
-                 lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 10):
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        gguf_file: str | None = None,
+        revision: str | None = None,
+        trainable: Literal["all", "attention", "mlp"] = "attention",
+        layers: list[int] | None = None,
+        lr: float = 1e-4,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 10,
+    ):
         if trainable not in PARTS:
             raise ValueError(f"model.trainable={trainable!r} is not supported; choose one of {', '.join(PARTS)}")
         if not lr > 0 or weight_decay < 0 or warmup_steps < 0:
-            raise ValueError(f"model.lr={lr!r} must be > 0, weight_decay={weight_decay!r} and"
-                             f" warmup_steps={warmup_steps!r} >= 0")
+            raise ValueError(
+                f"model.lr={lr!r} must be > 0, weight_decay={weight_decay!r} and warmup_steps={warmup_steps!r} >= 0"
+            )
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
         self.save_hyperparameters()
         v = self.view
@@ -241,8 +280,9 @@ class FineTuneLMModule(PretrainedLMModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Checkpoints hold the trained maps only; the frozen rest is rebuilt from ``model``."""
         keep = {f"lm.{n}" for n in self.trainable_names}
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
-                                    if not k.startswith("lm.") or k in keep}
+        checkpoint["state_dict"] = {
+            k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("lm.") or k in keep
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["state_dict"]

@@ -17,6 +17,7 @@ and scored on the gated product; ``v`` on a ridge map from the v input to the pe
 ``fit_fraction`` of each rank's batches and the paths are scored only on the remaining batches, so the
 fit never sees a scored token.
 """
+
 from __future__ import annotations
 
 import copy
@@ -108,14 +109,30 @@ class MountsAnalysisModule(PretrainedLMModule):
             configs use 8, which bench/mounts_bench.py and the SmolLM2 run show changes no verdict).
     """
 
-    def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
-                 sites: list[str] | None = None, layers: list[int] | None = None,
-                 tile_widths: dict[str, int] | Literal["scaled", "fixed"] = "scaled", modes_per_tile: int = 2,
-                 modes_sweep: list[int] = (1, 2, 4, 8, 16), k_active: int = 8, seed: int = 0,
-                 effective_paths: bool = True, fit_fraction: float = 0.5, v_ridge: float = 1e-3,
-                 steer_alpha: float = 2.0, steer_mounts: int = 8, steer_texts: int = 8, steer_tokens: int = 32,
-                 steer_positions: Literal["last", "all"] = "last", rules: dict | None = None,
-                 null_control: bool = True, null_stride: int = 1):
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        gguf_file: str | None = None,
+        revision: str | None = None,
+        sites: list[str] | None = None,
+        layers: list[int] | None = None,
+        tile_widths: dict[str, int] | Literal["scaled", "fixed"] = "scaled",
+        modes_per_tile: int = 2,
+        modes_sweep: list[int] = (1, 2, 4, 8, 16),
+        k_active: int = 8,
+        seed: int = 0,
+        effective_paths: bool = True,
+        fit_fraction: float = 0.5,
+        v_ridge: float = 1e-3,
+        steer_alpha: float = 2.0,
+        steer_mounts: int = 8,
+        steer_texts: int = 8,
+        steer_tokens: int = 32,
+        steer_positions: Literal["last", "all"] = "last",
+        rules: dict | None = None,
+        null_control: bool = True,
+        null_stride: int = 1,
+    ):
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
         self.save_hyperparameters()
         view = self.view
@@ -125,13 +142,19 @@ class MountsAnalysisModule(PretrainedLMModule):
         self.layers = list(range(view.n_layers)) if layers is None else [view.check_layer(int(l)) for l in layers]
         if not 0.0 < fit_fraction < 1.0:
             raise ValueError(f"fit_fraction={fit_fraction!r} is not allowed: it must lie strictly between 0 and 1")
-        for key, value in (("steer_mounts", steer_mounts), ("steer_texts", steer_texts), ("steer_tokens", steer_tokens),
-                           ("null_stride", null_stride)):
+        for key, value in (
+            ("steer_mounts", steer_mounts),
+            ("steer_texts", steer_texts),
+            ("steer_tokens", steer_tokens),
+            ("null_stride", null_stride),
+        ):
             if int(value) <= 0:
                 raise ValueError(f"{key}={value!r} is not allowed: it must be a positive integer")
         if steer_positions not in ("last", "all"):
-            raise ValueError(f"steer_positions={steer_positions!r} is not allowed; choose 'last' (steer the read-out"
-                             " token, prefix cached) or 'all' (every position, a full forward per mount)")
+            raise ValueError(
+                f"steer_positions={steer_positions!r} is not allowed; choose 'last' (steer the read-out"
+                " token, prefix cached) or 'all' (every position, a full forward per mount)"
+            )
         self.rules = M.MountRules.from_dict(rules)
         self.effective = {s for s in ("v", "up") if effective_paths and s in self.sites}
         if "up" in self.effective and not view.gated_mlp:
@@ -142,8 +165,9 @@ class MountsAnalysisModule(PretrainedLMModule):
             d_in, d_out = self._site_shape(s)
             bounds = M.tile_bounds(d_in, self.tile_widths[s], f"tile_widths.{s}")
             for m in (modes_per_tile, *modes_sweep):
-                M.check_modes(m, bounds[0][1] - bounds[0][0], d_out,
-                              "modes_per_tile" if m == modes_per_tile else "modes_sweep")
+                M.check_modes(
+                    m, bounds[0][1] - bounds[0][0], d_out, "modes_per_tile" if m == modes_per_tile else "modes_sweep"
+                )
         self.plans: dict[str, M.SitePlan] = {}
         self.null_plans: dict[str, M.SitePlan] = {}
         self.sums = torch.nn.ModuleDict()
@@ -178,8 +202,17 @@ class MountsAnalysisModule(PretrainedLMModule):
 
     def _plan(self, W_out_in: Tensor, site: str, bias: Tensor | None = None) -> M.SitePlan:
         hp = self.hparams
-        return M.plan_site(W_out_in, self.tile_widths[site], hp.modes_per_tile, list(hp.modes_sweep), hp.k_active,
-                           hp.seed, f"tile_widths.{site}", linear=site not in self.effective, bias=bias)
+        return M.plan_site(
+            W_out_in,
+            self.tile_widths[site],
+            hp.modes_per_tile,
+            list(hp.modes_sweep),
+            hp.k_active,
+            hp.seed,
+            f"tile_widths.{site}",
+            linear=site not in self.effective,
+            bias=bias,
+        )
 
     def _add_plans(self, layer: int, site: str, W_out_in: Tensor, bias: Tensor | None = None) -> None:
         """The site-layer's plan and, with ``null``, its structureless null's plan (module sites score
@@ -227,16 +260,21 @@ class MountsAnalysisModule(PretrainedLMModule):
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
             n = int(t.item())
         if n < 2:
-            raise ValueError(f"the test stream has {n} batch(es) per process; effective paths need at least 2"
-                             " (one to fit, one to score): give more tokens or a smaller batch size")
+            raise ValueError(
+                f"the test stream has {n} batch(es) per process; effective paths need at least 2"
+                " (one to fit, one to score): give more tokens or a smaller batch size"
+            )
         return max(1, min(n - 1, int(round(self.hparams.fit_fraction * n))))
 
     def _taps(self, mask: Tensor | None, fitting: bool) -> list[Hook]:
         """Hooks on every site module of the requested layers; each layer is reduced to sums when its
         block finishes."""
         v = self.view
-        needed = set(self.sites) | ({"o"} if "v" in self.effective else set()) | \
-            ({"gate", "down"} if "up" in self.effective else set())
+        needed = (
+            set(self.sites)
+            | ({"o"} if "v" in self.effective else set())
+            | ({"gate", "down"} if "up" in self.effective else set())
+        )
         taps = []
         for l in self.layers:
             store: dict = {}
@@ -342,9 +380,14 @@ class MountsAnalysisModule(PretrainedLMModule):
         for l in self.layers:
             for s in self.sites:
                 k = self.key(l, s)
-                row = {"site": s, "layer": l, "residual": s in RESIDUAL_SITES,
-                       "path": "effective" if s in self.effective else "module",
-                       "tile_width": self.tile_widths[s], **M.summarize(self.plans[k], self.sums[k].compute())}
+                row = {
+                    "site": s,
+                    "layer": l,
+                    "residual": s in RESIDUAL_SITES,
+                    "path": "effective" if s in self.effective else "module",
+                    "tile_width": self.tile_widths[s],
+                    **M.summarize(self.plans[k], self.sums[k].compute()),
+                }
                 if self.hparams.null_control:
                     row["null"] = {"layer": l, **M.summarize(self.null_plans[k], self.null_sums[k].compute())}
                 rows.append(row)
@@ -355,7 +398,7 @@ class MountsAnalysisModule(PretrainedLMModule):
             if self.hparams.null_control:
                 row["null"].update(self._steer(ctx, self.null_plans[k], row["null"], reading_W, row))
         for row in rows:
-            for r in ([row, row["null"]] if self.hparams.null_control else [row]):
+            for r in [row, row["null"]] if self.hparams.null_control else [row]:
                 r["checks"] = M.judge(r, self.rules, residual=row["residual"], effective=row["path"] == "effective")
                 r["pass"] = r["checks"]["pass"]
         self.rows = rows
@@ -377,14 +420,26 @@ class MountsAnalysisModule(PretrainedLMModule):
         return steer_context(self.lm, texts, self.hparams.steer_positions)
 
     @torch.no_grad()
-    def _steer(self, ctx: SteerContext, plan: M.SitePlan, figures: dict, W_U: Tensor, where: dict | None = None) -> dict:
+    def _steer(
+        self, ctx: SteerContext, plan: M.SitePlan, figures: dict, W_U: Tensor, where: dict | None = None
+    ) -> dict:
         """Add ``alpha * u`` to the residual after the sub-layer (at the last position, or at every
         position) for the ``steer_mounts`` tiled mounts of ``plan`` of highest tile-local lift
         (``figures["tile_lift"]``); compare the mean last-token logit change with ``u``'s unembedding
         reading (Spearman rho, top-20 Jaccard). ``where``: the row giving layer and site (default ``figures``)."""
         where = where or figures
-        return steer_scores(self.view, self.lm, ctx, plan, figures["tile_lift"], where["layer"], where["site"], W_U,
-                            self.hparams.steer_alpha, self.hparams.steer_mounts)
+        return steer_scores(
+            self.view,
+            self.lm,
+            ctx,
+            plan,
+            figures["tile_lift"],
+            where["layer"],
+            where["site"],
+            W_U,
+            self.hparams.steer_alpha,
+            self.hparams.steer_mounts,
+        )
 
 
 @torch.no_grad()
@@ -398,8 +453,18 @@ def steer_context(lm, texts: Tensor, positions: str = "last") -> SteerContext:
 
 
 @torch.no_grad()
-def steer_scores(view, lm, ctx: SteerContext, plan: M.SitePlan, tile_lift: list[float], layer: int, site: str,
-                 W_U: Tensor, alpha: float, n_mounts: int) -> dict:
+def steer_scores(
+    view,
+    lm,
+    ctx: SteerContext,
+    plan: M.SitePlan,
+    tile_lift: list[float],
+    layer: int,
+    site: str,
+    W_U: Tensor,
+    alpha: float,
+    n_mounts: int,
+) -> dict:
     """Check C1 of one site-layer: add ``alpha * u`` to the residual after the sub-layer (at the steered
     positions of ``ctx``) for the ``n_mounts`` tiled mounts of ``plan`` of highest ``tile_lift``; compare the
     mean last-token logit change with ``u``'s unembedding reading (Spearman rho, top-20 Jaccard)."""
@@ -414,8 +479,12 @@ def steer_scores(view, lm, ctx: SteerContext, plan: M.SitePlan, tile_lift: list[
             delta = (last_logits(lm, ctx.texts, ctx.cache) - ctx.base).mean(0).double().cpu()
         rhos.append(M.spearman(delta, read[j]))
         jacs.append(M.topk_jaccard(delta, read[j], 20))
-    return {"steer_rho": sum(rhos) / len(rhos), "steer_jaccard": sum(jacs) / len(jacs),
-            "steer_rho_per_mount": rhos, "steer_jaccard_per_mount": jacs}
+    return {
+        "steer_rho": sum(rhos) / len(rhos),
+        "steer_jaccard": sum(jacs) / len(jacs),
+        "steer_rho_per_mount": rhos,
+        "steer_jaccard_per_mount": jacs,
+    }
 
 
 def last_logits(lm, texts: Tensor, cache=None) -> Tensor:

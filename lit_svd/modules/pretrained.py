@@ -1,4 +1,5 @@
 """A frozen pretrained causal LM as a LightningModule: the base of every real-model analysis."""
+
 from __future__ import annotations
 
 import lightning.pytorch as pl
@@ -19,8 +20,13 @@ class PretrainedLMModule(pl.LightningModule):
         fold_norms: fold the norms' weights into the views' matrices.
     """
 
-    def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
-                 fold_norms: bool = True):
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        gguf_file: str | None = None,
+        revision: str | None = None,
+        fold_norms: bool = True,
+    ):
         super().__init__()
         self.model_name = model
         lm, self.tokenizer = load_causal_lm(model, gguf_file=gguf_file, revision=revision)

@@ -6,6 +6,7 @@ control, the matched-spectrum null draws and the pair null) and reduced to per-h
 one. ``results()`` turns the sums into rows; ``lit_svd.callbacks.sad.SADReport`` writes ``results.json``
 (keys in ``docs/sad.md``) and the figures.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -15,9 +16,20 @@ from torch import Tensor
 from torchmetrics import Metric
 from tqdm.auto import tqdm
 
-from lit_svd.analysis.sad import (DEFAULT_NULL_DRAWS, DEFAULT_RECON_TOL, PairStats, attention_inputs, check_null_draws,
-                                  check_null_stride, check_threshold, check_tolerance, decompose_layer, layer_bases,
-                                  null_prompts, summarise_heads)
+from lit_svd.analysis.sad import (
+    DEFAULT_NULL_DRAWS,
+    DEFAULT_RECON_TOL,
+    PairStats,
+    attention_inputs,
+    check_null_draws,
+    check_null_stride,
+    check_threshold,
+    check_tolerance,
+    decompose_layer,
+    layer_bases,
+    null_prompts,
+    summarise_heads,
+)
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -29,8 +41,15 @@ class SADHeadStats(Metric):
     null's sums."""
 
     full_state_update = False
-    SUMS = ("n_pairs", "sparsity", "sparsity_sq", "sparsity_rotated", "n_unattended", "sparsity_unattended",
-            "sparsity_unattended_sq")
+    SUMS = (
+        "n_pairs",
+        "sparsity",
+        "sparsity_sq",
+        "sparsity_rotated",
+        "n_unattended",
+        "sparsity_unattended",
+        "sparsity_unattended_sq",
+    )
     HISTS = ("recon_hist", "recon_hist_rotated", "recon_hist_null", "recon_hist_unattended")
 
     def __init__(self, n_layers: int, n_heads: int, n_directions: int, null_draws: int = 0):
@@ -88,8 +107,10 @@ def parse_head_selection(view, layers: list[int] | None, heads: list[list[int]] 
     """``{layer: [heads]}`` from ``layers`` (all heads of each) or ``heads`` (``[layer, head]`` pairs);
     neither: every head. Out-of-range entries fail with one line (IndexError)."""
     if layers is not None and heads is not None:
-        raise ValueError("give model.layers or model.heads, not both: layers analyses every head of each layer,"
-                         " heads lists [layer, head] pairs")
+        raise ValueError(
+            "give model.layers or model.heads, not both: layers analyses every head of each layer,"
+            " heads lists [layer, head] pairs"
+        )
     if heads is not None:
         chosen: dict[int, list[int]] = {}
         for pair in heads:
@@ -136,11 +157,24 @@ class SADAnalysisModule(PretrainedLMModule):
         dtype: "float32" or "float64" for the model and the decomposition.
     """
 
-    def __init__(self, model: str = "smollm2-135m", gguf_file: str | None = None, revision: str | None = None,
-                 fold_norms: bool = True, layers: list[int] | None = None, heads: list[list[int]] | None = None,
-                 threshold: float | None = None, recon_tol: float = DEFAULT_RECON_TOL, seed: int = 0,
-                 min_pairs: int = 20, input_key: str = "clean_ids", dtype: Literal["float32", "float64"] = "float32",
-                 null_draws: int = DEFAULT_NULL_DRAWS, pair_null: bool = True, null_stride: int = 1):
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        gguf_file: str | None = None,
+        revision: str | None = None,
+        fold_norms: bool = True,
+        layers: list[int] | None = None,
+        heads: list[list[int]] | None = None,
+        threshold: float | None = None,
+        recon_tol: float = DEFAULT_RECON_TOL,
+        seed: int = 0,
+        min_pairs: int = 20,
+        input_key: str = "clean_ids",
+        dtype: Literal["float32", "float64"] = "float32",
+        null_draws: int = DEFAULT_NULL_DRAWS,
+        pair_null: bool = True,
+        null_stride: int = 1,
+    ):
         check_threshold(threshold, "model.threshold")
         check_tolerance(recon_tol, "model.recon_tol")
         if dtype not in DTYPES:
@@ -170,13 +204,17 @@ class SADAnalysisModule(PretrainedLMModule):
             except (TypeError, AttributeError, NotImplementedError):  # unsized streams are checked at the end
                 return
             if n == 0:
-                raise ValueError("the prompt set is empty (0 test prompts); give the datamodule at least one test"
-                                 " prompt (e.g. data.n_test > 0)")
+                raise ValueError(
+                    "the prompt set is empty (0 test prompts); give the datamodule at least one test"
+                    " prompt (e.g. data.n_test > 0)"
+                )
 
     def on_test_start(self) -> None:
         dtype = DTYPES[self.hparams.dtype]
-        self.bases = {l: layer_bases(self.view, l, self.selection[l], self.hparams.seed, dtype, self.hparams.null_draws)
-                      for l in tqdm(self.layer_list, desc="SAD bases", disable=not self._is_zero())}
+        self.bases = {
+            l: layer_bases(self.view, l, self.selection[l], self.hparams.seed, dtype, self.hparams.null_draws)
+            for l in tqdm(self.layer_list, desc="SAD bases", disable=not self._is_zero())
+        }
 
     def _unpack(self, batch) -> tuple[Tensor, Tensor, Tensor | None]:
         """``(ids, attention_mask, index)``; ``index`` (the prompts' indices in their split) when the batch has one."""
@@ -184,8 +222,10 @@ class SADAnalysisModule(PretrainedLMModule):
             return batch, torch.ones_like(batch), None
         key = self.hparams.input_key if self.hparams.input_key in batch else "input_ids"
         if key not in batch:
-            raise ValueError(f"batch has no {self.hparams.input_key!r} or 'input_ids' key (keys: {', '.join(batch)});"
-                             " set model.input_key")
+            raise ValueError(
+                f"batch has no {self.hparams.input_key!r} or 'input_ids' key (keys: {', '.join(batch)});"
+                " set model.input_key"
+            )
         ids = batch[key]
         return ids, batch.get("attention_mask", torch.ones_like(ids)), batch.get("index")
 
@@ -200,9 +240,15 @@ class SADAnalysisModule(PretrainedLMModule):
         null_rows = null_prompts(ids.shape[0], index, self.hparams.null_stride)
         out = {}
         for row, layer in enumerate(tqdm(self.layer_list, desc="SAD layers", leave=False, disable=not self._is_zero())):
-            out[layer] = decompose_layer(self.bases[layer], X.pop(layer), mask, self.hparams.threshold,
-                                         self.hparams.recon_tol, unattended=self.hparams.pair_null,
-                                         null_rows=null_rows)
+            out[layer] = decompose_layer(
+                self.bases[layer],
+                X.pop(layer),
+                mask,
+                self.hparams.threshold,
+                self.hparams.recon_tol,
+                unattended=self.hparams.pair_null,
+                null_rows=null_rows,
+            )
             self.stats.update(row, out[layer])
         self.stats.add_prompts(ids.shape[0])
         return out
@@ -221,13 +267,27 @@ class SADAnalysisModule(PretrainedLMModule):
             raise ValueError("the prompt set is empty: no prompt was analysed; give at least one test prompt")
         if not self.hparams.pair_null:
             sums = {k: v for k, v in sums.items() if "unattended" not in k}
-        rows, summary = summarise_heads(self.layer_list, [self.selection[l] for l in self.layer_list], sums,
-                                        self.hparams.min_pairs)
+        rows, summary = summarise_heads(
+            self.layer_list, [self.selection[l] for l in self.layer_list], sums, self.hparams.min_pairs
+        )
         hp = self.hparams
-        return {"experiment": "sad", "model": hp.model, "revision": hp.revision, "model_type": self.view.model_type,
-                "n_prompts": int(sums["n_prompts"].item()), "n_directions": self.stats.recon_hist.shape[-1],
-                "threshold": hp.threshold, "threshold_rule": "uniform 1/n_visible" if hp.threshold is None else "fixed",
-                "recon_tol": hp.recon_tol, "seed": hp.seed, "dtype": hp.dtype, "null_draws": hp.null_draws,
-                "null_stride": hp.null_stride, "pair_null": hp.pair_null, "n_layers": self.view.n_layers,
-                "n_heads_per_layer": self.view.n_heads,
-                "summary": summary, "heads": rows}
+        return {
+            "experiment": "sad",
+            "model": hp.model,
+            "revision": hp.revision,
+            "model_type": self.view.model_type,
+            "n_prompts": int(sums["n_prompts"].item()),
+            "n_directions": self.stats.recon_hist.shape[-1],
+            "threshold": hp.threshold,
+            "threshold_rule": "uniform 1/n_visible" if hp.threshold is None else "fixed",
+            "recon_tol": hp.recon_tol,
+            "seed": hp.seed,
+            "dtype": hp.dtype,
+            "null_draws": hp.null_draws,
+            "null_stride": hp.null_stride,
+            "pair_null": hp.pair_null,
+            "n_layers": self.view.n_layers,
+            "n_heads_per_layer": self.view.n_heads,
+            "summary": summary,
+            "heads": rows,
+        }

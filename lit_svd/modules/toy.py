@@ -11,6 +11,7 @@ The ensemble loss is the sum of the instances' losses; Adam(W) updates each elem
 instance trains exactly as it would alone. In frozen-feature mode W is fixed at initialisation with a
 chosen interference ||E_X||_2 (``toy_features``) and only W_Q, W_K train (the loss is lambda * L_attn).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -100,18 +101,37 @@ class ToyAlignmentModule(pl.LightningModule):
         weight_decay: AdamW weight decay, on W_Q and W_K only.
     """
 
-    def __init__(self, n_features: int = 20, d_model: int | list[int] = 10, d_head: int | list[int] | None = 10,
-                 template: dict[str, Any] | None = None, lambda_attn: float | list[float] = 1.0,
-                 temperature: float = 0.1, n_instances: int | None = None, seed: int = 0,
-                 seeds: list[int] | None = None, importance_decay: float = 1.0, frozen_features: bool = False,
-                 interference: float | list[float | None] | None = None, init_scale: float = 0.1, lr: float = 1e-3,
-                 weight_decay: float = 0.0, grid: dict[str, list] | None = None, grid_seeds: int = 1):
+    def __init__(
+        self,
+        n_features: int = 20,
+        d_model: int | list[int] = 10,
+        d_head: int | list[int] | None = 10,
+        template: dict[str, Any] | None = None,
+        lambda_attn: float | list[float] = 1.0,
+        temperature: float = 0.1,
+        n_instances: int | None = None,
+        seed: int = 0,
+        seeds: list[int] | None = None,
+        importance_decay: float = 1.0,
+        frozen_features: bool = False,
+        interference: float | list[float | None] | None = None,
+        init_scale: float = 0.1,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        grid: dict[str, list] | None = None,
+        grid_seeds: int = 1,
+    ):
         super().__init__()
         self.save_hyperparameters()
         _positive_int("n_features", n_features)
         if grid is not None:
-            given = {"d_model": d_model, "d_head": d_head, "interference": interference, "lambda_attn": lambda_attn,
-                     "seeds": seeds}
+            given = {
+                "d_model": d_model,
+                "d_head": d_head,
+                "interference": interference,
+                "lambda_attn": lambda_attn,
+                "seeds": seeds,
+            }
             expanded = expand_grid(grid, grid_seeds, seed)
             for k in expanded:
                 if isinstance(given[k], (list, tuple)):
@@ -121,8 +141,9 @@ class ToyAlignmentModule(pl.LightningModule):
             interference = expanded.get("interference", interference)
             lambda_attn = expanded.get("lambda_attn", lambda_attn)
             seeds, n_instances = expanded["seeds"], len(expanded["seeds"])
-        n = infer_n_instances(n_instances, d_model=d_model, d_head=d_head, lambda_attn=lambda_attn, seeds=seeds,
-                              interference=interference)
+        n = infer_n_instances(
+            n_instances, d_model=d_model, d_head=d_head, lambda_attn=lambda_attn, seeds=seeds, interference=interference
+        )
         dims = per_instance("d_model", d_model, n)
         heads = list(dims) if d_head is None else per_instance("d_head", d_head, n)
         for name, values in (("d_model", dims), ("d_head", heads)):
@@ -139,7 +160,9 @@ class ToyAlignmentModule(pl.LightningModule):
         if not 0 < importance_decay <= 1:
             raise ValueError(f"importance_decay={importance_decay!r}: must lie in (0, 1]")
         if frozen_features and interference is None:
-            raise ValueError("interference=None: frozen_features=True needs interference (a value >= 0 or one per instance)")
+            raise ValueError(
+                "interference=None: frozen_features=True needs interference (a value >= 0 or one per instance)"
+            )
         if not frozen_features and interference is not None:
             raise ValueError(f"interference={interference!r}: only allowed with frozen_features=True")
         T = build_template(template if template is not None else {"pair": [0, 1, 1.0]}, n_features)
@@ -168,14 +191,14 @@ class ToyAlignmentModule(pl.LightningModule):
                 X = torch.randn(D, n_features, generator=g) * (2.0 / (D + n_features)) ** 0.5
             W.append(F.pad(X, (0, 0, 0, d_max - D)))
             for head in (W_Q, W_K):  # drawn at the instance's own H and D, so its init is the same in any ensemble
-                w = torch.randn(heads[i], D, generator=g) * init_scale / D ** 0.5
+                w = torch.randn(heads[i], D, generator=g) * init_scale / D**0.5
                 head.append(F.pad(w, (0, d_max - D, 0, h_max - heads[i])))
         self.interference = reached if frozen_features else None
         self.interference_targets = targets
-        self.W = nn.Parameter(torch.stack(W), requires_grad=not frozen_features)          # [I, D, N]
+        self.W = nn.Parameter(torch.stack(W), requires_grad=not frozen_features)  # [I, D, N]
         self.b = nn.Parameter(torch.zeros(n, n_features), requires_grad=not frozen_features)  # [I, N]
-        self.W_Q = nn.Parameter(torch.stack(W_Q) * self.head_mask[..., None])               # [I, H, D]
-        self.W_K = nn.Parameter(torch.stack(W_K) * self.head_mask[..., None])               # [I, H, D]
+        self.W_Q = nn.Parameter(torch.stack(W_Q) * self.head_mask[..., None])  # [I, H, D]
+        self.W_K = nn.Parameter(torch.stack(W_K) * self.head_mask[..., None])  # [I, H, D]
 
     # ---- the model view the callbacks read -------------------------------------------------------
     def head_weights(self) -> tuple[Tensor, Tensor]:
@@ -214,10 +237,16 @@ class ToyAlignmentModule(pl.LightningModule):
         return recon, attn
 
     def check_batch(self, feats: Tensor) -> None:
-        if feats.dim() != 4 or feats.shape[0] != self.n_instances or feats.shape[-1] != self.n_features \
-                or feats.shape[2] < 2:
-            raise ValueError(f"batch shape {tuple(feats.shape)}: expected [n_instances={self.n_instances}, batch, "
-                             f"1 + n_keys, n_features={self.n_features}]; match the datamodule to the model")
+        if (
+            feats.dim() != 4
+            or feats.shape[0] != self.n_instances
+            or feats.shape[-1] != self.n_features
+            or feats.shape[2] < 2
+        ):
+            raise ValueError(
+                f"batch shape {tuple(feats.shape)}: expected [n_instances={self.n_instances}, batch, "
+                f"1 + n_keys, n_features={self.n_features}]; match the datamodule to the model"
+            )
 
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -230,11 +259,20 @@ class ToyAlignmentModule(pl.LightningModule):
         recon, attn = self.losses(feats)
         loss = (recon + self.lambda_attn * attn).sum()
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss became {float(loss)} at step {self.global_step}; "
-                                     "lower lr or temperature-scaled targets")
+            raise FloatingPointError(
+                f"loss became {float(loss)} at step {self.global_step}; lower lr or temperature-scaled targets"
+            )
         if self.global_step % self.trainer.log_every_n_steps == 0:  # logging every step costs ~1/3 of a step
-            self.log_dict({"train/loss": loss.detach() / self.n_instances, "train/recon": recon.detach().mean(),
-                           "train/attn": attn.detach().mean()}, prog_bar=True, on_step=True, on_epoch=False)
+            self.log_dict(
+                {
+                    "train/loss": loss.detach() / self.n_instances,
+                    "train/recon": recon.detach().mean(),
+                    "train/attn": attn.detach().mean(),
+                },
+                prog_bar=True,
+                on_step=True,
+                on_epoch=False,
+            )
         return loss
 
     def configure_optimizers(self):

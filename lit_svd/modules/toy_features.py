@@ -8,6 +8,7 @@ features anisotropic: for an orthonormal base every pair has the same cosine rho
 ``lit_svd.analysis.alignment.interference``) equals the request within ``tol``. Reachable values run
 from the base's own interference (0 for an orthonormal base) up to (but excluding) N - 1.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,9 @@ def base_directions(n_features: int, d_model: int, generator: torch.Generator) -
     return unit_columns(torch.randn(d_model, n_features, generator=generator, dtype=torch.float64))
 
 
-def features_with_interference(n_features: int, d_model: int, target: float | None, generator: torch.Generator,
-                               tol: float = 1e-4) -> tuple[Tensor, float]:
+def features_with_interference(
+    n_features: int, d_model: int, target: float | None, generator: torch.Generator, tol: float = 1e-4
+) -> tuple[Tensor, float]:
     """Unit feature directions ``[D, N]`` (float32) with ``||E_X||_2 = target`` (None: the base directions as
     drawn); returns them and the value reached."""
     base = base_directions(n_features, d_model, generator)
@@ -38,8 +40,10 @@ def features_with_interference(n_features: int, d_model: int, target: float | No
 
     lowest, ceiling = float(interference(base)), float(n_features - 1)
     if target < lowest - tol or target >= ceiling:
-        raise ValueError(f"interference={target}: must lie in [{round(lowest, 4):g}, {ceiling:g}) for "
-                         f"n_features={n_features}, d_model={d_model}")
+        raise ValueError(
+            f"interference={target}: must lie in [{round(lowest, 4):g}, {ceiling:g}) for "
+            f"n_features={n_features}, d_model={d_model}"
+        )
     lo, hi = 0.0, 1.0
     while float(interference(make(hi))) < target:
         lo, hi = hi, hi * 2.0
@@ -53,6 +57,8 @@ def features_with_interference(n_features: int, d_model: int, target: float | No
     X = make(0.5 * (lo + hi)) if target > lowest else base
     reached = float(interference(X))
     if abs(reached - target) > max(tol, tol * target):
-        raise ValueError(f"interference={target}: bisection reached only {reached:.6g} for "
-                         f"n_features={n_features}, d_model={d_model}")
+        raise ValueError(
+            f"interference={target}: bisection reached only {reached:.6g} for "
+            f"n_features={n_features}, d_model={d_model}"
+        )
     return X.float(), reached

@@ -10,6 +10,7 @@ The target logit between a query with features f(r) and a key with features f(s)
                                                   linearly from a (first pair) to b (last pair)
 - ``file: PATH``                                  a full N x N matrix (.npy, .pt or whitespace/comma text)
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -68,8 +69,9 @@ def _check_entry(kind: str, entry: Any, n: int) -> tuple[int, int, float]:
 
 def _ramp_entries(ramp: Any) -> list[list]:
     if not isinstance(ramp, dict) or set(ramp) - set(RAMP_KEYS) or not {"count", "offset"} <= set(ramp):
-        raise ValueError(f"template.ramp={ramp!r}: needs count and offset, optional start, high, low; "
-                         f"allowed keys {RAMP_KEYS}")
+        raise ValueError(
+            f"template.ramp={ramp!r}: needs count and offset, optional start, high, low; allowed keys {RAMP_KEYS}"
+        )
     k, off, start = ramp["count"], ramp["offset"], ramp.get("start", 0)
     high, low = float(ramp.get("high", 1.0)), float(ramp.get("low", 0.1))
     if not isinstance(k, int) or k < 1:
@@ -88,14 +90,19 @@ def _template_from_file(path: Any, n: int) -> Tensor:
         elif p.suffix == ".pt":
             M = torch.as_tensor(torch.load(p, weights_only=True), dtype=torch.float32)
         else:
-            M = torch.as_tensor(np.loadtxt(p, delimiter="," if p.suffix == ".csv" else None, ndmin=2),
-                                dtype=torch.float32)
+            M = torch.as_tensor(
+                np.loadtxt(p, delimiter="," if p.suffix == ".csv" else None, ndmin=2), dtype=torch.float32
+            )
     except Exception as err:  # any parse failure is a malformed file
-        raise ValueError(f"template.file={str(path)!r}: cannot be read as a numeric matrix "
-                         f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+        raise ValueError(
+            f"template.file={str(path)!r}: cannot be read as a numeric matrix "
+            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+        ) from None
     if M.shape != (n, n):
-        raise ValueError(f"template.file={str(path)!r}: matrix has shape {tuple(M.shape)}, "
-                         f"must be (n_features, n_features) = ({n}, {n})")
+        raise ValueError(
+            f"template.file={str(path)!r}: matrix has shape {tuple(M.shape)}, "
+            f"must be (n_features, n_features) = ({n}, {n})"
+        )
     if not torch.isfinite(M).all():
         raise ValueError(f"template.file={str(path)!r}: matrix contains NaN or infinite entries")
     if not M.any():
