@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "bench" / "results_equivalence_reference.json"
 REL, ABS = 1e-6, 1e-9
-WIKITEXT = (ROOT / ".." / "shared" / "data" / "wikitext-2" / "valid.txt").resolve()
+SHARED = Path(os.environ.get("LIT_SVD_SHARED") or ROOT / ".." / "shared")  # LIT_SVD_SHARED: e.g. from a git worktree
+WIKITEXT = (SHARED / "data" / "wikitext-2" / "valid.txt").resolve()
 FAST = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
