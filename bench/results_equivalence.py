@@ -120,7 +120,7 @@ def runs(repo: Path, tiny: str, tiny_gemma: str) -> dict[str, list[str]]:
             str(WIKITEXT),
             "--data.init_args.seq_len",
             "32",
-            "--data.init_args.n_tokens",
+            "--data.init_args.test_tokens",
             "512",
             "--data.init_args.batch_size",
             "4",

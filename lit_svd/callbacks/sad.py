@@ -8,8 +8,9 @@ in ``null_draws`` matched-spectrum null heads (same spectrum, random singular ve
 pairs it attends to in the first ``null_probe`` probe sequences):
 
 * language models (a module with a ``view``: ``LanguageModelModule``, ``PretrainedLMModule``): the first
-  ``n_probe`` windows of the held-out file ``probe_path`` (without it: the first sequences of the
-  validation loader, training loader if there is none), every head;
+  ``n_probe`` windows of the held-out file ``probe_path``; without it, ``n_probe`` probe windows of the data
+  module outside its train / val / test splits (``TextDataModule.probe``; other data modules: the first
+  sequences of the validation loader, training loader if there is none), every head;
 * the toy model (``ToyAlignmentModule``): the first ``n_probe`` samples of the current batch, one head
   per ensemble instance (query token 0 attending over the key tokens).
 
@@ -126,7 +127,7 @@ class SADCallback(Callback):
         results_name: the results file; default ``results.json`` for language models and
             ``sad_results.json`` for the toy model (whose own alignment callback writes ``results.json``).
         probe_path: language models: a held-out text file whose first ``n_probe`` windows of
-            ``probe_seq_len`` tokens are the probe (null: the first validation, else training, sequences).
+            ``probe_seq_len`` tokens are the probe (null: the data module's probe windows, outside its splits).
         probe_seq_len: tokens per probe window with ``probe_path``.
     """
 
@@ -171,12 +172,16 @@ class SADCallback(Callback):
         return hasattr(module, "view") and not hasattr(module, "head_weights")
 
     def _lm_probe(self, trainer: pl.Trainer) -> tuple[Tensor, Tensor]:
+        """The data module's probe windows (outside its train / val / test splits: ``TextDataModule.probe``);
+        a data module without them: its first validation, else training, sequences."""
         dm = trainer.datamodule
         if dm is None:
             raise ValueError(
-                "SADCallback on a language model needs a datamodule (its first validation, else"
-                " training, sequences are the probe); pass datamodule=... to fit"
+                "SADCallback on a language model needs a datamodule (its probe windows, else its first"
+                " validation or training sequences, are the probe); pass datamodule=... to fit"
             )
+        if callable(getattr(dm, "probe", None)):
+            return dm.probe(self.n_probe)
         try:
             loader = dm.val_dataloader()
         except (NotImplementedError, AttributeError):

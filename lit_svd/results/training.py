@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lit_svd.results.base import Result, optional
+from lit_svd.results.base import Result, doc_field, optional
+
+SAD_KEYS = ("threshold", "recon_tol", "seed", "n_probe", "null_draws", "null_at", "null_probe", "summary", "history")
 
 
 @dataclass(kw_only=True)
@@ -20,13 +22,15 @@ class TrainingResult(Result):
     aliases = ("training",)
     table_file = "sad_history.csv"
 
-    threshold: float | None = optional("SAD: attention-weight threshold of an analysed pair (None: 1 / n_visible)")
-    recon_tol: float | None = optional("SAD: N_recon tolerance")
-    seed: int | None = optional("SAD: seed of the rotated control and the null draws")
-    n_probe: int | None = optional("SAD: probe sequences (LM) or samples (toy)")
-    null_draws: int | None = optional("SAD: matched-spectrum null heads per head")
-    null_at: str | None = optional('SAD: measurements with the null: "every", "ends" or "last"')
-    null_probe: int | None = optional("SAD: probe sequences the null reads (None: all)")
+    threshold: float | None = doc_field(
+        "SAD: attention-weight threshold of an analysed pair (None: 1 / n_visible)", None
+    )
+    recon_tol: float | None = doc_field("SAD: N_recon tolerance", None)
+    seed: int | None = doc_field("SAD: seed of the rotated control and the null draws", None)
+    n_probe: int | None = doc_field("SAD: probe sequences (LM) or samples (toy)", None)
+    null_draws: int | None = doc_field("SAD: matched-spectrum null heads per head", None)
+    null_at: str | None = doc_field('SAD: measurements with the null: "every", "ends" or "last"', None)
+    null_probe: int | None = doc_field("SAD: probe sequences the null reads (None: all)", None)
     headline: dict | None = optional(
         "SAD: first_step, last_step and mean_<stat>_first / _last (stat: sparsity, sparsity_rotated,"
         " sparsity_null, sparsity_null_p05, fraction_sparser_than_null); null: undefined",
@@ -47,6 +51,13 @@ class TrainingResult(Result):
         "SpectrumCallback: top_k, history (per step: rows, one per matrix: matrix, layer, head, name, S,"
         " effective_rank, top_k_energy, tracked)"
     )
+
+    def to_dict(self) -> dict:
+        """The results.json content; the SAD keys only when the SAD callback wrote its history."""
+        out = super().to_dict()
+        if self.history is None:
+            out = {k: v for k, v in out.items() if k not in SAD_KEYS}
+        return out
 
     def experiment_name(self) -> str:
         return "sad_training" if self.history is not None else "training"
