@@ -486,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> Result | None:
         from lit_svd.cli import user_message  # the CLI's two lines: the message, then its hint
 
         message, hint = user_message(err)
-        fail(message.removeprefix("error: "), hint)
+        fail(message.removeprefix("error: ").removeprefix("FileNotFoundError: "), hint)  # the path says it
     return None
 
 
