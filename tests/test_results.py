@@ -143,3 +143,26 @@ def test_figures_are_drawn_from_a_result_read_back_from_json():
     got = [float(y) for line in ax.lines[:2] for y in line.get_ydata()]
     assert got == pytest.approx([0.05, 0.2, 0.9, 0.06, 0.21, 0.91])
     assert [float(x) for x in ax.lines[2].get_xdata()] == [10.0]  # the choice, ringed at its kept %
+
+
+@pytest.mark.slow
+def test_a_cli_run_writes_its_provenance(tmp_path):
+    """``python -m lit_svd fit``: results.json's provenance holds the resolved config (config.yaml's content),
+    the seeds, the versions and the device; the table file is written beside it."""
+    import yaml
+    from helpers import ROOT, only_results, run_lit_svd
+
+    config = str(ROOT / "configs" / "toy" / "single_pair.yaml")
+    run_lit_svd(
+        ["fit", "--config", config, "--trainer.max_steps", "3", "--trainer.default_root_dir", str(tmp_path)], tmp_path
+    )
+    res, folder = only_results(tmp_path)
+    prov = res["provenance"]
+    saved = yaml.safe_load((folder / "config.yaml").read_text())
+    assert prov["config"]["model"] == saved["model"] and prov["config"]["trainer"]["max_steps"] == 3
+    assert prov["seeds"]["global"] == saved["seed_everything"] and prov["device"] == "cpu"
+    assert prov["lit_svd_version"] == lit_svd.__version__ and prov["schema_version"] == R.SCHEMA_VERSION
+    assert prov["command"][1:3] == ["fit", "--config"]
+    result = R.load_result(folder)
+    assert isinstance(result, R.ToyAlignmentResult) and result.global_step == 3
+    assert (folder / "instances.csv").read_text().splitlines()[0].startswith("index,seed,lambda")

@@ -31,7 +31,7 @@ from lit_svd.analysis import mounts as M
 from lit_svd.callbacks.training import StepCallback, all_reduce_sum, held_out_probe, update_training_result
 from lit_svd.datamodules.common import rank_and_world
 from lit_svd.figures.training import mounts_depth, mounts_history
-from lit_svd.modules.mounts_training import score_site_layers, steer_context
+from lit_svd.modules.mounts_training import score_site_layers
 from lit_svd.output import log_figure, log_scalars, save_figure
 
 
@@ -138,7 +138,7 @@ class MountsCallback(StepCallback):
         if self.steer:  # the same texts on every rank (the first windows), as the test run
             a = self.steer_args
             texts = self.probe[0][: a["texts"], : a["tokens"]].to(module.device)
-            steer = {"context": steer_context(module.lm, texts), "alpha": a["alpha"], "mounts": a["mounts"]}
+            steer = {"texts": texts, "alpha": a["alpha"], "mounts": a["mounts"]}
         rows = score_site_layers(
             view,
             module.lm,

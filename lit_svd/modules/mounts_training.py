@@ -13,7 +13,7 @@ from lit_svd.analysis import mounts as M
 from lit_svd.models.hooks import capture
 from lit_svd.modules.mounts import judge_row, site_row, steer_context, steer_scores
 
-__all__ = ["probe_activations", "score_site_layers", "steer_context"]
+__all__ = ["probe_activations", "score_site_layers"]
 
 
 def probe_activations(view, lm, ids, mask, keys: list[tuple[int, str]]) -> dict:
@@ -46,7 +46,8 @@ def score_site_layers(
     """One row per (layer, site) of ``keys``: ``summarize`` of the probe's token sums (``reduce`` sums them
     over DDP ranks) plus ``judge``'s checks, exactly as the mounts test run computes them. ``null_control``:
     also the site-layer's structureless null (``row["null"]``, same seed as the test run); ``steer``: check C1
-    on residual sites (``{"texts", "alpha", "mounts"}``: ``steer_scores`` on those texts)."""
+    on residual sites (``{"texts", "alpha", "mounts"}``: ``steer_scores`` on those texts, their prefix cached
+    once as the test run's ``"last"`` mode)."""
     plans, nulls = {}, {}
     for key in keys:
         W = view.site_weight(*key)[0].mT
@@ -62,6 +63,8 @@ def score_site_layers(
                 f"tile_widths.{key[1]}",
             )
     acts = probe_activations(view, lm, ids, mask, keys) if ids.shape[0] else {}
+    if steer is not None:
+        steer = {**steer, "context": steer_context(lm, steer["texts"])}
     jobs = [(key, plans[key], True) for key in keys] + [(key, nulls[key], False) for key in nulls]
     flat = []
     for key, plan, real in jobs:  # a rank without probe windows adds zeros
