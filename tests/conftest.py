@@ -13,7 +13,8 @@ import torch  # noqa: E402
 
 from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm  # noqa: E402
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared")
+# the shared data folder beside the checkout; LIT_SVD_SHARED points elsewhere (e.g. from a git worktree)
+SHARED = os.environ.get("LIT_SVD_SHARED") or os.path.join(os.path.dirname(__file__), "..", "..", "shared")
 WIKITEXT_VALID = os.path.abspath(os.path.join(SHARED, "data", "wikitext-2", "valid.txt"))
 
 

@@ -50,7 +50,7 @@ def main(out: str, tokenizer_dir: str, text_file: str) -> None:
     out_dir = Path(out)
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     modules = {
-        "text": TextDataModule(tok, path=text_file, seq_len=16, n_tokens=16 * 10 + 5, batch_size=3),
+        "text": TextDataModule(tok, path=text_file, seq_len=16, n_tokens=0, test_tokens=16 * 10 + 5, batch_size=3),
         "ioi": TaskDataModule("ioi", tok, n_train=4, n_val=4, n_test=23, batch_size=4),
     }
     for name, dm in modules.items():

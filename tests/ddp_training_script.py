@@ -17,12 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lit_svd.analysis import mounts as M  # noqa: E402
 from lit_svd.analysis.spectrum import spectrum_rows  # noqa: E402
-from lit_svd.callbacks.mounts_training import MountsCallback, score_site_layers  # noqa: E402
+from lit_svd.callbacks.mounts_training import MountsCallback  # noqa: E402
 from lit_svd.callbacks.sad import SADCallback  # noqa: E402
 from lit_svd.callbacks.spectrum import SpectrumCallback  # noqa: E402
 from lit_svd.datamodules.text import TextDataModule  # noqa: E402
 from lit_svd.models.loading import load_tokenizer  # noqa: E402
 from lit_svd.modules.language_model import LanguageModelModule  # noqa: E402
+from lit_svd.modules.mounts_training import score_site_layers  # noqa: E402
 
 
 def mount_values(rows):

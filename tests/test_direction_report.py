@@ -190,7 +190,7 @@ def test_a_different_test_split_fails_in_one_line(tiny_dirs, tmp_path):
         _test("smollm2_ioi_directions.yaml", run, tiny_dirs["llama"], tmp_path / "o", "--data.init_args.seed", "1")
     from lit_svd.modules.direction_check import DirectionCheckModule
 
-    with pytest.raises(ValueError, match="no masks.pt"):
+    with pytest.raises((ValueError, FileNotFoundError), match="no masks.pt"):
         DirectionCheckModule(run=str(tmp_path))
     with pytest.raises(ValueError, match="no steering_swap"):
         DirectionCheckModule(run=str(run), claims="swap")

@@ -183,7 +183,7 @@ def test_block_training_keeps_the_pair_together_and_reports_blocks(planted_dir, 
     """Trained with mask_unit=block the pair's two lambdas stay equal (with mask_unit=direction they part);
     results.json carries the block fields, counts equal to a recount from masks.pt, and blocks.json; the
     mask-blocks tool on the finished run reproduces the counts."""
-    from lit_svd.cli_tools import main
+    from lit_svd.cli_tools import run_tool
 
     lam = {}
     for unit in ("direction", "block"):
@@ -221,13 +221,14 @@ def test_block_training_keeps_the_pair_together_and_reports_blocks(planted_dir, 
     (out / "config.yaml").write_text(
         json.dumps({"model": {"init_args": {"model": planted_dir, "components": ["ov", "mlp_out"], "layers": None}}})
     )
-    tool = main(["mask-blocks", str(out), "--out", str(tmp_path / "annotated"), "--rel-gaps", "0.05", "0.01"])
+    tool = run_tool(["mask-blocks", str(out), "--out", str(tmp_path / "annotated"), "--rel-gaps", "0.05", "0.01"])
+    tool = tool.summary
     assert tool["per_gap"][0]["per_kind"] == recount["per_kind"]
     assert tool["per_gap"][1]["per_kind"] == kept_blocks(module.components, keep, 0.01)["per_kind"]
     assert [r["gap"] for r in tool["per_gap"][0]["receptors"]] == [r["gap"] for r in res["receptors"]]
     assert (tmp_path / "annotated" / "mask_blocks.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="is the run folder"):
-        main(["mask-blocks", str(out), "--out", str(out)])
+        run_tool(["mask-blocks", str(out), "--out", str(out)])
 
 
 def test_bad_block_options_fail_in_one_line(tiny_dirs):

@@ -3,6 +3,7 @@ configs instantiated with tiny random models, DDP against one process, and bad i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -549,7 +550,14 @@ def test_bad_inputs_fail_in_one_line(tiny_dirs, tokenizer):
 
 
 def test_mask_curve_reads_runs_in_alpha_order(tmp_path):
-    from lit_svd.cli_tools import load_runs, main
+    from lit_svd.cli_tools import load_runs, run_tool
+    from lit_svd.results import MaskCurveResult, MaskResult
+
+    required = {  # a direction_mask results.json needs every field without a default
+        MaskResult.json_key(f): 0
+        for f in MaskResult.content_fields()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
 
     for name, alpha, kept, kl in (("b", 2e-4, 0.05, 0.4), ("a", 5e-5, 0.12, 0.1)):
         run = tmp_path / name / "version_0"
@@ -558,6 +566,7 @@ def test_mask_curve_reads_runs_in_alpha_order(tmp_path):
         (run / "results.json").write_text(
             json.dumps(
                 {
+                    **required,
                     "experiment": "direction_mask",
                     "task": "ioi",
                     "model": "m",
@@ -571,8 +580,14 @@ def test_mask_curve_reads_runs_in_alpha_order(tmp_path):
         )
     runs = load_runs([tmp_path / "b", tmp_path / "a"])
     assert [r["alpha"] for r in runs] == [5e-5, 2e-4] and [r["kl_hard"] for r in runs] == [0.1, 0.4]
-    main(["mask-curve", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "curve.png")])
+    run_tool(["mask-curve", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "curve.png")])
     assert (tmp_path / "curve.png").stat().st_size > 1000
+    curve = MaskCurveResult.from_json(tmp_path / "curve.json")  # the results beside the figure
+    assert [r["alpha"] for r in curve.runs] == [5e-5, 2e-4]
+    run_tool(["mask-curve", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "curve")])
+    assert MaskCurveResult.from_json(tmp_path / "curve" / "results.json").runs == curve.runs
+    assert (tmp_path / "curve" / "mask_curve.png").stat().st_size > 1000
+    assert (tmp_path / "curve" / "mask_curve.csv").read_text().splitlines()[0].startswith("label,alpha")
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "results.json").write_text(json.dumps({"experiment": "sad"}))
     with pytest.raises(ValueError, match="not 'direction_mask'"):
@@ -583,12 +598,13 @@ def test_mask_curve_reads_runs_in_alpha_order(tmp_path):
 
 def test_evaluate_tool_prints_the_metrics_of_evaluate_task(tiny_dirs, tmp_path, capsys):
     """``python -m lit_svd.cli_tools evaluate`` reports what ``evaluate_task`` computes on the same prompts."""
-    from lit_svd.cli_tools import main
+    from lit_svd.cli_tools import run_tool
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.metrics import evaluate_task
     from lit_svd.models.loading import load_causal_lm
+    from lit_svd.results import EvaluateResult
 
-    got = main(
+    got = run_tool(
         [
             "evaluate",
             "--task",
@@ -601,14 +617,19 @@ def test_evaluate_tool_prints_the_metrics_of_evaluate_task(tiny_dirs, tmp_path, 
             "3",
             "--figure",
             str(tmp_path / "tasks.png"),
+            "--out",
+            str(tmp_path / "eval"),
         ]
     )
     model, tok = load_causal_lm(tiny_dirs["llama"])
     dm = TaskDataModule("ioi", tok, n_train=0, n_val=0, n_test=6, batch_size=6, seed=0)
     want = evaluate_task(model, dm.test_dataloader(), "ioi", progress=False)
     assert json.loads(capsys.readouterr().out)["logit_diff"] == pytest.approx(want["logit_diff"], abs=1e-5)
-    assert got[0]["kl_clean_corrupt"] == pytest.approx(want["kl_clean_corrupt"], abs=1e-5)
+    assert got.tasks[0]["kl_clean_corrupt"] == pytest.approx(want["kl_clean_corrupt"], abs=1e-5)
     assert (tmp_path / "tasks.png").stat().st_size > 1000
+    saved = EvaluateResult.from_json(tmp_path / "eval" / "results.json")
+    assert saved.tasks[0]["logit_diff"] == got.tasks[0]["logit_diff"] and len(saved.tasks[0]["values"]["clean"]) == 6
+    assert (tmp_path / "eval" / "tasks.png").stat().st_size > 1000
 
 
 def test_mask_thresholds_recuts_a_finished_run_and_chooses_on_validation(tiny_dirs, tokenizer, tmp_path):
@@ -619,7 +640,7 @@ def test_mask_thresholds_recuts_a_finished_run_and_chooses_on_validation(tiny_di
     import yaml
 
     from lit_svd.callbacks import DirectionMaskReport
-    from lit_svd.cli_tools import choose_threshold, main
+    from lit_svd.cli_tools import choose_threshold, run_tool
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.modules import DirectionMaskModule
 
@@ -642,7 +663,7 @@ def test_mask_thresholds_recuts_a_finished_run_and_chooses_on_validation(tiny_di
     res = json.loads((run / "results.json").read_text())
     lam = torch.cat([v.flatten() for v in torch.load(run / "masks.pt")["lambdas"].values()])
     low = float(lam.min()) / 2
-    tool = main(
+    tool = run_tool(
         [
             "mask-thresholds",
             str(run),
@@ -655,7 +676,7 @@ def test_mask_thresholds_recuts_a_finished_run_and_chooses_on_validation(tiny_di
             "--max-kl",
             "1e9",
         ]
-    )
+    ).summary
     rows = {r["threshold"]: r for r in tool["rows"]}
     for t, row in rows.items():
         assert row["kept_fraction"] == pytest.approx(float((lam >= t).double().mean()), abs=1e-12)
@@ -673,4 +694,4 @@ def test_mask_thresholds_recuts_a_finished_run_and_chooses_on_validation(tiny_di
     ]
     assert choose_threshold(synthetic, 0.25)["threshold"] == 0.1 and choose_threshold(synthetic, 0.05) is None
     with pytest.raises(ValueError, match="must lie in"):
-        main(["mask-thresholds", str(run), "--out", str(tmp_path / "x"), "--thresholds", "1.5"])
+        run_tool(["mask-thresholds", str(run), "--out", str(tmp_path / "x"), "--thresholds", "1.5"])

@@ -370,7 +370,7 @@ def _judged(W, x, dh, seed=0):
 def test_null_of_a_structureless_matrix_is_non_discriminating():
     """When the 'real' matrix is itself structureless (Haar singular vectors, decaying spectrum, Gaussian
     inputs), its null passes every check exactly as often: the comparison must call them non-discriminating."""
-    from lit_svd.callbacks.mounts import discrimination
+    from lit_svd.analysis.mounts_tables import discrimination
 
     rows = []
     for layer in range(6):
@@ -391,7 +391,7 @@ def test_null_of_a_structureless_matrix_is_non_discriminating():
 
 
 def test_discrimination_counts_real_against_null_per_site():
-    from lit_svd.callbacks.mounts import discrimination, pass_table
+    from lit_svd.analysis.mounts_tables import discrimination, pass_table
 
     def row(site, real, null):
         def mk(p):
@@ -415,7 +415,7 @@ def test_discrimination_counts_real_against_null_per_site():
 def test_discriminates_is_a_one_sided_fisher_test():
     from scipy.stats import hypergeom
 
-    from lit_svd.callbacks.mounts import discriminates
+    from lit_svd.analysis.mounts_tables import discriminates
 
     def p_value(p, n, q, m):  # P(real passes >= p | p + q passes among n + m), by the hypergeometric tail
         return hypergeom.sf(p - 1, n + m, p + q, n)
@@ -433,7 +433,7 @@ def test_discriminates_is_a_one_sided_fisher_test():
 
 
 def test_site_summary_counts_per_site_layer():
-    from lit_svd.callbacks.mounts import site_summary
+    from lit_svd.analysis.mounts_tables import site_summary
 
     def row(layer, tiled, whole, span_t, span_w, ceiling):
         r = {

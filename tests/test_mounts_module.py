@@ -316,8 +316,8 @@ def test_token_budget_larger_than_the_corpus_fails_with_one_line(tiny_llama_dir,
 
     text = tmp_path / "tiny.txt"
     text.write_text("The quick brown fox jumps over the lazy dog.\n" * 20)
-    with pytest.raises(ValueError, match=r"n_tokens=16384 needs 128 windows of seq_len=128") as err:
-        TextDataModule(tokenizer=tiny_llama_dir, path=str(text), seq_len=128, n_tokens=16384)
+    with pytest.raises(ValueError, match=r"\(test 16384\) need 128 windows of seq_len=128") as err:
+        TextDataModule(tokenizer=tiny_llama_dir, path=str(text), seq_len=128, n_tokens=0, test_tokens=16384)
     assert "\n" not in str(err.value)
 
 

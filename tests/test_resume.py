@@ -110,7 +110,7 @@ def test_killed_mask_run_resumes_to_the_same_masks_and_results(config, tmp_path)
     for name in masks_whole:
         assert torch.equal(masks_whole[name], masks_resumed[name]), name
     assert res_resumed["steps"] == 30 and res_resumed["trajectory"][0]["step"] <= state["global_step"]
-    timing = {"train_wall_s"}  # wall-clock time, the only key that may differ between the runs
+    timing = {"train_wall_s", "provenance"}  # wall-clock time and what ran (command, time): may differ
     assert res_whole.keys() == res_resumed.keys()
     assert {k: v for k, v in res_resumed.items() if k not in timing} == {
         k: v for k, v in res_whole.items() if k not in timing

@@ -161,15 +161,17 @@ def run_cli(args, cwd):
     return only_results(cwd)
 
 
-def assert_same_results(a, b, rel=1e-9):
+def assert_same_results(a, b, rel=1e-9, top=True):
+    if top:  # what produced the two runs differs (command, config, time), not what they measured
+        a, b = ({k: v for k, v in r.items() if k != "provenance"} for r in (a, b))
     if isinstance(a, dict):
         assert a.keys() == b.keys()
         for k in a:
-            assert_same_results(a[k], b[k], rel)
+            assert_same_results(a[k], b[k], rel, top=False)
     elif isinstance(a, list):
         assert len(a) == len(b)
         for x, y in zip(a, b):
-            assert_same_results(x, y, rel)
+            assert_same_results(x, y, rel, top=False)
     elif isinstance(a, float):
         assert b == pytest.approx(a, rel=rel, abs=1e-12)
     else:
@@ -242,14 +244,12 @@ def test_configs_parse(name, capsys):
 def test_report_annotates_each_head_with_the_blocks_of_its_omega0(tiny_lm_dir):
     """Each head row's ``basis`` lists the singular values of the dense ``Omega(0) = A_q A_k^T`` built from
     the model's own q / k weights (the rotary offset 0 is the identity), with their blocks."""
-    from lit_svd.callbacks.sad import annotate_basis
     from lit_svd.linalg import direction_blocks
 
     mod = make_module(tiny_lm_dir, min_pairs=1, heads=[[1, 0], [0, 3]])
     enc = mod.tokenizer(["When Mary and John went to the store , John gave a drink to"], return_tensors="pt")
     mod.analyse_batch(enc["input_ids"], enc["attention_mask"])
-    res = mod.results()
-    annotate_basis(res, mod.view, rel_gap=0.05, top=3)
+    res = mod.results(rel_gap=0.05, top_terms=3)
     assert res["rel_gap"] == 0.05
     attn = mod.lm.model.layers
     for row in res["heads"]:

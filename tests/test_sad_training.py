@@ -135,7 +135,7 @@ def test_language_model_trains_on_text_with_callback(arch, wikitext_valid, tmp_p
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>")
-    dm = TextDataModule(tokenizer=tok, path=wikitext_valid, seq_len=16, n_tokens=4096, batch_size=16)
+    dm = TextDataModule(tokenizer=tok, path=wikitext_valid, seq_len=16, n_tokens=4096, val_tokens=512, batch_size=16)
     model = LanguageModelModule(
         arch=arch, n_layers=2, d_model=32, n_heads=2, max_positions=16, vocab_top_k=300, lr=5e-3, warmup_steps=5
     )
@@ -158,10 +158,11 @@ def test_language_model_trains_on_text_with_callback(arch, wikitext_valid, tmp_p
     assert last["name"] == ["L0H0", "L0H1", "L1H0", "L1H1"]
     assert all(n > 0 for n in last["n_pairs"]) and all(math.isfinite(v) for v in last["sparsity"])
     assert all(math.isfinite(v) for v in last["sparsity_null"]) and 0 <= last["fraction_sparser_than_null"] <= 1
-    # the probe is the first 8 validation windows, read through the compacted vocabulary
+    # the probe is the data module's 8 held-out probe windows (outside every split), in the tokenizer's ids
     probe_ids, _ = cb.probe
-    first = next(iter(dm.val_dataloader()))["input_ids"][:8]
-    assert torch.equal(probe_ids, first)
+    assert torch.equal(probe_ids, dm.probe(8)[0])
+    seen = {tuple(w.tolist()) for split in dm.splits.values() for w in split.windows}
+    assert not seen & {tuple(w.tolist()) for w in probe_ids}
     res = json.loads((Path(trainer.log_dir) / "results.json").read_text())
     assert res["summary"]["last_step"] == 30
     assert trainer.callback_metrics["val/loss"] < math.log(301)  # it learned something

@@ -1,5 +1,5 @@
-"""TextDataModule: exact token counts from local files, seeded windows, bad input, and DDP sharding
-of text and task DataModules (two processes)."""
+"""TextDataModule: exact token counts from local files, seeded windows, disjoint train / val / test splits
+and probe windows outside them, bad input, and DDP sharding of text and task DataModules (two processes)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ def ascii_text(tmp_path) -> Path:
     return path
 
 
-def _all_tokens(dm) -> list[torch.Tensor]:
+def _all_tokens(dm, split: str = "test") -> list[torch.Tensor]:
     rows = []
-    for batch in dm.test_dataloader():
+    loader = dm.train_dataloader() if split == "train" else getattr(dm, f"{split}_dataloader")()
+    for batch in sorted(loader, key=lambda b: int(b["index"][0])):
         for ids, mask in zip(batch["input_ids"], batch["attention_mask"]):
             rows.append(ids[mask.bool()])
     return rows
@@ -40,7 +41,7 @@ def _all_tokens(dm) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("n_tokens,seq_len", [(1000, 64), (1024, 64), (37, 50)])
 def test_local_file_yields_exactly_n_tokens_of_real_text(tok, ascii_text, n_tokens, seq_len):
-    dm = TextDataModule(tok, path=str(ascii_text), seq_len=seq_len, n_tokens=n_tokens, batch_size=5)
+    dm = TextDataModule(tok, path=str(ascii_text), seq_len=seq_len, n_tokens=0, test_tokens=n_tokens, batch_size=5)
     rows = _all_tokens(dm)
     assert sum(r.numel() for r in rows) == n_tokens
     assert all(r.numel() == seq_len for r in rows[:-1]) and rows[-1].numel() == n_tokens - seq_len * (len(rows) - 1)
@@ -52,9 +53,9 @@ def test_local_file_yields_exactly_n_tokens_of_real_text(tok, ascii_text, n_toke
 
 
 def test_wikitext_file_and_seeding(tok, wikitext_valid):
-    a = TextDataModule(tok, path=wikitext_valid, seq_len=128, n_tokens=2048, seed=0)
-    b = TextDataModule(tok, path=wikitext_valid, seq_len=128, n_tokens=2048, seed=0)
-    c = TextDataModule(tok, path=wikitext_valid, seq_len=128, n_tokens=2048, seed=1)
+    a = TextDataModule(tok, path=wikitext_valid, seq_len=128, n_tokens=0, test_tokens=2048, seed=0)
+    b = TextDataModule(tok, path=wikitext_valid, seq_len=128, n_tokens=0, test_tokens=2048, seed=0)
+    c = TextDataModule(tok, path=wikitext_valid, seq_len=128, n_tokens=0, test_tokens=2048, seed=1)
     ra, rb, rc = _all_tokens(a), _all_tokens(b), _all_tokens(c)
     assert sum(r.numel() for r in ra) == 2048 and len(ra) == 16
     assert all(torch.equal(x, y) for x, y in zip(ra, rb))
@@ -67,7 +68,7 @@ def test_folder_reads_every_txt_file(tok, tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.txt").write_text("one two three four " * 50)
     (tmp_path / "skip.md").write_text("ignored " * 500)
-    dm = TextDataModule(tok, path=str(tmp_path), seq_len=8, n_tokens=400)
+    dm = TextDataModule(tok, path=str(tmp_path), seq_len=8, n_tokens=0, test_tokens=400)
     text = "".join(tok.decode(r.tolist()) for r in _all_tokens(dm))
     assert "alpha" in text and "three" in text and "ignored" not in text
     expected = len(tok.encode("alpha beta gamma delta " * 50)) + len(tok.encode("one two three four " * 50))
@@ -87,7 +88,9 @@ def test_bad_text_inputs_fail_with_one_line(tok, tmp_path):
     ]
     small = tmp_path / "small.txt"
     small.write_text("a few words only\n")
-    cases.append((dict(path=str(small), seq_len=4, n_tokens=100), r"n_tokens=100 needs 25 windows of seq_len=4"))
+    cases.append((dict(path=str(small), seq_len=4, n_tokens=100), r"\(train 100\) need 25 windows of seq_len=4"))
+    cases.append((dict(path=str(small), n_tokens=-1), r"n_tokens=-1 is invalid"))
+    cases.append((dict(path=str(small), n_tokens=0), r"all 0"))
     env = os.environ.get("HF_DATASETS_OFFLINE")
     os.environ["HF_DATASETS_OFFLINE"] = "1"  # the hub is unreachable here anyway; make it fail fast
     try:
@@ -100,6 +103,43 @@ def test_bad_text_inputs_fail_with_one_line(tok, tmp_path):
             os.environ.pop("HF_DATASETS_OFFLINE")
         else:
             os.environ["HF_DATASETS_OFFLINE"] = env
+
+
+def test_splits_are_disjoint_and_probes_lie_outside_them(tok, tmp_path):
+    """Every window of the train, val and test splits and of the probe is a distinct window of the text (by
+    its position in the token stream, an independent recount), each split holds exactly its tokens, the test
+    split of a test-only module is the one a module with train and val splits has, and an empty test split
+    fails when a test run asks for it."""
+    g = torch.Generator().manual_seed(0)  # random letters: no two windows of the stream are equal
+    letters = torch.randint(0, 26, (6000,), generator=g).tolist()
+    words = " ".join("".join(chr(97 + c) for c in letters[i : i + 5]) for i in range(0, len(letters), 5))
+    (tmp_path / "random.txt").write_text(words)
+    kw = dict(path=str(tmp_path / "random.txt"), seq_len=16, seed=3, batch_size=4)
+    dm = TextDataModule(tok, n_tokens=16 * 20, val_tokens=16 * 6, test_tokens=16 * 5, **kw)
+    ids = dm.ids
+    starts = {}
+    for split in ("train", "val", "test"):
+        rows = _all_tokens(dm, split)
+        assert sum(r.numel() for r in rows) == dm.tokens[split]
+        starts[split] = set()
+        for r in rows:  # the window's start: where its tokens sit in the stream (a multiple of seq_len)
+            (hits,) = [s for s in range(0, ids.numel() - r.numel() + 1, 16) if torch.equal(ids[s : s + r.numel()], r)]
+            starts[split].add(hits)
+        assert len(starts[split]) == len(rows)
+    probe, mask = dm.probe(7)
+    assert probe.shape == mask.shape == (7, 16) and bool(mask.all())
+    starts["probe"] = {s for p in probe for s in range(0, ids.numel(), 16) if torch.equal(ids[s : s + 16], p)}
+    assert len(starts["probe"]) == 7
+    names = list(starts)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert not starts[a] & starts[b], (a, b)
+    alone = TextDataModule(tok, n_tokens=0, test_tokens=16 * 5, **kw)  # the test split is dealt first
+    assert all(torch.equal(x, y) for x, y in zip(_all_tokens(alone), _all_tokens(dm)))
+    with pytest.raises(ValueError, match="test_tokens=0: the test split is empty"):
+        TextDataModule(tok, n_tokens=64, **kw).test_dataloader()
+    with pytest.raises(ValueError, match=r"with 1000 probe windows"):
+        dm.probe(1000)
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
-"""Every toy figure plots what results.json records: the data behind each figure (read back from the
-matplotlib artists) against the written results.json, on short frozen-feature sweeps."""
+"""Every toy figure plots what results.json records: the figures are drawn from the result read back from
+the written results.json (``figures.toy.figures``: a pure function of the result), and the data behind each
+(read back from the matplotlib artists) is checked against that file, on short frozen-feature sweeps."""
 
 import json
 from pathlib import Path
@@ -12,16 +13,12 @@ import torch
 import lit_svd.callbacks.alignment as alignment_cb
 from lit_svd.callbacks import SVDAlignmentCallback
 from lit_svd.datamodules.toy import SparseFeatureDataModule
+from lit_svd.figures.toy import figures as toy_figures
 from lit_svd.modules.toy import ToyAlignmentModule
+from lit_svd.results.toy import ToyAlignmentResult
 
 
 def fit_and_capture(tmp_path, monkeypatch, n_instances, **model_kw):
-    figures = {}
-
-    def keep(trainer, fig, name, step=None):
-        figures[name] = fig
-
-    monkeypatch.setattr(alignment_cb, "save_figure", keep)
     torch.manual_seed(0)
     model = ToyAlignmentModule(n_features=8, template={"pair": [0, 1, 1.0]}, frozen_features=True, lr=1e-2, **model_kw)
     dm = SparseFeatureDataModule(n_features=8, n_keys=4, p=0.3, n_instances=n_instances, batch_size=32, seed=0)
@@ -37,7 +34,11 @@ def fit_and_capture(tmp_path, monkeypatch, n_instances, **model_kw):
         enable_model_summary=False,
     )
     trainer.fit(model, datamodule=dm)
-    return json.loads((Path(tmp_path) / "results.json").read_text()), figures
+    path = Path(tmp_path) / "results.json"
+    written = sorted(p.stem for p in Path(tmp_path).glob("*.png"))
+    figures = toy_figures(ToyAlignmentResult.from_json(path))
+    assert written == sorted(figures)  # the run wrote exactly the figures of its result
+    return json.loads(path.read_text()), figures
 
 
 def ydata(line):

@@ -130,7 +130,7 @@ def test_compare_directions_between_two_models(tmp_path, tokenizer):
     o_proj is redrawn, layer 1's OV directions are lost and every other matrix is untouched. The tool's
     per-matrix rows equal compare_svds on the dense SVDs of the views' own matrices."""
     from lit_svd.analysis.tracking import compare_svds
-    from lit_svd.cli_tools import main
+    from lit_svd.cli_tools import run_tool
     from lit_svd.models import view as make_view
     from lit_svd.models.tiny import tiny_causal_lm
 
@@ -143,13 +143,13 @@ def test_compare_directions_between_two_models(tmp_path, tokenizer):
     model.save_pretrained(b)
     tokenizer.save_pretrained(b)
 
-    same = main(["compare-directions", str(a), str(a), "--out", str(tmp_path / "same"), "--top", "4"])
+    same = run_tool(["compare-directions", str(a), str(a), "--out", str(tmp_path / "same"), "--top", "4"]).summary
     assert all(s["lost"] == 0 and s["kept"] + s["block"] == s["directions"] > 0 for s in same["summary"].values())
     for row in same["rows"]:  # isolated directions find themselves; inside a block the order is arbitrary
         kept = [r for r, st in zip(row["sigma_ratio"], row["state"]) if st == "kept"]
         assert kept == pytest.approx([1.0] * len(kept), abs=1e-9)
     assert same["summary"]["ov"]["kept"] > 0
-    res = main(["compare-directions", str(a), str(b), "--out", str(tmp_path / "diff"), "--top", "4"])
+    res = run_tool(["compare-directions", str(a), str(b), "--out", str(tmp_path / "diff"), "--top", "4"]).summary
     for row in res["rows"]:
         if row["matrix"] == "ov" and row["layer"] == 1:
             assert row["n_lost"] >= 3, row  # a redrawn o_proj: new directions
@@ -166,4 +166,4 @@ def test_compare_directions_between_two_models(tmp_path, tokenizer):
         other = tmp_path / "gpt2"
         tiny_causal_lm("gpt2").save_pretrained(other)
         tokenizer.save_pretrained(other)
-        main(["compare-directions", str(a), str(other), "--out", str(tmp_path / "x")])
+        run_tool(["compare-directions", str(a), str(other), "--out", str(tmp_path / "x")])

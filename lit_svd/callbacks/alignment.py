@@ -24,8 +24,11 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_svd.analysis.alignment import alignment_report, feature_singular_cosines, interference, theorem1_groups
 from lit_svd.analysis.tracking import DirectionTrack, track_scalars
+from lit_svd.callbacks.provenance import provenance
+from lit_svd.figures import toy as figs
 from lit_svd.linalg import SVD
-from lit_svd.output import save_figure, write_results
+from lit_svd.output import save_figures, write_result
+from lit_svd.results.toy import ToyAlignmentResult
 
 
 class SVDAlignmentCallback(Callback):
@@ -113,8 +116,6 @@ class SVDAlignmentCallback(Callback):
         loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if not loggers or self.heatmap_instances == 0:
             return
-        from lit_svd.callbacks import alignment_figures as figs
-
         n = min(self.heatmap_instances, module.n_instances)
         W = module.feature_directions()
         tags, labels = instance_tags(module), instance_labels(module)
@@ -125,12 +126,18 @@ class SVDAlignmentCallback(Callback):
                 fig = figs.heatmap(cos, side, module.pairs, f"{labels[i]}, step {step}", tracked=True)
                 for lg in loggers:
                     lg.experiment.add_figure(f"heatmap/{name}/{tags[i]}", fig, global_step=step, close=False)
-                figs.close(fig)
 
     def on_fit_end(self, trainer: pl.Trainer, module) -> None:
         if not trainer.is_global_zero:
             return
         self.observe(trainer, module)
+        result = self.result(trainer, module)
+        path = write_result(trainer, result)
+        save_figures(trainer, figs.figures(result))
+        print(f"[SVDAlignmentCallback] results: {path}")
+
+    def result(self, trainer: pl.Trainer, module) -> ToyAlignmentResult:
+        """The run's result (keys in docs/toy.md) from the module's final state and the logged history."""
         reports = self.report(module)
         dm = trainer.datamodule
         p = dm.p.tolist() if dm is not None and hasattr(dm, "p") else None
@@ -151,40 +158,23 @@ class SVDAlignmentCallback(Callback):
                 "interference": module.interference[n] if module.frozen_features else float(interference(W[n])),
             }
             instances.append(inst)
-        results = {
-            "experiment": "toy_alignment",
-            "global_step": trainer.global_step,
-            "n_instances": module.n_instances,
-            "frozen_features": module.frozen_features,
-            "template_pairs": [list(pr) for pr in module.pairs],
-            "summary": summarise(instances),
-            "history": [{"step": s, "mean_abs_cos": v} for s, v in self.history],
-            "tracked_directions": self.tracked,
-            "instances": instances,
-        }
-        results["summary"]["theorem1_groups"] = theorem1_groups(instances)
-        path = write_results(trainer, results)
-        self.write_figures(trainer, module, results)
-        print(f"[SVDAlignmentCallback] results: {path}")
-
-    def write_figures(self, trainer: pl.Trainer, module, results: dict) -> None:
-        """The figures of ``results`` (what results.json holds; the heatmap adds instance 0's full cosines)."""
-        from lit_svd.callbacks import alignment_figures as figs  # matplotlib only when writing figures
-
-        instances = results["instances"]
-        cos_u, cos_v = feature_singular_cosines(module.feature_directions()[:1], _first(module.omega_svd(), 1))
-        save_figure(trainer, figs.heatmaps(cos_u[0], cos_v[0], module.pairs), "heatmap")
-        labels = instance_labels(module)
-        save_figure(trainer, figs.spectra([i["singular_values"] for i in instances], labels), "spectra")
-        save_figure(trainer, figs.dynamics(self.history, labels), "alignment_dynamics")
-        if len({i["interference"] for i in instances}) > 1 and len({i["d_model"] for i in instances}) == 1:
-            save_figure(trainer, figs.interference_sweep(instances), "interference_sweep")
-        if len({i["d_model"] for i in instances}) > 1:
-            save_figure(
-                trainer,
-                figs.theorem1_superposition(results["summary"]["theorem1_groups"], module.n_features),
-                "theorem1_superposition",
-            )
+        headline = summarise(instances)
+        headline["theorem1_groups"] = theorem1_groups(instances)
+        cos_u, cos_v = feature_singular_cosines(W[:1], _first(module.omega_svd(), 1))
+        return ToyAlignmentResult(
+            global_step=trainer.global_step,
+            n_instances=module.n_instances,
+            frozen_features=module.frozen_features,
+            template_pairs=[list(pr) for pr in module.pairs],
+            headline=headline,
+            history=[{"step": s, "mean_abs_cos": v} for s, v in self.history],
+            tracked_directions=self.tracked,
+            instances=instances,
+            n_features=module.n_features,
+            labels=instance_labels(module),
+            heatmap_cos=[cos_u[0].tolist(), cos_v[0].tolist()],
+            provenance=provenance(trainer, module),
+        )
 
 
 def _varying_settings(module) -> dict[str, list]:

@@ -27,134 +27,12 @@ import dataclasses
 import math
 from typing import Literal
 
-import torch
-
 from lit_svd.analysis import mounts as M
-from lit_svd.analysis.mounts import RESIDUAL_SITES
-from lit_svd.callbacks.training import StepCallback, all_reduce_sum, held_out_probe, log_scalars, merge_results
+from lit_svd.callbacks.training import StepCallback, all_reduce_sum, held_out_probe, update_training_result
 from lit_svd.datamodules.common import rank_and_world
-from lit_svd.models.hooks import capture
-from lit_svd.output import log_figure, save_figure
-
-
-def probe_activations(view, lm, ids, mask, keys: list[tuple[int, str]]) -> dict:
-    """``{(layer, site): (x [T, d_in], dh [T, d_out])}``: each site's input and its own output on the
-    probe's real tokens, from one forward pass."""
-    mods = {key: view.site_module(*key) for key in keys}
-    with capture(mods, "pre") as xin, capture(mods, "post") as xout:
-        lm(input_ids=ids, attention_mask=mask)
-    keep = mask.reshape(-1).bool()
-    flat = lambda t: t.reshape(-1, t.shape[-1])[keep]  # noqa: E731
-    return {key: (flat(xin[key]), flat(view.site_output(*key, xout[key]))) for key in keys}
-
-
-def score_site_layers(
-    view,
-    lm,
-    ids,
-    mask,
-    keys: list[tuple[int, str]],
-    tile_widths: dict[str, int],
-    modes: int,
-    sweep: list[int],
-    k_active: int,
-    seed: int,
-    rules: M.MountRules,
-    reduce=lambda t: t,
-    null_control: bool = False,
-    steer: dict | None = None,
-) -> list[dict]:
-    """One row per (layer, site) of ``keys``: ``summarize`` of the probe's token sums (``reduce`` sums them
-    over DDP ranks) plus ``judge``'s checks, exactly as the mounts test run computes them. ``null_control``:
-    also the site-layer's structureless null (``row["null"]``, same seed as the test run); ``steer``: check C1
-    on residual sites (``{"texts", "alpha", "mounts"}``: ``steer_scores`` on those texts)."""
-    plans, nulls = {}, {}
-    for key in keys:
-        W = view.site_weight(*key)[0].mT
-        plans[key] = M.plan_site(W, tile_widths[key[1]], modes, sweep, k_active, seed, f"tile_widths.{key[1]}")
-        if null_control:
-            nulls[key] = M.plan_site(
-                M.haar_null(W, M.null_seed(*key)),
-                tile_widths[key[1]],
-                modes,
-                sweep,
-                k_active,
-                seed,
-                f"tile_widths.{key[1]}",
-            )
-    acts = probe_activations(view, lm, ids, mask, keys) if ids.shape[0] else {}
-    jobs = [(key, plans[key], True) for key in keys] + [(key, nulls[key], False) for key in nulls]
-    flat = []
-    for key, plan, real in jobs:  # a rank without probe windows adds zeros
-        shapes = M.sum_shapes(plan.n, len(plan.coverage), plan.d_out, ceiling=real)
-        if key in acts:
-            x, dh = acts[key]
-            sums = M.site_sums(plan, x, dh if real else None, ceiling=real)  # None: the null scores its own writes
-        else:
-            sums = {}
-        flat += [
-            sums[k].reshape(-1).double() if k in sums else torch.zeros(shape, dtype=torch.float64).reshape(-1)
-            for k, shape in shapes.items()
-        ]
-    total, start = reduce(torch.cat(flat)), 0
-    summaries = {}
-    for key, plan, real in jobs:
-        sums = {}
-        for k, shape in M.sum_shapes(plan.n, len(plan.coverage), plan.d_out, ceiling=real).items():
-            size = math.prod(shape)
-            sums[k], start = total[start : start + size].reshape(shape), start + size
-        summaries[key, real] = M.summarize(plan, sums)
-    rows = []
-    for key in keys:
-        layer, site = key
-        row = {
-            "site": site,
-            "layer": layer,
-            "residual": site in RESIDUAL_SITES,
-            "path": "module",
-            "tile_width": tile_widths[site],
-            **summaries[key, True],
-        }
-        if null_control:
-            row["null"] = {"layer": layer, **summaries[key, False]}
-        if steer is not None and row["residual"]:
-            from lit_svd.modules.mounts import steer_scores
-
-            W_U = view.unembed()[0].double()
-            row.update(
-                steer_scores(
-                    view,
-                    lm,
-                    steer["context"],
-                    plans[key],
-                    row["tile_lift"],
-                    layer,
-                    site,
-                    W_U,
-                    steer["alpha"],
-                    steer["mounts"],
-                )
-            )
-            if null_control:
-                row["null"].update(
-                    steer_scores(
-                        view,
-                        lm,
-                        steer["context"],
-                        nulls[key],
-                        row["null"]["tile_lift"],
-                        layer,
-                        site,
-                        W_U,
-                        steer["alpha"],
-                        steer["mounts"],
-                    )
-                )
-        for r in [row, row["null"]] if null_control else [row]:
-            r["checks"] = M.judge(r, rules, residual=row["residual"], effective=False)
-            r["pass"] = r["checks"]["pass"]
-        rows.append(row)
-    return rows
+from lit_svd.figures.training import mounts_depth, mounts_history
+from lit_svd.modules.mounts_training import score_site_layers
+from lit_svd.output import log_figure, log_scalars, save_figure
 
 
 class MountsCallback(StepCallback):
@@ -258,11 +136,9 @@ class MountsCallback(StepCallback):
         view = module.view
         steer = None
         if self.steer:  # the same texts on every rank (the first windows), as the test run
-            from lit_svd.modules.mounts import steer_context
-
             a = self.steer_args
             texts = self.probe[0][: a["texts"], : a["tokens"]].to(module.device)
-            steer = {"context": steer_context(module.lm, texts), "alpha": a["alpha"], "mounts": a["mounts"]}
+            steer = {"texts": texts, "alpha": a["alpha"], "mounts": a["mounts"]}
         rows = score_site_layers(
             view,
             module.lm,
@@ -282,7 +158,7 @@ class MountsCallback(StepCallback):
         step = trainer.global_step
         log_scalars(trainer, scalars(rows), step)
         if self.figures and trainer.is_global_zero:
-            log_figure(trainer, depth_figure(rows, step), "mounts/depth", step)
+            log_figure(trainer, mounts_depth(rows, step), "mounts/depth", step)
         return {"rows": rows, "pass_fraction": sum(r["pass"] for r in rows) / len(rows)}
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -290,26 +166,24 @@ class MountsCallback(StepCallback):
         if not self.write or not trainer.is_global_zero or not self.history:
             return
         view = pl_module.view
-        merge_results(
-            trainer,
-            "mounts_training",
-            {
-                "probe_path": self.probe_path,
-                "probe_windows": self.probe_windows,
-                "probe_seq_len": self.probe_seq_len,
-                "tile_widths": self.widths(view),
-                "modes_per_tile": self.modes,
-                "modes_sweep": self.sweep,
-                "k_active": self.k_active,
-                "seed": self.seed,
-                "null_control": self.null_control,
-                "steer": self.steer,
-                "history": self.history,
-            },
-        )
-        save_figure(trainer, history_figure(self.history), "mounts_training")
+        section = {
+            "probe_path": self.probe_path,
+            "probe_windows": self.probe_windows,
+            "probe_seq_len": self.probe_seq_len,
+            "tile_widths": self.widths(view),
+            "modes_per_tile": self.modes,
+            "modes_sweep": self.sweep,
+            "k_active": self.k_active,
+            "seed": self.seed,
+            "null_control": self.null_control,
+            "steer": self.steer,
+            "figures": self.figures,
+            "history": self.history,
+        }
+        update_training_result(trainer, pl_module, mounts_training=section)
+        save_figure(trainer, mounts_history(self.history), "mounts_training")
         if self.figures:
-            save_figure(trainer, depth_figure(self.history[-1]["rows"], self.history[-1]["step"]), "mounts_depth")
+            save_figure(trainer, mounts_depth(self.history[-1]["rows"], self.history[-1]["step"]), "mounts_depth")
 
 
 def scalars(rows: list[dict]) -> dict[str, float]:
@@ -331,42 +205,3 @@ def scalars(rows: list[dict]) -> dict[str, float]:
             out[f"{tag}/null/lift_tiled_minus_random"] = r["null"]["lift_tiled"] - r["null"]["lift_random"]
             out[f"{tag}/null/pass"] = float(r["null"]["pass"])
     return out
-
-
-def depth_figure(rows: list[dict], step: int):
-    """Mean lift of each strategy against the layer, one panel per site."""
-    import matplotlib.pyplot as plt
-
-    sites = list(dict.fromkeys(r["site"] for r in rows))
-    fig, axes = plt.subplots(1, len(sites), figsize=(3.6 * len(sites), 3.0), squeeze=False)
-    for ax, site in zip(axes[0], sites):
-        mine = sorted((r for r in rows if r["site"] == site), key=lambda r: r["layer"])
-        for s in M.STRATEGIES:
-            ax.plot([r["layer"] for r in mine], [r[f"lift_{s}"] for r in mine], marker="o", label=s)
-        ax.set_title(f"site {site}, step {step}", fontsize=9)
-        ax.set_xlabel("layer")
-        ax.set_ylabel("lift over random reference")
-    axes[0][0].legend(fontsize=7)
-    fig.subplots_adjust(wspace=0.4, hspace=0.3)  # fixed spacing: tight_layout would draw the figure once more
-    return fig
-
-
-def history_figure(history: list[dict]):
-    """Tiled minus random lift, and peak coverage lift, of every site-layer against the step."""
-    import matplotlib.pyplot as plt
-
-    steps = [h["step"] for h in history]
-    names = [f"{r['site']} layer {r['layer']}" for r in history[0]["rows"]]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
-    for i, name in enumerate(names):
-        a.plot(
-            steps, [h["rows"][i]["lift_tiled"] - h["rows"][i]["lift_random"] for h in history], marker=".", label=name
-        )
-        b.plot(steps, [max(h["rows"][i]["coverage_lift"]) for h in history], marker=".", label=name)
-    a.set_title("tiled lift - random lift", fontsize=9)
-    b.set_title("peak coverage lift (tiled - random dictionary)", fontsize=9)
-    for ax in (a, b):
-        ax.set_xlabel("training step")
-    a.legend(fontsize=7)
-    fig.subplots_adjust(wspace=0.4, hspace=0.3)  # fixed spacing: tight_layout would draw the figure once more
-    return fig

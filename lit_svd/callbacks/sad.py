@@ -8,8 +8,9 @@ in ``null_draws`` matched-spectrum null heads (same spectrum, random singular ve
 pairs it attends to in the first ``null_probe`` probe sequences):
 
 * language models (a module with a ``view``: ``LanguageModelModule``, ``PretrainedLMModule``): the first
-  ``n_probe`` windows of the held-out file ``probe_path`` (without it: the first sequences of the
-  validation loader, training loader if there is none), every head;
+  ``n_probe`` windows of the held-out file ``probe_path``; without it, ``n_probe`` probe windows of the data
+  module outside its train / val / test splits (``TextDataModule.probe``; other data modules: the first
+  sequences of the validation loader, training loader if there is none), every head;
 * the toy model (``ToyAlignmentModule``): the first ``n_probe`` samples of the current batch, one head
   per ensemble instance (query token 0 attending over the key tokens).
 
@@ -24,8 +25,6 @@ from __future__ import annotations
 from typing import Literal
 
 import lightning.pytorch as pl
-import matplotlib.pyplot as plt
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
@@ -34,39 +33,31 @@ from lit_svd.analysis.blocks import check_rel_gap
 from lit_svd.analysis.sad import (
     DEFAULT_NULL_DRAWS,
     DEFAULT_RECON_TOL,
-    basis_blocks,
     check_null_draws,
     check_threshold,
     check_tolerance,
     lm_head_sparsity,
-    qk_heads_from_view,
     toy_head_sparsity,
 )
-from lit_svd.callbacks.training import held_out_probe, log_scalars
+from lit_svd.callbacks.provenance import provenance
+from lit_svd.callbacks.training import held_out_probe, update_training_result
+from lit_svd.figures.sad import figures as sad_figures
+from lit_svd.figures.training import sad_training
 from lit_svd.linalg import REL_GAP
-from lit_svd.output import save_figure, write_results
-
-
-def nan_to_none(obj):
-    """NaN (a head without analysed pairs) as JSON null, recursively."""
-    if isinstance(obj, float) and obj != obj:
-        return None
-    if isinstance(obj, dict):
-        return {k: nan_to_none(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [nan_to_none(v) for v in obj]
-    return obj
+from lit_svd.output import log_scalars, save_figure, save_figures, write_result
+from lit_svd.results.sad import SADResult
 
 
 class SADReport(Callback):
-    """Writes a ``SADAnalysisModule`` test run: ``results.json`` (keys in docs/sad.md), ``sad_heatmap.png``
-    (layer x head maps against the matched null, the pair null and the rotated control) and
-    ``sad_n_recon.png`` (N_recon histograms). ``results()`` syncs the metric states, so it runs on every
-    rank; only rank zero writes.
+    """Writes a ``SADAnalysisModule`` test run: ``results.json`` (``lit_svd.results.SADResult``, keys in
+    docs/sad.md), ``heads.csv`` (its table), ``sad_heatmap.png`` (layer x head maps against the matched null,
+    the pair null and the rotated control) and ``sad_n_recon.png`` (N_recon histograms). The module builds
+    its rows at the end of its test epoch (on every rank: it syncs the metric states); only rank zero writes.
 
-    Every head row also carries ``basis`` (``analysis.sad.basis_blocks``): the numerical rank of its
-    ``Omega(0)``, how many of its basis directions are isolated at ``rel_gap``, and its ``top_terms`` largest
-    directions with their block and isolation gap (a term inside a block is basis-dependent).
+    Every head row also carries ``basis`` (``analysis.sad.basis_blocks``, computed by the module): the
+    numerical rank of its ``Omega(0)``, how many of its basis directions are isolated at ``rel_gap``, and its
+    ``top_terms`` largest directions with their block and isolation gap (a term inside a block is
+    basis-dependent).
 
     Args:
         rel_gap: relative gap below which neighbouring singular values share a block.
@@ -79,25 +70,20 @@ class SADReport(Callback):
             raise ValueError(f"top_terms={top_terms!r} is invalid; give an integer >= 0")
         self.top_terms = top_terms
 
-    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
-        results = pl_module.results()
-        annotate_basis(results, pl_module.view, self.rel_gap, self.top_terms)
-        write_results(trainer, results)
+    def setup(self, trainer: pl.Trainer, pl_module, stage: str) -> None:
+        pl_module.report_basis = (self.rel_gap, self.top_terms)  # the module annotates its rows
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module) -> None:
+        rows = dict(pl_module.report_rows)
+        rows.pop("experiment")
+        result = SADResult(**{_FIELD.get(k, k): v for k, v in rows.items()}, provenance=provenance(trainer, pl_module))
+        write_result(trainer, result)
         if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.log_metrics(report_scalars(results), step=0)
-            plot_head_heatmap(trainer, results)
-            plot_n_recon(trainer, results)
+            log_scalars(trainer, report_scalars(result.to_dict()), step=0)
+            save_figures(trainer, sad_figures(result))
 
 
-def annotate_basis(results: dict, view, rel_gap: float = REL_GAP, top: int = 8) -> None:
-    """Add ``basis`` (blocks of the head's SAD basis, ``basis_blocks``) to every head row, and ``rel_gap``."""
-    per_layer: dict[int, list[dict]] = {}
-    for row in results["heads"]:
-        if row["layer"] not in per_layer:
-            per_layer[row["layer"]] = basis_blocks(qk_heads_from_view(view, row["layer"]), rel_gap, top)
-        row["basis"] = per_layer[row["layer"]][row["head"]]
-    results["rel_gap"] = rel_gap
+_FIELD = {"summary": "headline"}  # results.json key -> field name
 
 
 def report_scalars(results: dict) -> dict[str, float]:
@@ -141,7 +127,7 @@ class SADCallback(Callback):
         results_name: the results file; default ``results.json`` for language models and
             ``sad_results.json`` for the toy model (whose own alignment callback writes ``results.json``).
         probe_path: language models: a held-out text file whose first ``n_probe`` windows of
-            ``probe_seq_len`` tokens are the probe (null: the first validation, else training, sequences).
+            ``probe_seq_len`` tokens are the probe (null: the data module's probe windows, outside its splits).
         probe_seq_len: tokens per probe window with ``probe_path``.
     """
 
@@ -186,12 +172,16 @@ class SADCallback(Callback):
         return hasattr(module, "view") and not hasattr(module, "head_weights")
 
     def _lm_probe(self, trainer: pl.Trainer) -> tuple[Tensor, Tensor]:
+        """The data module's probe windows (outside its train / val / test splits: ``TextDataModule.probe``);
+        a data module without them: its first validation, else training, sequences."""
         dm = trainer.datamodule
         if dm is None:
             raise ValueError(
-                "SADCallback on a language model needs a datamodule (its first validation, else"
-                " training, sequences are the probe); pass datamodule=... to fit"
+                "SADCallback on a language model needs a datamodule (its probe windows, else its first"
+                " validation or training sequences, are the probe); pass datamodule=... to fit"
             )
+        if callable(getattr(dm, "probe", None)):
+            return dm.probe(self.n_probe)
         try:
             loader = dm.val_dataloader()
         except (NotImplementedError, AttributeError):
@@ -306,22 +296,23 @@ class SADCallback(Callback):
         summary = {"first_step": first["step"], "last_step": last["step"]}
         for key in history_means(last):
             summary[f"{key}_first"], summary[f"{key}_last"] = first.get(key, float("nan")), last[key]
-        results = {
-            "experiment": "sad_training",
-            "threshold": self.threshold,
-            "recon_tol": self.recon_tol,
-            "seed": self.seed,
-            "n_probe": self.n_probe,
-            "null_draws": self.null_draws,
-            "null_at": self.null_at,
-            "null_probe": self.null_probe,
-            "summary": nan_to_none(summary),
-            "history": nan_to_none(self.history),
-        }
         name = self.results_name or ("results.json" if self._is_lm(pl_module) else "sad_results.json")
-        write_results(trainer, results, name)
+        update_training_result(
+            trainer,
+            pl_module,
+            name,
+            threshold=self.threshold,
+            recon_tol=self.recon_tol,
+            seed=self.seed,
+            n_probe=self.n_probe,
+            null_draws=self.null_draws,
+            null_at=self.null_at,
+            null_probe=self.null_probe,
+            headline=summary,
+            history=self.history,
+        )
         if trainer.is_global_zero:
-            plot_training(trainer, self.history)
+            save_figure(trainer, sad_training(self.history), "sad_training")
 
 
 def history_means(res: dict) -> dict[str, float]:
@@ -335,154 +326,3 @@ def history_means(res: dict) -> dict[str, float]:
         below = [b for b, h in zip(res["sparser_than_null"], has) if h]
         out["fraction_sparser_than_null"] = sum(below) / len(below) if below else float("nan")
     return out
-
-
-# --- figures ------------------------------------------------------------------------------------------
-def plot_training(trainer: pl.Trainer, history: list[dict], name: str = "sad_training") -> None:
-    """Sparsity against the step: the heads (thin) and their mean (thick) in the singular basis, the
-    matched-spectrum null (mean over draws, and its 5th percentile dashed) and the Haar-rotated control;
-    below, the fraction of heads sparser than their null (at the steps the null was measured)."""
-    series = [
-        ("sparsity", "tab:blue", "singular basis"),
-        ("sparsity_null", "tab:green", "matched-spectrum null (mean)"),
-        ("sparsity_rotated", "tab:orange", "Haar-rotated control (secondary)"),
-    ]
-    has_null = any("sparsity_null" in h for h in history)
-    fig, axes = plt.subplots(
-        2 if has_null else 1,
-        1,
-        figsize=(6.4, 6.0 if has_null else 4.0),
-        sharex=True,
-        squeeze=False,
-        gridspec_kw={"height_ratios": [3, 1]} if has_null else None,
-    )
-    ax = axes[0, 0]
-    for key, color, label in series:
-        at = [h for h in history if key in h]  # the matched null may be measured at some steps only
-        if not at:
-            continue
-        x = [h["step"] for h in at]
-        v = torch.tensor([h[key] for h in at], dtype=torch.float64)
-        for j in range(v.shape[1]):
-            ax.plot(x, v[:, j], color=color, alpha=0.2, lw=0.7, marker="." if len(at) < 3 else None)
-        ax.plot(
-            x, v.nanmean(1), color=color, lw=2.5, marker="o" if len(at) < 3 else None, label=f"{label}, mean over heads"
-        )
-    if has_null:
-        at = [h for h in history if "sparsity_null_p05" in h]
-        p05 = torch.tensor([h["sparsity_null_p05"] for h in at], dtype=torch.float64).nanmean(1)
-        ax.plot(
-            [h["step"] for h in at],
-            p05,
-            color="tab:green",
-            lw=1.5,
-            ls="--",
-            marker="_" if len(at) < 3 else None,
-            label="null 5th percentile, mean over heads",
-        )
-    ax.set_xscale("symlog", linthresh=10)
-    ax.set_ylabel("Rolls–Tovee sparsity (lower = sparser)")
-    ax.set_title("SAD sparsity of every head during training")
-    ax.legend(loc="best", fontsize=7)
-    if has_null:
-        b = axes[1, 0]
-        at = [h for h in history if "fraction_sparser_than_null" in h]
-        b.plot([h["step"] for h in at], [h["fraction_sparser_than_null"] for h in at], color="black", marker=".")
-        b.set_ylim(-0.02, 1.02)
-        b.set_ylabel("fraction of heads\nbelow null p05", fontsize=8)
-    axes[-1, 0].set_xlabel("training step (linear below 10, log above)")
-    save_figure(trainer, fig, name)
-
-
-def _grid(results: dict, key: str) -> np.ndarray:
-    s = results["summary"]
-    grid = np.full((results["n_layers"], results["n_heads_per_layer"]), np.nan)
-    for r in results["heads"]:
-        if r["n_pairs"] >= s["min_pairs"] and r.get(key) is not None:
-            grid[r["layer"], r["head"]] = r[key]
-    return grid
-
-
-def plot_head_heatmap(trainer: pl.Trainer, results: dict, name: str = "sad_heatmap") -> None:
-    """Layer x head maps: sparsity in the singular basis, the matched-spectrum null's 5th percentile, the pair
-    null and the rotated control (one colour scale), then null p05 - sparsity (> 0: sparser than the null)."""
-    panels = [("sparsity", "singular basis")]
-    if "sparsity_null_p05" in results["heads"][0]:
-        panels.append(("sparsity_null_p05", "matched null, 5th pct"))
-    if "sparsity_unattended" in results["heads"][0]:
-        panels.append(("sparsity_unattended", "pair null (unattended)"))
-    panels.append(("sparsity_rotated", "rotated control"))
-    grids = [_grid(results, k) for k, _ in panels]
-    diff = grids[1] - grids[0] if panels[1][0] == "sparsity_null_p05" else grids[-1] - grids[0]
-    n_layers, n_heads = grids[0].shape
-    fig, axes = plt.subplots(
-        1, len(panels) + 1, figsize=(2.4 + 0.9 * n_heads * (len(panels) + 1) / 2, 0.8 + 0.2 * n_layers), sharey=True
-    )
-    lo, hi = np.nanmin(np.stack(grids)), np.nanmax(np.stack(grids))
-    span = np.nanmax(np.abs(diff))
-    for ax, grid, (_, title) in zip(axes, grids, panels):
-        im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=lo, vmax=hi)
-        ax.set_title(title, fontsize=8)
-    fig.colorbar(im, ax=axes[len(panels) - 1], fraction=0.05)
-    im = axes[-1].imshow(diff, aspect="auto", cmap="RdBu", vmin=-span, vmax=span)
-    axes[-1].set_title(f"{'null p05' if len(panels) > 2 else 'rotated'} - singular (> 0: sparser)", fontsize=8)
-    fig.colorbar(im, ax=axes[-1], fraction=0.05)
-    for ax in axes:
-        ax.set_xlabel("head")
-        ax.set_xticks(range(n_heads))
-        ax.tick_params(labelsize=6)
-    axes[0].set_ylabel("layer")
-    s = results["summary"]
-    parts = [
-        f"{s[f'n_heads_sparser_than_{k}']}/{s['n_heads_eligible']} sparser than {label}"
-        for k, label in (("null", "matched null"), ("unattended", "pair null"), ("rotated", "rotated"))
-        if f"n_heads_sparser_than_{k}" in s
-    ]
-    fig.suptitle(f"{results['model']}: " + "; ".join(parts), fontsize=9)
-    save_figure(trainer, fig, name)
-
-
-def plot_n_recon(trainer: pl.Trainer, results: dict, name: str = "sad_n_recon") -> None:
-    """Pooled N_recon distributions (singular basis, matched null over all draws, pair null, rotated) and
-    the per-head medians."""
-    s = results["summary"]
-    kinds = [
-        (suffix, label)
-        for suffix, label in (
-            ("", "singular basis"),
-            ("_null", "matched null"),
-            ("_unattended", "pair null"),
-            ("_rotated", "rotated control"),
-        )
-        if f"n_recon_hist{suffix}" in s
-    ]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-    width = 0.8 / len(kinds)
-    k = len(s["n_recon_hist"])
-    x = np.arange(1, k + 1)
-    for j, (suffix, label) in enumerate(kinds):
-        hist = np.asarray(s[f"n_recon_hist{suffix}"], dtype=float)
-        a.bar(
-            x - 0.4 + width * (j + 0.5),
-            hist / max(hist.sum(), 1.0),
-            width=width,
-            label=f"{label} (median {s[f'n_recon_median{suffix}']:g})",
-        )
-    a.set_xlim(0.3, min(k, 32) + 0.7)
-    a.set_xlabel("N_recon (directions needed to reach l~)")
-    a.set_ylabel("fraction of pairs")
-    a.legend(fontsize=7)
-    a.set_title(f"{s['n_pairs']} attended pairs, {s['n_heads_eligible']} heads", fontsize=9)
-    eligible = [r for r in results["heads"] if r["n_pairs"] >= s["min_pairs"]]
-    meds = {
-        label: [r[f"n_recon_median{suffix}"] for r in eligible if r.get(f"n_recon_median{suffix}") is not None]
-        for suffix, label in kinds
-    }
-    top = max([1.0] + [max(v) for v in meds.values() if v])
-    bins = np.arange(0.5, top + 1.5, 1.0)
-    for label, v in meds.items():
-        b.hist(v, bins=bins, histtype="step", lw=1.5, label=label)
-    b.set_xlabel("median N_recon of a head")
-    b.set_ylabel("heads")
-    b.legend(fontsize=7)
-    save_figure(trainer, fig, name)

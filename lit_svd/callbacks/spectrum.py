@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from lit_svd.analysis.spectrum import row_key, spectrum_rows
 from lit_svd.analysis.tracking import MIN_COS, DirectionTrack, track_scalars
-from lit_svd.callbacks.training import StepCallback, log_scalars, merge_results
-from lit_svd.output import log_figure, save_figure
+from lit_svd.callbacks.training import StepCallback, update_training_result
+from lit_svd.figures.training import spectrum_history, spectrum_tracked, spectrum_values
+from lit_svd.output import log_figure, log_scalars, save_figure
 
 
 class SpectrumCallback(StepCallback):
@@ -79,7 +80,7 @@ class SpectrumCallback(StepCallback):
         self.follow(rows, svds, step)
         log_scalars(trainer, scalars(rows, self.top_k), step)
         if self.figures:
-            log_figure(trainer, values_figure(rows, step), "spectrum/values", step)
+            log_figure(trainer, spectrum_values(rows, step), "spectrum/values", step)
         if not self.keep_values:
             rows = [{k: v for k, v in r.items() if k != "S"} for r in rows]
         return {"rows": rows}
@@ -96,12 +97,14 @@ class SpectrumCallback(StepCallback):
         super().on_train_end(trainer, pl_module)
         if not self.write or not trainer.is_global_zero or not self.history:
             return
-        merge_results(trainer, "spectrum", {"top_k": self.top_k, "history": self.history})
-        save_figure(trainer, history_figure(self.history), "spectrum_training")
+        section = {"top_k": self.top_k, "min_cos": self.min_cos, "figures": self.figures, "history": self.history}
+        update_training_result(trainer, pl_module, spectrum=section)
+        save_figure(trainer, spectrum_history(self.history), "spectrum_training")
         if "tracked" in self.history[-1]["rows"][0]:
-            save_figure(trainer, tracked_figure(self.history, self.min_cos), "spectrum_tracked")
+            save_figure(trainer, spectrum_tracked(self.history, self.min_cos), "spectrum_tracked")
         if self.figures and "S" in self.history[-1]["rows"][0]:
-            save_figure(trainer, values_figure(self.history[-1]["rows"], self.history[-1]["step"]), "spectrum_values")
+            last = self.history[-1]
+            save_figure(trainer, spectrum_values(last["rows"], last["step"]), "spectrum_values")
 
 
 def tag(row: dict) -> str:
@@ -127,88 +130,3 @@ def _step(record: dict):
     from lit_svd.analysis.tracking import TrackStep
 
     return TrackStep(**{k: record[k] for k in TrackStep.__dataclass_fields__})
-
-
-def values_figure(rows: list[dict], step: int):
-    """Every spectrum of one step, s_i against i (from 1), log scale; one panel per matrix kind."""
-    import matplotlib.pyplot as plt
-
-    kinds = list(dict.fromkeys(r["matrix"] for r in rows))
-    layers = sorted({r["layer"] for r in rows})
-    cmap = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(1, len(kinds), figsize=(3.0 * len(kinds), 2.8), squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
-        for r in (r for r in rows if r["matrix"] == kind):
-            color = cmap(layers.index(r["layer"]) / max(1, len(layers) - 1))
-            ax.semilogy(range(1, len(r["S"]) + 1), [max(s, 1e-12) for s in r["S"]], color=color, lw=0.8, alpha=0.8)
-        ax.set_title(f"{kind} (step {step})", fontsize=9)
-        ax.set_xlabel("i (sigma_1 largest)")
-    axes[0][0].set_ylabel("singular value sigma_i (colour: layer)")
-    fig.subplots_adjust(wspace=0.4, hspace=0.3)  # fixed spacing: tight_layout would draw the figure once more
-    return fig
-
-
-def history_figure(history: list[dict]):
-    """Mean effective rank of each matrix kind, per layer, against the step."""
-    import matplotlib.pyplot as plt
-
-    steps = [h["step"] for h in history]
-    first = history[0]["rows"]
-    kinds = list(dict.fromkeys(r["matrix"] for r in first))
-    layers = sorted({r["layer"] for r in first})
-    fig, axes = plt.subplots(1, len(kinds), figsize=(3.0 * len(kinds), 2.8), squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
-        for l in layers:
-            ys = []
-            for h in history:
-                v = [r["effective_rank"] for r in h["rows"] if r["matrix"] == kind and r["layer"] == l]
-                ys.append(sum(v) / len(v))
-            ax.plot(steps, ys, marker=".", label=f"layer {l}")
-        ax.set_title(kind, fontsize=9)
-        ax.set_xlabel("training step")
-    axes[0][0].set_ylabel("effective rank (mean over heads)")
-    axes[0][0].legend(fontsize=7)
-    fig.subplots_adjust(wspace=0.4, hspace=0.3)  # fixed spacing: tight_layout would draw the figure once more
-    return fig
-
-
-def tracked_figure(history: list[dict], min_cos: float = MIN_COS):
-    """One panel per matrix kind: the tracked singular values d1, d2, ... of the last layer's first head (or MLP
-    map) against the step (x: identity lost at that step, open circle: inside a block); a last panel: per
-    matrix kind, the fraction of all its tracked directions that kept their identity since the previous step."""
-    import matplotlib.pyplot as plt
-
-    steps = [h["step"] for h in history]
-    first = history[0]["rows"]
-    kinds = list(dict.fromkeys(r["matrix"] for r in first))
-    fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(2.8 * (len(kinds) + 1), 2.9), squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
-        shown = max((r for r in first if r["matrix"] == kind), key=lambda r: (r["layer"], -(r["head"] or 0)))
-        key = (kind, shown["layer"], shown["head"])
-        recs = [next(r["tracked"] for r in h["rows"] if (r["matrix"], r["layer"], r["head"]) == key) for h in history]
-        for i in range(len(recs[0]["sigma"])):
-            ys = [r["sigma"][i] for r in recs]
-            (line,) = ax.plot(steps, ys, marker=".", lw=1, label=f"d{i + 1}")
-            lost = [(x, y) for x, y, r in zip(steps, ys, recs) if r["state"][i] == "lost"]
-            block = [(x, y) for x, y, r in zip(steps, ys, recs) if r["state"][i] != "lost" and r["block_size"][i] > 1]
-            if lost:
-                ax.plot(*zip(*lost), "x", color="black", ms=7)
-            if block:
-                ax.plot(*zip(*block), "o", mfc="none", color=line.get_color(), ms=7)
-        ax.set_title(f"{kind}, {shown['name']}", fontsize=9)
-        ax.set_xlabel("training step")
-    b = axes[0][-1]
-    for kind in kinds:
-        frac = []
-        for h in history:
-            rs = [r["tracked"] for r in h["rows"] if r["matrix"] == kind]
-            frac.append(sum(r["n_kept"] for r in rs) / max(1, sum(len(r["state"]) for r in rs)))
-        b.plot(steps, frac, marker=".", label=kind)
-    b.set_ylim(-0.02, 1.02)
-    b.set_title(f"identity kept (|cos| >= {min_cos:g}, isolated)", fontsize=8)
-    b.set_xlabel("training step")
-    b.legend(fontsize=7)
-    axes[0][0].set_ylabel("sigma of tracked direction\n(x: new direction, o: in a block)", fontsize=8)
-    axes[0][0].legend(fontsize=7)
-    fig.subplots_adjust(wspace=0.4)
-    return fig

@@ -4,13 +4,12 @@
   run's tokenizer; a probe file that is (or lies under) the training text fails in one line.
 * ``StepCallback``: measures at the start of fit, every ``every_n_steps`` optimiser steps and at the end,
   once per step (also under gradient accumulation), keeping ``self.history``.
-* ``merge_results``: adds one section to the run's ``results.json`` (rank zero), so the SAD, mounts and
-  spectrum callbacks of one run share the file whatever order they finish in.
+* ``update_training_result``: sets one callback's fields of the run's ``TrainingResult`` (rank zero), so the
+  SAD, mounts and spectrum callbacks of one run share its ``results.json`` whatever order they finish in.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -19,7 +18,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from lit_svd.output import run_dir, write_results
+from lit_svd.callbacks.provenance import provenance
+from lit_svd.output import run_dir, write_result
+from lit_svd.results.training import TrainingResult
 
 
 def _tokenizer(trainer: pl.Trainer, module):
@@ -80,14 +81,17 @@ def all_reduce_sum(t: Tensor) -> Tensor:
     return t
 
 
-def merge_results(trainer: pl.Trainer, section: str, payload: dict, name: str = "results.json") -> None:
-    """Set ``results[section] = payload`` in the run's results file, keeping what others wrote (rank zero)."""
+def update_training_result(trainer: pl.Trainer, module, name: str = "results.json", **fields) -> None:
+    """Set ``fields`` of the run's ``TrainingResult`` in ``name``, keeping what the other callbacks of this run
+    wrote there (rank zero); the provenance is this write's."""
     if not trainer.is_global_zero:
         return
     path = run_dir(trainer) / name
-    results = json.loads(path.read_text()) if path.exists() else {}
-    results[section] = payload
-    write_results(trainer, results, name)
+    result = TrainingResult.from_json(path) if path.exists() else TrainingResult()
+    for key, value in fields.items():
+        setattr(result, key, value)
+    result.provenance = provenance(trainer, module)
+    write_result(trainer, result, name)
 
 
 class StepCallback(Callback):
@@ -128,8 +132,3 @@ class StepCallback(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._run(trainer, pl_module)
-
-
-def log_scalars(trainer: pl.Trainer, scalars: dict[str, float], step: int) -> None:
-    for logger in trainer.loggers:
-        logger.log_metrics({k: v for k, v in scalars.items() if v == v}, step=step)

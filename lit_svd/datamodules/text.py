@@ -1,9 +1,12 @@
 """Text streams: WikiText (hub, streaming) or a local text file / folder, as fixed-length token windows.
 
-``TextDataModule(tokenizer, path=None | "file.txt" | "folder/", seq_len=128, n_tokens=16384, seed=0)``
-tokenizes the whole text with the model's tokenizer, cuts it into non-overlapping windows of
-``seq_len`` tokens and keeps a seeded random subset of ``ceil(n_tokens / seq_len)`` windows (in text
-order) whose real tokens add up to exactly ``n_tokens`` (the last window is cut short and padded).
+``TextDataModule(tokenizer, path=None | "file.txt" | "folder/", seq_len=128, n_tokens=16384, val_tokens=0,
+test_tokens=0, seed=0)`` tokenizes the whole text with the model's tokenizer, cuts it into non-overlapping
+windows of ``seq_len`` tokens and deals them, in one seeded random order, into three disjoint splits: the
+test split first (``test_tokens``), then validation (``val_tokens``), then training (``n_tokens``). Each
+split holds ``ceil(tokens / seq_len)`` windows (kept in text order) whose real tokens add up to exactly its
+token count (its last window is cut short and padded). ``probe(n)`` gives ``n`` more windows outside all
+three (from the other end of the same order): what a during-training callback watches.
 
 Batch format (a dict of tensors, B windows of L = ``seq_len`` tokens):
 
@@ -13,8 +16,9 @@ Batch format (a dict of tensors, B windows of L = ``seq_len`` tokens):
 ``index``           [B] long    the window's index in the subsample (for sharding checks)
 ==================  ==========  ==========================================================
 
-Every loader (train / val / test / predict) reads the same subsample; the training loader shuffles.
-Under DDP the evaluation loaders give rank r windows r, r + w, ... with no overlap and no padding.
+The training loader shuffles its split; ``val`` and ``test`` read theirs in order (``predict``: the test
+split). Under DDP the evaluation loaders give rank r windows r, r + w, ... with no overlap and no padding.
+A test-only analysis (e.g. the mounts run) reads the test split: give ``test_tokens`` (and ``n_tokens: 0``).
 Without ``path`` the text comes from the hub (``datasets.load_dataset(dataset, dataset_config,
 split, streaming=True)``); when that fails the error names the ``path`` option.
 """
@@ -91,20 +95,42 @@ def tokenize_texts(tokenizer, texts: Iterable[str], chunk_chars: int = 100_000) 
     return torch.tensor([i for piece in pieces for i in piece], dtype=torch.long)
 
 
+SPLITS = ("test", "val", "train")  # the order windows are dealt in
+
+
+def split_windows(
+    ids: torch.Tensor, seq_len: int, tokens: dict[str, int], seed: int, probe: int = 0
+) -> tuple[dict[str, list[torch.Tensor]], list[torch.Tensor]]:
+    """Disjoint splits of the non-overlapping ``seq_len`` windows of ``ids``: one seeded permutation of the
+    windows is dealt in ``SPLITS`` order, ``ceil(tokens[split] / seq_len)`` windows each (kept in text
+    order, exactly ``tokens[split]`` tokens: the last window is shortened); ``probe`` more windows come
+    from the other end of the permutation, outside every split. Returns ``({split: windows}, probe)``."""
+    available = ids.numel() // seq_len
+    needed = {split: math.ceil(tokens.get(split, 0) / seq_len) for split in SPLITS}
+    if sum(needed.values()) + probe > available:
+        asked = ", ".join(f"{s} {tokens.get(s, 0)}" for s in SPLITS if needed[s])
+        raise ValueError(
+            f"n_tokens / val_tokens / test_tokens ({asked}) need {sum(needed.values()) + probe} windows of"
+            f" seq_len={seq_len}{f' (with {probe} probe windows)' if probe else ''}, but the text has only"
+            f" {available} ({available * seq_len} tokens); ask for fewer tokens or give a longer text"
+        )
+    order = torch.randperm(available, generator=torch.Generator().manual_seed(seed)).tolist()
+    out, start = {}, 0
+    for split in SPLITS:
+        picks = sorted(order[start : start + needed[split]])
+        start += needed[split]
+        windows = [ids[p * seq_len : (p + 1) * seq_len] for p in picks]
+        if windows:
+            windows[-1] = windows[-1][: tokens[split] - (needed[split] - 1) * seq_len]
+        out[split] = windows
+    probes = [ids[p * seq_len : (p + 1) * seq_len] for p in sorted(order[available - probe :])] if probe else []
+    return out, probes
+
+
 def sample_windows(ids: torch.Tensor, seq_len: int, n_tokens: int, seed: int) -> list[torch.Tensor]:
     """A seeded subset of the non-overlapping ``seq_len`` windows of ``ids`` (kept in text order),
-    holding exactly ``n_tokens`` tokens; the last window is shortened to fit."""
-    available = ids.numel() // seq_len
-    needed = math.ceil(n_tokens / seq_len)
-    if needed > available:
-        raise ValueError(
-            f"n_tokens={n_tokens} needs {needed} windows of seq_len={seq_len}, but the text has only"
-            f" {available} ({available * seq_len} tokens); ask for at most {available * seq_len}"
-        )
-    picks = torch.randperm(available, generator=torch.Generator().manual_seed(seed))[:needed].sort().values
-    windows = [ids[p * seq_len : (p + 1) * seq_len] for p in picks.tolist()]
-    windows[-1] = windows[-1][: n_tokens - (needed - 1) * seq_len]
-    return windows
+    holding exactly ``n_tokens`` tokens; the last window is shortened to fit (one split of ``split_windows``)."""
+    return split_windows(ids, seq_len, {"test": n_tokens}, seed)[0]["test"]
 
 
 class WindowDataset(Dataset):
@@ -128,7 +154,7 @@ def collate_windows(items, pad_id: int, seq_len: int) -> dict[str, torch.Tensor]
 
 
 class TextDataModule(ResumableTrainOrder, pl.LightningDataModule):
-    """Fixed-length token windows of real text (see the module docstring for the batch format).
+    """Fixed-length token windows of real text in disjoint train / val / test splits (module docstring).
 
     Args:
         tokenizer: name or path for ``load_tokenizer`` ("smollm2-135m", ...), or a tokenizer object.
@@ -137,8 +163,11 @@ class TextDataModule(ResumableTrainOrder, pl.LightningDataModule):
         dataset_config: its configuration name.
         split: its split.
         seq_len: tokens per window.
-        n_tokens: total real tokens in the subsample (16,384 in the tiled-mount paper).
-        seed: seeds the choice of windows.
+        n_tokens: real tokens of the training split (0: none).
+        val_tokens: real tokens of the validation split, disjoint from the training split (0: none).
+        test_tokens: real tokens of the test split, disjoint from both (0: none; a test-only analysis reads
+            this split, e.g. 16,384 tokens in the tiled-mount paper).
+        seed: seeds the order the windows are dealt into the splits.
         batch_size: windows per batch.
         num_workers: DataLoader workers.
     """
@@ -152,42 +181,68 @@ class TextDataModule(ResumableTrainOrder, pl.LightningDataModule):
         split: str = "validation",
         seq_len: int = 128,
         n_tokens: int = 16384,
+        val_tokens: int = 0,
+        test_tokens: int = 0,
         seed: int = 0,
         batch_size: int = 8,
         num_workers: int = 0,
     ):
         super().__init__()
-        for key, value in (("seq_len", seq_len), ("n_tokens", n_tokens), ("batch_size", batch_size)):
+        for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
             if value < 1:
                 raise ValueError(f"{key}={value} is invalid; give a positive integer")
+        for key, value in (("n_tokens", n_tokens), ("val_tokens", val_tokens), ("test_tokens", test_tokens)):
+            if value < 0:
+                raise ValueError(f"{key}={value} is invalid; give an integer >= 0")
+        if n_tokens + val_tokens + test_tokens == 0:
+            raise ValueError("n_tokens, val_tokens and test_tokens are all 0; give at least one split tokens")
         texts = read_local_text(path) if path is not None else read_hub_text(dataset, dataset_config, split)
         self.tokenizer = resolve_tokenizer(tokenizer)
-        ids = tokenize_texts(self.tokenizer, texts)
-        self.data = WindowDataset(sample_windows(ids, seq_len, n_tokens, seed))
-        self.available_tokens = ids.numel()
+        self.ids = tokenize_texts(self.tokenizer, texts)
+        self.tokens = {"train": n_tokens, "val": val_tokens, "test": test_tokens}
+        windows, _ = split_windows(self.ids, seq_len, self.tokens, seed)
+        self.splits = {name: WindowDataset(w) for name, w in windows.items()}
+        self.available_tokens = self.ids.numel()
         self.path, self.seq_len, self.n_tokens, self.seed = path, seq_len, n_tokens, seed
         self.batch_size, self.num_workers = batch_size, num_workers
+
+    @property
+    def data(self) -> WindowDataset:
+        """The training split (``splits["train"]``)."""
+        return self.splits["train"]
+
+    def probe(self, n_windows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids [n, seq_len], attention_mask)``: ``n_windows`` windows outside the train, val and test
+        splits (the far end of the same seeded order), for a callback that watches the run."""
+        _, probes = split_windows(self.ids, self.seq_len, self.tokens, self.seed, probe=n_windows)
+        return torch.stack(probes), torch.ones(n_windows, self.seq_len, dtype=torch.long)
 
     def collate(self, items):
         return collate_windows(items, self.tokenizer.pad_token_id, self.seq_len)
 
-    def _loader(self, shuffle: bool) -> DataLoader:
+    def _loader(self, split: str) -> DataLoader:
+        data = self.splits[split]
+        if split == "test" and not len(data):
+            raise ValueError(
+                "data.test_tokens=0: the test split is empty; give data.test_tokens (the tokens a test run"
+                " analyses, e.g. 16384; data.n_tokens is the training split)"
+            )
         rank, world = rank_and_world(self.trainer)
         kwargs: dict = dict(batch_size=self.batch_size, collate_fn=self.collate, num_workers=self.num_workers)
-        if shuffle:
-            kwargs.update(sampler=self.train_sampler(self.data, self.seed))
+        if split == "train":
+            kwargs.update(sampler=self.train_sampler(data, self.seed))
         elif world > 1:
-            kwargs.update(sampler=ShardSampler(self.data, num_replicas=world, rank=rank))
-        return DataLoader(self.data, **kwargs)
+            kwargs.update(sampler=ShardSampler(data, num_replicas=world, rank=rank))
+        return DataLoader(data, **kwargs)
 
     def train_dataloader(self):
-        return self._loader(shuffle=True)
+        return self._loader("train")
 
     def val_dataloader(self):
-        return self._loader(shuffle=False)
+        return self._loader("val")
 
     def test_dataloader(self):
-        return self._loader(shuffle=False)
+        return self._loader("test")
 
     def predict_dataloader(self):
-        return self._loader(shuffle=False)
+        return self._loader("test")

@@ -13,7 +13,6 @@ here is chosen on those prompts (``n_random``, ``seed`` and the level are fixed 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ from lit_svd.analysis.readouts import readouts
 from lit_svd.linalg import REL_GAP
 from lit_svd.models.intervene import Component, build_components
 from lit_svd.modules.pretrained import PretrainedLMModule
+from lit_svd.runs import load_run
 
 
 class ProbeChanges(Metric):
@@ -58,11 +58,9 @@ class ProbeChanges(Metric):
 
 
 def run_claims(run: Path, claims: str, kinds: Sequence[str]) -> tuple[dict, dict[str, list[tuple[int, int]]]]:
-    """``(masks_state, {component name: [(group, direction)]})`` of a finished mask run."""
-    masks = run / "masks.pt"
-    if not masks.is_file():
-        raise ValueError(f"run={str(run)!r}: no masks.pt there; give the folder of a finished direction-mask run")
-    state = torch.load(masks, map_location="cpu", weights_only=False)
+    """``(masks_state, {component name: [(group, direction)]})`` of a finished mask run (``lit_svd.runs``)."""
+    found = load_run(run, need=("masks",), what="direction-mask run")
+    state = found.masks
     out: dict[str, list[tuple[int, int]]] = {}
     if claims == "kept":
         for name, hard in hard_masks(state["lambdas"], state["threshold"]).items():
@@ -71,11 +69,11 @@ def run_claims(run: Path, claims: str, kinds: Sequence[str]) -> tuple[dict, dict
                 if keep:
                     out[name] = [(int(g), int(k)) for g, k in keep]
     else:
-        results = run / "results.json"
-        swap = json.loads(results.read_text()).get("steering_swap") if results.is_file() else None
+        swap = found.content.get("steering_swap") if found.has("results") else None
         if not swap:
             raise ValueError(
-                f"claims='swap' but {str(results)!r} has no steering_swap (a two-class task's run, e.g. GP)"
+                f"claims='swap' but {str(found.path('results'))!r} has no steering_swap (a two-class task's run,"
+                " e.g. GP)"
             )
         for d in swap["directions"]:
             out.setdefault(d["component"], []).append((int(d["head"]), int(d["direction"])))
@@ -220,20 +218,18 @@ class DirectionCheckModule(PretrainedLMModule):
 
 def check_same_test_split(run: Path, dm) -> None:
     """The data module's test prompts must be the run's (its ``config.yaml`` data section), else one-line error."""
-    import yaml
-
     from lit_svd.datamodules.tasks import TaskDataModule
 
-    config = run / "config.yaml"
-    if dm is None or not config.is_file():
+    found = load_run(run)
+    if dm is None or not found.has("config"):
         raise ValueError(f"run={str(run)!r}: the check needs the run's config.yaml and a TaskDataModule of its data")
-    args = dict((yaml.safe_load(config.read_text()).get("data") or {}).get("init_args") or {})
+    args = found.init_args("data")
     args.pop("num_workers", None)
     theirs = TaskDataModule(**args).splits["test"]
     ours = dm.splits["test"]
     if theirs.examples != ours.examples:
         raise ValueError(
-            f"data: the test split differs from the run's ({config}); use its data section"
+            f"data: the test split differs from the run's ({found.path('config')}); use its data section"
             f" (task, tokenizer, n_train, n_val, n_test, seed, test_last, prepend_bos)"
         )
 

@@ -30,6 +30,7 @@ from lit_svd.analysis.masks import (
 )
 from lit_svd.linalg import REL_GAP
 from lit_svd.models.intervene import Intervention, build_components
+from lit_svd.modules import mask_measures
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 SCORES = ("metric", "correct", "agree", "kl")
@@ -124,6 +125,9 @@ class DirectionMaskModule(PretrainedLMModule):
         self.eval_metrics = nn.ModuleDict({f"{s}_{m}": MeanMetric() for s in ("full", "soft", "hard") for m in SCORES})
         self.last_eval: dict[str, float] = {}
         self.task: str | None = None  # "ioi" / "gp" / "gt": set from the data (``setup``, ``evaluate``)
+        # what the report holds (set by callbacks.masks.DirectionMaskReport) and what was measured for it
+        self.report_plan: mask_measures.MaskReportPlan | None = None
+        self.report_rows: dict | None = None
 
     # --- masks -----------------------------------------------------------------------------------
     def lambdas(self) -> dict[str, Tensor]:
@@ -239,6 +243,7 @@ class DirectionMaskModule(PretrainedLMModule):
             prog_bar=True,
             on_step=True,
         )
+        self.trajectory_step()
         return loss.detach()
 
     def configure_optimizers(self):
@@ -315,6 +320,23 @@ class DirectionMaskModule(PretrainedLMModule):
     def on_test_epoch_end(self) -> None:
         self.last_eval = self.compute_eval()
         self.log_dict({f"test/{k}": v for k, v in self.last_eval.items()}, sync_dist=False)
+        if self.report_plan is not None:
+            self.report_rows = mask_measures.final_measures(self, self.report_plan, {"test": self.last_eval})
+
+    # --- what the report holds (mask_measures; only with a report_plan) --------------------------------
+    def trajectory_step(self) -> None:
+        """At the end of a training step (its optimiser steps done, so before any checkpoint of this step):
+        every ``trajectory_every`` steps, the report's trajectory point."""
+        plan = self.report_plan
+        if plan is not None and plan.trajectory_every and self.trainer.global_step % plan.trajectory_every == 0:
+            plan.trajectory.append(mask_measures.trajectory_point(self, plan))
+            self.log_dict({"trajectory/kl_hard": plan.trajectory[-1]["kl_hard"]}, on_step=True)
+
+    def on_train_end(self) -> None:
+        if self.report_plan is not None:
+            show = self.trainer.is_global_zero and self.trainer.progress_bar_callback is not None
+            evals = mask_measures.evaluate_splits(self, progress=show)
+            self.report_rows = mask_measures.final_measures(self, self.report_plan, evals)
 
     def kept(self) -> dict:
         return kept_report(self.components, self.lambdas(), self.threshold)

@@ -380,17 +380,17 @@ class MountsAnalysisModule(PretrainedLMModule):
         for l in self.layers:
             for s in self.sites:
                 k = self.key(l, s)
-                row = {
-                    "site": s,
-                    "layer": l,
-                    "residual": s in RESIDUAL_SITES,
-                    "path": "effective" if s in self.effective else "module",
-                    "tile_width": self.tile_widths[s],
-                    **M.summarize(self.plans[k], self.sums[k].compute()),
-                }
-                if self.hparams.null_control:
-                    row["null"] = {"layer": l, **M.summarize(self.null_plans[k], self.null_sums[k].compute())}
-                rows.append(row)
+                null = self.null_plans[k] if self.hparams.null_control else None
+                rows.append(
+                    site_row(
+                        l,
+                        s,
+                        "effective" if s in self.effective else "module",
+                        self.tile_widths[s],
+                        M.summarize(self.plans[k], self.sums[k].compute()),
+                        None if null is None else M.summarize(null, self.null_sums[k].compute()),
+                    )
+                )
         steer_rows = [r for r in rows if r["residual"]]
         for row in tqdm(steer_rows, desc="steering", disable=not self._is_zero()):
             k = self.key(row["layer"], row["site"])
@@ -398,9 +398,7 @@ class MountsAnalysisModule(PretrainedLMModule):
             if self.hparams.null_control:
                 row["null"].update(self._steer(ctx, self.null_plans[k], row["null"], reading_W, row))
         for row in rows:
-            for r in [row, row["null"]] if self.hparams.null_control else [row]:
-                r["checks"] = M.judge(r, self.rules, residual=row["residual"], effective=row["path"] == "effective")
-                r["pass"] = r["checks"]["pass"]
+            judge_row(row, self.rules)
         self.rows = rows
         self.log("mounts/pass_fraction", sum(r["pass"] for r in rows) / len(rows), sync_dist=False)
 
@@ -440,6 +438,31 @@ class MountsAnalysisModule(PretrainedLMModule):
             self.hparams.steer_alpha,
             self.hparams.steer_mounts,
         )
+
+
+def site_row(
+    layer: int, site: str, path: str, tile_width: int, summary: dict, null_summary: dict | None = None
+) -> dict:
+    """One site-layer's row of a mounts run (the test run's ``sites``, the training callback's rows):
+    ``summary`` is ``analysis.mounts.summarize`` of its sums, ``null_summary`` its structureless null's."""
+    row = {
+        "site": site,
+        "layer": layer,
+        "residual": site in RESIDUAL_SITES,
+        "path": path,
+        "tile_width": tile_width,
+        **summary,
+    }
+    if null_summary is not None:
+        row["null"] = {"layer": layer, **null_summary}
+    return row
+
+
+def judge_row(row: dict, rules: M.MountRules) -> None:
+    """Add ``checks`` and ``pass`` (``analysis.mounts.judge``) to a row and to its null."""
+    for r in [row, row["null"]] if "null" in row else [row]:
+        r["checks"] = M.judge(r, rules, residual=row["residual"], effective=row["path"] == "effective")
+        r["pass"] = r["checks"]["pass"]
 
 
 @torch.no_grad()

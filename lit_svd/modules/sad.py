@@ -21,6 +21,7 @@ from lit_svd.analysis.sad import (
     DEFAULT_RECON_TOL,
     PairStats,
     attention_inputs,
+    basis_blocks,
     check_null_draws,
     check_null_stride,
     check_threshold,
@@ -28,6 +29,7 @@ from lit_svd.analysis.sad import (
     decompose_layer,
     layer_bases,
     null_prompts,
+    qk_heads_from_view,
     summarise_heads,
 )
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -191,6 +193,9 @@ class SADAnalysisModule(PretrainedLMModule):
         k = min(self.view.d_head, self.view.d_model + 1)
         self.stats = SADHeadStats(len(self.layer_list), self.view.n_heads, k, null_draws)
         self.bases: dict[int, object] = {}
+        # the report's basis annotation (rel_gap, top_terms), set by callbacks.sad.SADReport, and its rows
+        self.report_basis: tuple[float, int] | None = None
+        self.report_rows: dict | None = None
 
     def _is_zero(self) -> bool:
         return self._trainer is None or self.trainer.is_global_zero
@@ -260,8 +265,14 @@ class SADAnalysisModule(PretrainedLMModule):
     def on_test_epoch_start(self) -> None:
         self.stats.reset()
 
-    def results(self) -> dict:
-        """The summary over all ranks (call on every rank: it syncs the metric states)."""
+    def on_test_epoch_end(self) -> None:
+        if self.report_basis is not None:  # on every rank: results() syncs the metric states
+            self.report_rows = self.results(*self.report_basis)
+
+    def results(self, rel_gap: float | None = None, top_terms: int = 8) -> dict:
+        """The summary over all ranks (call on every rank: it syncs the metric states). With ``rel_gap``
+        every head row also carries ``basis`` (``analysis.sad.basis_blocks``: rank, isolated directions and
+        the ``top_terms`` largest with their blocks) and the result ``rel_gap``."""
         sums = {k: v.cpu() for k, v in self.stats.compute().items()}
         if int(sums["n_prompts"].item()) == 0:
             raise ValueError("the prompt set is empty: no prompt was analysed; give at least one test prompt")
@@ -270,6 +281,8 @@ class SADAnalysisModule(PretrainedLMModule):
         rows, summary = summarise_heads(
             self.layer_list, [self.selection[l] for l in self.layer_list], sums, self.hparams.min_pairs
         )
+        if rel_gap is not None:
+            annotate_basis(rows, self.view, rel_gap, top_terms)
         hp = self.hparams
         return {
             "experiment": "sad",
@@ -290,4 +303,14 @@ class SADAnalysisModule(PretrainedLMModule):
             "n_heads_per_layer": self.view.n_heads,
             "summary": summary,
             "heads": rows,
+            **({"rel_gap": rel_gap} if rel_gap is not None else {}),
         }
+
+
+def annotate_basis(rows: list[dict], view, rel_gap: float, top: int = 8) -> None:
+    """Add ``basis`` (blocks of the head's SAD basis, ``basis_blocks``) to every head row."""
+    per_layer: dict[int, list[dict]] = {}
+    for row in rows:
+        if row["layer"] not in per_layer:
+            per_layer[row["layer"]] = basis_blocks(qk_heads_from_view(view, row["layer"]), rel_gap, top)
+        row["basis"] = per_layer[row["layer"]][row["head"]]

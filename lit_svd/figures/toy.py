@@ -1,19 +1,37 @@
-"""Matplotlib figures of the toy alignment experiment (each returns a Figure; the caller saves it)."""
+"""Figures of the toy alignment experiment: ``figures(result)`` (the run's PNGs, from a ``ToyAlignmentResult``)
+and the drawing functions it uses, which the alignment callback also draws its TensorBoard heatmaps with."""
 
 from __future__ import annotations
 
-import matplotlib
+import torch
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+from lit_svd.figures.base import colors, new_figure
+from lit_svd.results.toy import ToyAlignmentResult
+
+
+def figures(result: ToyAlignmentResult) -> dict:
+    """``heatmap`` (instance 0's |cos|, when the result holds it), ``spectra``, ``alignment_dynamics``, and
+    ``interference_sweep`` / ``theorem1_superposition`` where the instances vary those settings."""
+    instances = result.instances
+    labels = result.labels or None
+    pairs = [tuple(p) for p in result.template_pairs]
+    out = {}
+    if result.heatmap_cos is not None:
+        out["heatmap"] = heatmaps(torch.tensor(result.heatmap_cos[0]), torch.tensor(result.heatmap_cos[1]), pairs)
+    out["spectra"] = spectra([i["singular_values"] for i in instances], labels)
+    out["alignment_dynamics"] = dynamics([(h["step"], h["mean_abs_cos"]) for h in result.history], labels)
+    if len({i["interference"] for i in instances}) > 1 and len({i["d_model"] for i in instances}) == 1:
+        out["interference_sweep"] = interference_sweep(instances)
+    if len({i["d_model"] for i in instances}) > 1:
+        out["theorem1_superposition"] = theorem1_superposition(result.headline["theorem1_groups"], result.n_features)
+    return out
 
 
 def heatmaps(cos_u: torch.Tensor, cos_v: torch.Tensor, pairs: list[tuple[int, int, float]], max_cols: int = 25):
     """|cos(w_i, u_k)| and |cos(w_j, v_k)| of one instance; template pairs' features marked (red, left edge)."""
     k = min(max_cols, cos_u.shape[-1])
-    fig, axes = plt.subplots(1, 2, figsize=(8, 4.2), sharey=True)
+    fig, axes = new_figure(1, 2, figsize=(8, 4.2), sharey=True)
     for ax, cos, title, feats in (
         (axes[0], cos_u, "|cos(w_i, u_k)| (query side)", {p[0] for p in pairs}),
         (axes[1], cos_v, "|cos(w_j, v_k)| (key side)", {p[1] for p in pairs}),
@@ -36,7 +54,7 @@ def heatmap(
     """One side's |cos(feature, singular vector)| (the TensorBoard image): axes, pair features marked, colour bar.
     ``tracked``: the columns are tracked directions d1, d2, ... (``lit_svd.analysis.tracking``), not sorted
     singular indices."""
-    fig, ax = plt.subplots(figsize=(4.6, 3.8))
+    fig, ax = new_figure(figsize=(4.6, 3.8))
     feats = {p[0] if side == "query" else p[1] for p in pairs}
     im = _cos_image(
         ax,
@@ -48,10 +66,6 @@ def heatmap(
     ax.set_title(f"|cos(w, {'u' if side == 'query' else 'v'}_k)|, {side} side ({title})", fontsize=8)
     fig.colorbar(im, ax=ax, shrink=0.85, label="|cos|")
     return fig
-
-
-def close(fig) -> None:
-    plt.close(fig)
 
 
 SINGULAR_INDEX = "singular index k (sigma_1 largest)"
@@ -82,7 +96,7 @@ def _legend(ax, n: int) -> None:
 
 def spectra(singular_values: list[torch.Tensor], labels: list[str] | None = None):
     """Singular values of every instance, normalised by the largest; one labelled line per instance."""
-    fig, ax = plt.subplots(figsize=(5, 3.4))
+    fig, ax = new_figure(figsize=(5, 3.4))
     labels = labels or [f"instance {i}" for i in range(len(singular_values))]
     for s, label in zip(singular_values, labels):
         s = torch.as_tensor(s)
@@ -98,7 +112,7 @@ def spectra(singular_values: list[torch.Tensor], labels: list[str] | None = None
 
 def dynamics(history: list[tuple[int, list[float]]], labels: list[str] | None = None):
     """Mean |cos| of each instance over training steps; one labelled line per instance."""
-    fig, ax = plt.subplots(figsize=(5, 3.4))
+    fig, ax = new_figure(figsize=(5, 3.4))
     steps = [s for s, _ in history]
     n = len(history[0][1]) if history else 0
     labels = labels or [f"instance {i}" for i in range(n)]
@@ -118,7 +132,7 @@ def interference_sweep(instances: list[dict]):
     prediction)| and |cos(u_1, x_1)| of each ``theorem1`` record (sigma_1's direction, array position 0 in
     results.json, the theorem's claim), and
     the mean |cos| over pairs at each pair's recorded ``singular_index`` (``mean_abs_cos``)."""
-    fig, ax = plt.subplots(figsize=(5, 3.4))
+    fig, ax = new_figure(figsize=(5, 3.4))
     x = [i["interference"] for i in instances]
     ax.plot(
         x,
@@ -139,9 +153,9 @@ def interference_sweep(instances: list[dict]):
 def theorem1_superposition(groups: list[dict], n_features: int):
     """Theorem 1 across N/D and ||E_X||_2 from ``summary.theorem1_groups``: the mean over seeds (line) and
     the worst seed (open marker) of |cos(u_1, whitened prediction)| (solid) and |cos(u_1, x_1)| (dashed)."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = new_figure(figsize=(6, 4))
     dims = sorted({g["d_model"] for g in groups}, reverse=True)
-    for color, d in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], dims):
+    for color, d in zip(colors(), dims):
         rows = sorted((g for g in groups if g["d_model"] == d), key=lambda g: g["interference_mean"])
         x = [g["interference_mean"] for g in rows]
         for key, ls, mk, name in (

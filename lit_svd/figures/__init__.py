@@ -1,0 +1,38 @@
+"""Figures as pure functions of result objects: ``lit_svd.figures.<method>.figures(result)`` returns
+``{name: matplotlib Figure}`` (the run's PNG names); ``figures_of(result)`` picks the method's function.
+Nothing here runs a model or writes a file (``lit_svd.output.save_figure`` writes them)."""
+
+from __future__ import annotations
+
+
+def figures_of(result) -> dict:
+    """The figures of any typed result (``lit_svd.results``), by its type."""
+    from lit_svd.figures import directions, masks, mounts, sad, tasks, toy, training
+    from lit_svd.results import (
+        CompareDirectionsResult,
+        DirectionCheckResult,
+        EvaluateResult,
+        MaskBlocksResult,
+        MaskCurveResult,
+        MaskResult,
+        MaskThresholdsResult,
+        MountsResult,
+        SADResult,
+        ToyAlignmentResult,
+        TrainingResult,
+    )
+
+    draw = {
+        ToyAlignmentResult: toy.figures,
+        SADResult: sad.figures,
+        TrainingResult: training.figures,
+        MaskResult: masks.figures,
+        MaskThresholdsResult: masks.threshold_figures,
+        MaskCurveResult: masks.curve_figures,
+        MaskBlocksResult: masks.blocks_figures,
+        DirectionCheckResult: directions.figures,
+        CompareDirectionsResult: directions.compare_figures,
+        MountsResult: mounts.figures,
+        EvaluateResult: tasks.figures,
+    }
+    return draw[type(result)](result)
