@@ -240,7 +240,7 @@ class DirectionMaskReport(pl.Callback):
             picked = module.most_effective_ov_direction(batch)
             if picked is None:
                 return None
-            name, head, direction = picked
+            name, head, direction = picked.component, picked.group, picked.index
         rows = steer(
             _steered_run(module, batch),
             module.intervention,
