@@ -69,7 +69,9 @@ class Reads:
     index sum into that reader's coefficient. ``own_bias[i]``: the part of ``vector[i, 0]`` that is the map's
     own bias (the rest is the LayerNorm bias folded into it). Per reader: ``addresses`` (what is read; None
     for logit reads), ``bias`` (the node its bias coordinate belongs to) and ``info`` (columns such as
-    ``batch``, ``dest``, ``src``, ``direction``, one entry per reader).
+    ``batch``, ``dest``, ``src``, ``direction``, one entry per reader). ``basis`` / ``coords``: the vectors in a
+    ``c``-dimensional factored form (a head's key or value map), which the split uses to project every writer
+    once onto the ``c`` columns instead of once per row (``c << d_model``).
     """
 
     point: ReadPoint
@@ -83,6 +85,8 @@ class Reads:
     bias: list[Address]  # [n_readers]
     addresses: list[Address] | None = None  # [n_readers]
     info: dict[str, Tensor] = field(default_factory=dict)
+    basis: Tensor | None = None  # [d_model + 1, c]: when every vector is ``coords @ basis.T`` (a head's map)
+    coords: Tensor | None = None  # [R, c]
 
     @property
     def n_readers(self) -> int:
@@ -108,8 +112,9 @@ class Split:
         """The same split over coarser nodes: ``unit(node)`` (e.g. its block, ``Address.block``, or its whole
         head, ``Address.whole``) collects every node it maps to the same address (contributions add)."""
         merged = [unit(n) for n in self.nodes]
-        order = list(dict.fromkeys(merged))
-        index = torch.tensor([order.index(m) for m in merged], device=self.values.device)
+        position = {m: i for i, m in enumerate(dict.fromkeys(merged))}
+        order = list(position)
+        index = torch.tensor([position[m] for m in merged], device=self.values.device)
         values = torch.zeros(self.values.shape[0], len(order), dtype=self.values.dtype, device=self.values.device)
         return Split(order, values.index_add_(1, index, self.values), self.total, self.readers, self.info)
 
@@ -250,9 +255,10 @@ class Decomposer:
 
     # --- the split ----------------------------------------------------------------------------
     @torch.no_grad()
-    def split(self, cache, reads: Reads, max_elements: int = 1 << 24) -> Split:
-        """Every upstream node's contribution to every reader of ``reads`` (module docstring). Rows are
-        processed in chunks of at most ``max_elements`` products (memory)."""
+    def split(self, cache, reads: Reads, max_elements: int = 1 << 24, max_bytes: int = 1 << 31) -> Split:
+        """Every upstream node's contribution to every reader of ``reads`` (module docstring), dense
+        ``[n_readers, n_nodes]`` (at most ``max_bytes``; one-line error beyond). Rows are processed in chunks of
+        at most ``max_elements`` products."""
         v, dt = self.view, self.dtype
         n_up = self.upstream(reads.point, reads.layer)
         layer = reads.layer
@@ -268,15 +274,27 @@ class Decomposer:
         biases = list(dict.fromkeys(reads.bias))
         norm_bias = [] if v.norm_kind != "layernorm" else [_norm_bias_node(reads.point, layer, v.n_layers)]
         nodes = [self.nodes[0], *self.nodes[1 : 1 + n_up], *biases, *norm_bias]
+        size = reads.n_readers * len(nodes) * torch.finfo(dt).bits // 8
+        if size > max_bytes:
+            raise ValueError(
+                f"split: {reads.n_readers} readers x {len(nodes)} nodes would take {size / 2**30:.1f} GiB"
+                f" (max_bytes={max_bytes / 2**30:.1f} GiB); split fewer readers (directions, positions) at a time"
+            )
         values = torch.zeros(reads.n_readers, len(nodes), dtype=dt, device=r.device)
         W = self.writers[:n_up]
+        lhs, G = r, W.T  # [R, k] @ [k, n_up]: every row's read of every writer
+        if reads.basis is not None and reads.basis.shape[1] < r.shape[1]:  # factored: project the writers once
+            cb = reads.basis[1:].to(dt)
+            cb = cb - cb.mean(0, keepdim=True) if v.norm_kind == "layernorm" else cb
+            lhs, G = reads.coords.to(dt), cb.T @ W.T
         chunk = max(1, max_elements // max(n_up, 1))
         for start in range(0, len(r), chunk):
             sl = slice(start, start + chunk)
-            part = torch.cat([(r[sl] * embed[inverse[sl]]).sum(-1, keepdim=True), (r[sl] @ W.T) * coef[inverse[sl]]], 1)
+            part = torch.cat([(r[sl] * embed[inverse[sl]]).sum(-1, keepdim=True), (lhs[sl] @ G) * coef[inverse[sl]]], 1)
             values[:, : 1 + n_up].index_add_(0, reads.reader[sl], part * scale[sl, None])
         weight = reads.weight.to(dt)
-        col = torch.tensor([1 + n_up + biases.index(reads.bias[j]) for j in range(reads.n_readers)], device=r.device)
+        where = {b: 1 + n_up + i for i, b in enumerate(biases)}
+        col = torch.tensor([where[b] for b in reads.bias], device=r.device)
         own = torch.zeros(reads.n_readers, dtype=dt, device=r.device).index_add_(
             0, reads.reader, weight * reads.own_bias.to(dt)
         )
@@ -422,6 +440,8 @@ def qk_reads(
         [Address(layer, "b_K", head)] * (P * K),
         addresses,
         info,
+        A_k,
+        y,
     )
 
 
@@ -482,7 +502,23 @@ def ov_reads(
     pi, si = torch.nonzero(A != 0, as_tuple=True)
     pi, ki = pi.repeat_interleave(K), torch.arange(K).repeat(len(si))
     si = si.repeat_interleave(K)
-    return Reads("attn", layer, batch[pi], si, vec[ki], A[pi, si], reader[pi, ki], own[ki], bias, addresses, info)
+    coords = w.read[head][:, ks].T  # sigma_k u_k = [b_V; W_V] (W_O v_k): the value map times these
+    value_map = dec.view.ov(layer).A[head].to(dt)
+    return Reads(
+        "attn",
+        layer,
+        batch[pi],
+        si,
+        vec[ki],
+        A[pi, si],
+        reader[pi, ki],
+        own[ki],
+        bias,
+        addresses,
+        info,
+        value_map,
+        coords[ki],
+    )
 
 
 @torch.no_grad()
