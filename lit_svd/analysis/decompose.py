@@ -375,12 +375,14 @@ def qk_reads(
     x = augment_inputs(cache["attn_normalized", layer].to(dt))  # [B, T, D]
     B, T, D = x.shape
     P, K = len(batch), len(ks)
-    vis = causal_visibility(attention_mask, v.window(layer))[batch, dest]  # [P, T]
-    if not vis[torch.arange(P), src].all():
+    vis = causal_visibility(attention_mask.to(x.device), v.window(layer))[batch.to(x.device), dest.to(x.device)]
+    if not vis[torch.arange(P, device=x.device), src.to(x.device)].all():
         raise ValueError(f"qk_reads: some pairs' source is not visible from the destination at layer {layer}")
     f = v.qk_factors(layer, cache["attn_normalized", layer].to(dt))
-    f_q = torch.ones(P, dtype=dt) if f is None else f[0][batch, head, dest].to(dt)  # [P]
-    f_k = torch.ones(P, T, dtype=dt) if f is None else f[1][batch, head].to(dt)  # [P, T]
+    dev = x.device
+    batch, dest, src = batch.to(dev), dest.to(dev), src.to(dev)
+    f_q = torch.ones(P, dtype=dt, device=dev) if f is None else f[0][batch, head, dest].to(dt)  # [P]
+    f_k = torch.ones(P, T, dtype=dt, device=dev) if f is None else f[1][batch, head].to(dt)  # [P, T]
     Pk = U[:, ks].T @ A_q  # [K, d_head]: each direction as a query vector
     R = v.rotary_matrices(torch.arange(T), layer).to(dt) if v.rotary_dim else None  # [T, dh, dh]
     Pd = Pk.expand(P, -1, -1) if R is None else torch.einsum("kc,pcj->pkj", Pk, R[dest])  # [P, K, dh]
@@ -390,14 +392,14 @@ def qk_reads(
     b = torch.einsum("pkc,ptc->pkt", Pd, keys) * f_k[:, None]  # key side with its factor, every source
     a = x[batch, dest] @ U[:, ks]  # [P, K]
     n = vis.sum(-1, keepdim=True).to(dt)  # [P, 1]
-    onehot = torch.zeros(P, T, dtype=dt).scatter_(1, src[:, None], 1.0)
+    onehot = torch.zeros(P, T, dtype=dt, device=dev).scatter_(1, src[:, None], 1.0)
     if relative:
         if (n < 2).any():
             raise ValueError("qk_reads(relative=True): every destination needs at least two visible sources")
         src_w = torch.where(vis, onehot - (1 - onehot) / (n - 1), torch.zeros((), dtype=dt))  # [P, T]
     else:
         src_w = onehot
-    reader = torch.arange(P * K).reshape(P, K)
+    reader = torch.arange(P * K, device=dev).reshape(P, K)
     info = {
         "batch": batch.repeat_interleave(K),
         "dest": dest.repeat_interleave(K),
@@ -474,12 +476,14 @@ def ov_reads(
     v.check_head(head)
     batch, position = _as_long(batch, position)
     w = dec.layers[v.check_layer(layer)]
-    ks = _directions(directions, w.ov_S.shape[-1], w.ov_S.device)
+    dev = w.ov_S.device
+    batch, position = batch.to(dev), position.to(dev)
+    ks = _directions(directions, w.ov_S.shape[-1], dev)
     P, K = len(batch), len(ks)
     vec = (w.ov_U[head][:, ks] * w.ov_S[head][ks]).T  # [K, D]: sigma_k u_k
     raw_bv = dec.raw.ov(layer).A[head, 0].to(dt)
     own = raw_bv @ w.read[head][:, ks]  # [K]: raw b_V . W_O v_k
-    reader = torch.arange(P * K).reshape(P, K)
+    reader = torch.arange(P * K, device=dev).reshape(P, K)
     info = {"batch": batch.repeat_interleave(K), "position": position.repeat_interleave(K), "direction": ks.repeat(P)}
     addresses = [Address(layer, "ov", head, int(k)) for _ in range(P) for k in ks.tolist()]
     bias = [Address(layer, "b_V", head)] * (P * K)
@@ -491,7 +495,7 @@ def ov_reads(
             rows_b,
             rows_p,
             vec.repeat(P, 1),
-            torch.ones(P * K, dtype=dt),
+            torch.ones(P * K, dtype=dt, device=dev),
             reader.reshape(-1),
             own.repeat(P),
             bias,
@@ -500,7 +504,7 @@ def ov_reads(
         )
     A = cache["pattern", layer][batch, head, position].to(dt)  # [P, T]
     pi, si = torch.nonzero(A != 0, as_tuple=True)
-    pi, ki = pi.repeat_interleave(K), torch.arange(K).repeat(len(si))
+    pi, ki = pi.repeat_interleave(K), torch.arange(K, device=dev).repeat(len(si))
     si = si.repeat_interleave(K)
     coords = w.read[head][:, ks].T  # sigma_k u_k = [b_V; W_V] (W_O v_k): the value map times these
     value_map = dec.view.ov(layer).A[head].to(dt)
@@ -536,7 +540,9 @@ def mlp_reads(
     and direction (position-major; ``info``: ``batch``, ``position``, ``direction``)."""
     svd, raw_row = dec.mlp_basis(dec.view.check_layer(layer), kind)
     batch, position = _as_long(batch, position)
-    ks = _directions(directions, svd.S.shape[-1], svd.S.device)
+    dev = svd.S.device
+    batch, position = batch.to(dev), position.to(dev)
+    ks = _directions(directions, svd.S.shape[-1], dev)
     P, K = len(batch), len(ks)
     vec = (svd.U[:, ks] * svd.S[ks]).T
     own = raw_row @ svd.V[:, ks]
@@ -548,8 +554,8 @@ def mlp_reads(
         batch.repeat_interleave(K),
         position.repeat_interleave(K),
         vec.repeat(P, 1),
-        torch.ones(P * K, dtype=dec.dtype),
-        torch.arange(P * K),
+        torch.ones(P * K, dtype=dec.dtype, device=dev),
+        torch.arange(P * K, device=dev),
         own.repeat(P),
         [bias] * (P * K),
         [Address(layer, kind, 0, int(k)) for _ in range(P) for k in ks.tolist()],
@@ -565,8 +571,9 @@ def logit_reads(dec: Decomposer, cache, batch: Tensor, position: Tensor, logit_w
     v, dt = dec.view, dec.dtype
     batch, position = _as_long(batch, position)
     W_U, b_U = v.unembed()
+    batch, position = batch.to(W_U.device), position.to(W_U.device)
     _, raw_b = dec.raw.unembed()
-    wts = logit_weights.to(dt)[:, : W_U.shape[1]]
+    wts = logit_weights.to(W_U.device, dt)[:, : W_U.shape[1]]
     vec = torch.cat([(wts @ b_U.to(dt))[:, None], wts @ W_U.to(dt).T], 1)
     P = len(batch)
     return Reads(
@@ -575,8 +582,8 @@ def logit_reads(dec: Decomposer, cache, batch: Tensor, position: Tensor, logit_w
         batch,
         position,
         vec,
-        torch.ones(P, dtype=dt),
-        torch.arange(P),
+        torch.ones(P, dtype=dt, device=W_U.device),
+        torch.arange(P, device=W_U.device),
         wts @ raw_b.to(dt),
         [Address(v.n_layers, "b_U")] * P,
         None,
