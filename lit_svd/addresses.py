@@ -16,6 +16,9 @@
 ``str(a)`` is ``L3.ov.h2.d0`` (a direction), ``L3.ov.h2.d0-3`` (a block), ``L5.mlp_out.d17``, ``L3.b_V.h2``,
 ``L3.b_O``, ``embed``; ``Address.parse`` reads it back. The embedding has layer -1; reads of the final norm
 (the unembedding) have layer ``n_layers``.
+
+Not an address: ``analysis.tracking.DirectionTrack``'s names ``d1, d2, ...`` (numbered from 1) are identities
+followed over training steps; where such a direction sits at one step (``TrackStep.position``) is an index here.
 """
 
 from __future__ import annotations
