@@ -94,6 +94,9 @@ class Address:
         """The whole group (head) as one unit: directions ``0 .. n_directions - 1``."""
         return Address(self.layer, self.kind, self.group, 0, n_directions)
 
+    def __repr__(self) -> str:
+        return f"Address.parse({str(self)!r})"
+
     def __str__(self) -> str:
         if self.kind == "embed":
             return "embed"
