@@ -10,6 +10,8 @@ value synced over DDP ranks is the mean over all examples of all ranks.
 * ``AnswerKL``: KL(p_reference || p_model) over the full vocabulary, nats per example
 * ``GreaterThanProbDiff``: sum p[greater] - sum p[lesser]  (GT; sets defined in ``tasks``)
 
+``task_scorer(task)`` is the one place that knows which of them a task uses (``TaskScorer``).
+
 ``python -m lit_svd.cli_tools evaluate --task ioi gp gt --n-test 256`` evaluates SmolLM2 on tasks and prints JSON.
 """
 
@@ -18,6 +20,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torchmetrics import Metric, MetricCollection
+
+
+def _upcast(x: Tensor) -> Tensor:
+    """At least float32 (float64 stays float64)."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def answer_logits(logits: Tensor, answer_pos: Tensor) -> Tensor:
@@ -47,7 +54,7 @@ def top1_correct(logits: Tensor, correct_id: Tensor) -> Tensor:
 
 def kl_divergence(logits: Tensor, reference: Tensor) -> Tensor:
     """[B]: KL(softmax(reference) || softmax(logits)) in nats."""
-    log_p_ref, log_p = reference.float().log_softmax(-1), logits.float().log_softmax(-1)
+    log_p_ref, log_p = _upcast(reference).log_softmax(-1), _upcast(logits).log_softmax(-1)
     return (log_p_ref.exp() * (log_p_ref - log_p)).sum(-1)
 
 
@@ -56,7 +63,7 @@ def gt_prob_diff(logits: Tensor, greater_mask: Tensor, lesser_mask: Tensor) -> T
 
     Masks may be narrower than the logits (tokenizer vocabulary < model vocabulary): the extra
     logits count in the softmax but in neither set."""
-    probs = logits.float().softmax(-1)[:, : greater_mask.shape[1]]
+    probs = _upcast(logits).softmax(-1)[:, : greater_mask.shape[1]]
     return (probs * greater_mask).sum(-1) - (probs * lesser_mask).sum(-1)
 
 
@@ -111,29 +118,113 @@ class GreaterThanProbDiff(_MeanOverExamples):
         self._add(gt_prob_diff(logits, batch["greater_mask"], batch["lesser_mask"]))
 
 
-def task_metrics(task: str, with_kl: bool = False) -> MetricCollection:
-    """The metrics of ``task`` as one collection; call it with keywords
-    ``(logits=..., batch=..., reference=...)`` (each metric takes the ones it needs)."""
+class TaskScorer:
+    """How one task scores logits at the answer position: the one place that knows a task's metric.
+
+    ``metric(logits, batch) -> [B]`` (IOI / GP: logit difference correct - wrong; GT: probability difference
+    greater - lesser), ``correct`` (IOI / GP: the arg-max is the answer; GT: metric > 0), ``scores`` (metric,
+    correct, agreement and KL against a reference run), the logit ``columns`` the metric reads per prompt (None:
+    it needs the whole softmax), ``logit_weights`` (the metric's gradient in the logits: a fixed signed one-hot
+    pair for linear metrics) and ``metrics`` (DDP-correct torchmetrics). Get one with ``task_scorer(name)``.
+    """
+
+    name: str = ""
+    metric_name: str = ""
+    linear: bool = False  # the metric is a fixed linear function of the logits (per prompt)
+
+    def metric(self, logits: Tensor, batch: dict) -> Tensor:
+        raise NotImplementedError
+
+    def correct(self, logits: Tensor, batch: dict) -> Tensor:
+        raise NotImplementedError
+
+    def scores(self, logits: Tensor, reference: Tensor, batch: dict) -> dict[str, Tensor]:
+        """Per-example ``metric``, ``correct``, ``agree`` (same arg-max as ``reference``) and ``kl``
+        (KL(reference || this))."""
+        return {
+            "metric": self.metric(logits, batch),
+            "correct": self.correct(logits, batch),
+            "agree": (logits.argmax(-1) == reference.argmax(-1)).float(),
+            "kl": kl_divergence(logits, reference),
+        }
+
+    def columns(self, batch: dict) -> Tensor | None:
+        """``[B, c]`` token ids whose logits the metric reads per prompt; None when it reads them all."""
+        return None
+
+    def column_metric(self, logits: Tensor, batch: dict, rows: Tensor) -> Tensor:
+        """The metric of rows ``rows: [R]`` (prompt indices into ``batch``) from ``logits [R, c]`` at
+        ``columns(batch)[rows]`` (or ``[R, V]``, all logits, when ``columns`` is None)."""
+        return self.metric(logits, {k: v[rows] for k, v in batch.items() if isinstance(v, Tensor)})
+
+    def logit_weights(self, logits: Tensor, batch: dict) -> Tensor:
+        """``[B, V]``: d metric / d logit at ``logits`` (exact and independent of them for linear metrics)."""
+        x = logits.detach().double().requires_grad_(True)
+        with torch.enable_grad():
+            (grad,) = torch.autograd.grad(self.metric(x, batch).sum(), x)
+        return grad.to(logits.dtype)
+
+    def metrics(self, with_kl: bool = False) -> MetricCollection:
+        """The task's metrics as one collection; call it with keywords ``(logits=..., batch=..., reference=...)``."""
+        raise NotImplementedError
+
+
+class LogitDiffScorer(TaskScorer):
+    """IOI, GP: logit of the correct answer minus logit of the wrong one (``correct_id``, ``wrong_id``)."""
+
+    metric_name, linear = "logit_diff", True
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def metric(self, logits, batch):
+        return logit_diff(logits, batch["correct_id"], batch["wrong_id"])
+
+    def correct(self, logits, batch):
+        return top1_correct(logits, batch["correct_id"])
+
+    def answer_ids(self, batch: dict) -> Tensor:
+        return batch["correct_id"]
+
+    def wrong_ids(self, batch: dict) -> Tensor:
+        return batch["wrong_id"]
+
+    def columns(self, batch):
+        return torch.stack([batch["correct_id"], batch["wrong_id"]], -1)
+
+    def column_metric(self, logits, batch, rows):
+        return logits[:, 0] - logits[:, 1]
+
+    def metrics(self, with_kl=False):
+        out: dict[str, Metric] = {"logit_diff": LogitDifference(), "accuracy": AnswerAccuracy()}
+        return MetricCollection({**out, **({"kl": AnswerKL()} if with_kl else {})})
+
+
+class ProbDiffScorer(TaskScorer):
+    """GT: probability on the greater answers minus on the at-or-below ones (``greater_mask``, ``lesser_mask``);
+    ``correct``: that difference is positive."""
+
+    name, metric_name = "gt", "prob_diff"
+
+    def metric(self, logits, batch):
+        return gt_prob_diff(logits, batch["greater_mask"], batch["lesser_mask"])
+
+    def correct(self, logits, batch):
+        return (self.metric(logits, batch) > 0).float()
+
+    def metrics(self, with_kl=False):
+        out: dict[str, Metric] = {"prob_diff": GreaterThanProbDiff()}
+        return MetricCollection({**out, **({"kl": AnswerKL()} if with_kl else {})})
+
+
+def task_scorer(task: str | TaskScorer) -> TaskScorer:
+    """The scorer of ``task`` ("ioi", "gp", "gt" or an alias; a scorer is returned as it is)."""
+    if isinstance(task, TaskScorer):
+        return task
     from lit_svd.datamodules.tasks import canonical_task
 
     key = canonical_task(task)
-    metrics: dict[str, Metric] = (
-        {"prob_diff": GreaterThanProbDiff()}
-        if key == "gt"
-        else {"logit_diff": LogitDifference(), "accuracy": AnswerAccuracy()}
-    )
-    if with_kl:
-        metrics["kl"] = AnswerKL()
-    return MetricCollection(metrics)
-
-
-def main_value(task: str, logits: Tensor, batch: dict) -> Tensor:
-    """[B]: the task's headline per-example value (GT probability difference, else logit difference)."""
-    from lit_svd.datamodules.tasks import canonical_task
-
-    if canonical_task(task) == "gt":
-        return gt_prob_diff(logits, batch["greater_mask"], batch["lesser_mask"])
-    return logit_diff(logits, batch["correct_id"], batch["wrong_id"])
+    return ProbDiffScorer() if key == "gt" else LogitDiffScorer(key)
 
 
 @torch.no_grad()
@@ -143,18 +234,19 @@ def evaluate_task(
     """Run ``model`` (an HF causal LM) over ``loader``'s batches; return the task metrics on the clean
     prompts, the same on the corrupted prompts (``corrupt_*``, scored against the clean answers), and
     ``kl_clean_corrupt``, the mean KL(p_clean || p_corrupt) at the answer position. With a dict as
-    ``per_example``, its lists ``"clean"`` / ``"corrupt"`` receive each batch's ``main_value``."""
+    ``per_example``, its lists ``"clean"`` / ``"corrupt"`` receive each batch's per-example task metric."""
     from tqdm.auto import tqdm
 
     device = next(model.parameters()).device
-    clean, corrupt, shift = task_metrics(task).to(device), task_metrics(task).to(device), AnswerKL().to(device)
+    scorer = task_scorer(task)
+    clean, corrupt, shift = scorer.metrics().to(device), scorer.metrics().to(device), AnswerKL().to(device)
     for batch in tqdm(loader, desc=f"evaluate {task}", disable=not progress):
         batch = {k: v.to(device) for k, v in batch.items()}
         out = {}
         for kind in ("clean", "corrupt"):
             out[kind] = forward_answer_logits(model, batch[f"{kind}_ids"], batch["attention_mask"], batch["answer_pos"])
             if per_example is not None:
-                per_example.setdefault(kind, []).append(main_value(task, out[kind], batch).cpu())
+                per_example.setdefault(kind, []).append(scorer.metric(out[kind], batch).cpu())
         clean.update(logits=out["clean"], batch=batch)
         corrupt.update(logits=out["corrupt"], batch=batch)
         shift.update(out["corrupt"], out["clean"])

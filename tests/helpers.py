@@ -6,7 +6,10 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,3 +37,30 @@ def only_results(folder: Path) -> tuple[dict, Path]:
     found = sorted(Path(folder).rglob("results.json"))
     assert len(found) == 1, found
     return json.loads(found[0].read_text()), found[0].parent
+
+
+@contextmanager
+def exact_rms_norms(model):
+    """Within the block every RMSNorm of ``model`` computes in its input's dtype. HF's RMSNorms upcast to
+    float32 and back whatever the model's dtype, so a float64 model is only float32-exact at its norms; with
+    this it runs in float64 end to end (but for the eager softmax, whose weights the tests read back as they
+    are). Same maths as HF's: ``w * x / rms(x)``, Gemma ``(1 + w) * x / rms(x)``."""
+    patched = []
+    for mod in model.modules():
+        name = type(mod).__name__
+        if not name.endswith("RMSNorm"):
+            continue
+        eps = getattr(mod, "variance_epsilon", getattr(mod, "eps", None))
+        gemma = name.startswith("Gemma")
+
+        def forward(x, mod=mod, eps=eps, gemma=gemma):
+            y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+            return y * (1.0 + mod.weight) if gemma else mod.weight * y
+
+        mod.forward = forward
+        patched.append(mod)
+    try:
+        yield model
+    finally:
+        for mod in patched:
+            del mod.forward

@@ -131,7 +131,7 @@ def test_planted_direction_passes_and_random_directions_do_not():
     comp = build_components(view, ["ov"], layers=[1])[0]
     reference = corrupted_coefficients(view, [comp], batch)[comp.name]
     K = comp.shape[1]
-    rows = causal_check(view, comp, [(0, 0), (0, K - 1)], batch, "ioi", reference, n_random=32)
+    rows = causal_check(view, comp, [comp.address(0, 0), comp.address(0, K - 1)], batch, "ioi", reference, n_random=32)
     top, bottom = rows
     assert top["passes"] and top["z"] > 2 * Z_PASS and top["percentile"] == 1.0
     assert not bottom["passes"]  # the smallest direction of the planted head carries nothing
@@ -161,7 +161,7 @@ def test_bad_inputs_fail_in_one_line():
         )
     ov = build_components(view, ["ov"], layers=[0])[0]
     with pytest.raises(ValueError, match="n_random=1"):
-        causal_check(view, ov, [(0, 0)], batch, "ioi", torch.zeros(5, *ov.shape), n_random=1)
+        causal_check(view, ov, [ov.address(0, 0)], batch, "ioi", torch.zeros(5, *ov.shape), n_random=1)
     with pytest.raises(ValueError, match="task='sst'"):
         patched_metrics(
             view, Probes(ov, torch.tensor([0]), torch.eye(ov.shape[1])[:1]), batch, torch.zeros(5, *ov.shape), "sst"

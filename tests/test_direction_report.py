@@ -156,7 +156,7 @@ def test_block_columns_against_hand_counts():
     view = make_view(tiny_causal_lm("llama"))
     comp = build_components(view, ["ov"], layers=[0])[0]
     comp.S = torch.tensor([[4.0, 3.9, 2.0, 1.0] + [0.5 / (i + 1) for i in range(comp.shape[1] - 4)]] * comp.shape[0])
-    rows = block_columns(comp, [(0, 0), (0, 1), (0, 2), (1, 3)], rel_gap=0.05)
+    rows = block_columns(comp, [comp.address(g, k) for g, k in [(0, 0), (0, 1), (0, 2), (1, 3)]], rel_gap=0.05)
     assert [(r["block"]["id"], r["block"]["size"], r["block_claimed"], r["isolated"]) for r in rows] == [
         (0, 2, 2, False),
         (0, 2, 2, False),
@@ -176,7 +176,7 @@ def test_read_side_readout_against_embeddings(tiny_dirs):
     model, tok = load_causal_lm(tiny_dirs["llama"])
     view = make_view(model)
     comp = build_components(view, ["q"], layers=[1])[0]
-    (row,) = readouts(view, comp, [(2, 1)], tok, top_k=5)
+    (row,) = readouts(view, comp, [comp.address(2, 1)], tok, top_k=5)
     E = view.W_E.float()
     x = E * torch.rsqrt(E.pow(2).mean(-1, keepdim=True) + view.norm_affine("attn", 1).eps)
     score = x @ comp.U[2, 1:, 1]

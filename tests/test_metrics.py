@@ -14,7 +14,7 @@ from lit_svd.metrics import (
     LogitDifference,
     answer_logits,
     gt_prob_diff,
-    task_metrics,
+    task_scorer,
 )
 
 TOL = 1e-5
@@ -130,13 +130,13 @@ def test_answer_logits_gathers_the_answer_position():
 
 def test_collection_and_bad_input():
     logits, batch = _batch()
-    coll = task_metrics("ioi", with_kl=True)
+    coll = task_scorer("ioi").metrics(with_kl=True)
     coll.update(logits=logits, batch=batch, reference=logits)
     out = coll.compute()
     assert set(out) == {"logit_diff", "accuracy", "kl"} and abs(float(out["kl"])) < 1e-6
-    assert set(task_metrics("greater_than").keys()) == {"prob_diff"}
+    assert set(task_scorer("greater_than").metrics().keys()) == {"prob_diff"}
     with pytest.raises(ValueError, match="task='nope' is unknown"):
-        task_metrics("nope")
+        task_scorer("nope")
     with pytest.raises(ValueError, match="before any update"):
         LogitDifference().compute()
     bad = logits.clone()
@@ -159,3 +159,45 @@ def test_forward_answer_logits_equals_full_forward(tiny_model):
         full = answer_logits(tiny_model(input_ids=ids, attention_mask=mask).logits, pos)
         fast = forward_answer_logits(tiny_model, ids, mask, pos)
     assert torch.allclose(full, fast, atol=1e-5)
+
+
+def _gt_batch(n=6, vocab=30, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, vocab, generator=g) * 2
+    greater = torch.rand(n, vocab - 4, generator=g) < 0.3  # narrower than the logits, as tokenizer < model
+    lesser = ~greater & (torch.rand(n, vocab - 4, generator=g) < 0.5)
+    return logits, dict(greater_mask=greater, lesser_mask=lesser)
+
+
+@pytest.mark.parametrize("task", ["ioi", "gp", "gt"])
+def test_task_scorer_against_direct_computation(task):
+    """Metric, correct, agreement and KL against hand-written formulas; ``column_metric`` on the metric's
+    columns equals the metric on all logits; ``logit_weights`` against central finite differences of the metric
+    (exact one-hot pairs for the linear logit difference)."""
+    logits, batch = _gt_batch() if task == "gt" else _batch()
+    ref = logits + 0.3 * torch.randn(logits.shape, generator=torch.Generator().manual_seed(5))
+    sc = task_scorer(task)
+    got = sc.scores(logits, ref, batch)
+    rows = torch.arange(len(logits))
+    if task == "gt":
+        p = logits.softmax(-1)[:, : batch["greater_mask"].shape[1]]
+        want = (p * batch["greater_mask"]).sum(-1) - (p * batch["lesser_mask"]).sum(-1)
+        assert torch.equal(got["correct"], (want > 0).float()) and sc.columns(batch) is None
+        cols = logits
+    else:
+        want = logits[rows, batch["correct_id"]] - logits[rows, batch["wrong_id"]]
+        assert torch.equal(got["correct"], (logits.argmax(-1) == batch["correct_id"]).float())
+        cols = logits.gather(1, sc.columns(batch))
+    assert (got["metric"] - want).abs().max() < 1e-6 and sc.metric_name in ("logit_diff", "prob_diff")
+    assert torch.equal(got["agree"], (logits.argmax(-1) == ref.argmax(-1)).float())
+    lp, lq = ref.log_softmax(-1), logits.log_softmax(-1)
+    assert (got["kl"] - (lp.exp() * (lp - lq)).sum(-1)).abs().max() < 1e-6
+    assert (sc.column_metric(cols[1:4], batch, rows[1:4]) - want[1:4]).abs().max() < 1e-6
+    w = sc.logit_weights(logits.double(), batch)
+    h, i, j = 1e-5, 2, 7
+    bump = torch.zeros_like(logits, dtype=torch.float64)
+    bump[i, j] = h
+    fd = (sc.metric(logits.double() + bump, batch) - sc.metric(logits.double() - bump, batch))[i] / (2 * h)
+    assert abs(float(w[i, j]) - float(fd)) < 1e-7
+    if task != "gt":
+        assert sc.linear and float(w[i, batch["correct_id"][i]]) == 1.0 and float(w.abs().sum()) == 2 * len(w)

@@ -136,11 +136,7 @@ def kept_blocks(components: Sequence[Component], keep: dict[str, Tensor], rel_ga
             }[kind]
             rows.append(
                 {
-                    "component": c.name,
-                    "kind": c.kind,
-                    "layer": c.layer,
-                    "group": g,
-                    "direction": k,
+                    **c.address(g, k).row(group_key="group"),
                     "sigma": float(c.S[g, k]),
                     **info,
                     "kept_in_block": kk,

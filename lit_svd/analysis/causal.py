@@ -10,7 +10,7 @@ singular direction ``k``, a Haar-random unit vector (a normalised Gaussian) for 
     out' = out + ((c_corrupt - c) . a) V a
 
 The effect of a direction is the mean over prompts of the change in the task metric (IOI / GP: logit
-difference correct - wrong; GT: probability difference greater - lesser, as ``analysis.masks.task_scores``).
+difference correct - wrong; GT: probability difference greater - lesser: ``metrics.task_scorer``).
 Against ``n_random`` random directions of the same group: ``z = (|effect| - mean |null|) / std |null|``; a
 direction *passes* when ``z >= Z_PASS`` (one-sided level ``LEVEL`` = 1 % under a normal null); the empirical
 percentile of ``|effect|`` among the draws is reported beside it (``percentile``; with N draws it cannot
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lit_svd.analysis.masks import task_scores
+from lit_svd.addresses import Address
+from lit_svd.metrics import TaskScorer, task_scorer
 from lit_svd.models.base import ModelView
 from lit_svd.models.fanout import last_token_copies, prefix_cache
 from lit_svd.models.hooks import Hook, first_input, hooks
@@ -97,28 +98,13 @@ def patch_hook(view: ModelView, probes: Probes, reference: Tensor) -> Hook:
     return Hook(view.site_module(c.layer, c.site), hook, "post")
 
 
-def _task_columns(batch: dict, task: str) -> tuple[Tensor | None, Callable[[Tensor, Tensor], Tensor]]:
-    """Which logits the metric needs per prompt, and ``metric(logits, prompt_index)`` on those columns."""
-    if task in ("ioi", "gp"):
-        cols = torch.stack([batch["correct_id"], batch["wrong_id"]], -1)  # [n, 2]
-        return cols, lambda logits, idx: logits[:, 0] - logits[:, 1]
-    if task == "gt":
-
-        def metric(logits, idx):
-            sub = {k: batch[k][idx] for k in ("greater_mask", "lesser_mask")}
-            return task_scores(logits, logits, sub, task)["metric"]
-
-        return None, metric
-    raise ValueError(f"task={task!r} is unknown to the causal check; expected 'ioi', 'gp' or 'gt'")
-
-
 @torch.no_grad()
 def patched_metrics(
     view: ModelView,
     probes: Probes,
     batch: dict,
     reference: Tensor,
-    task: str,
+    task: str | TaskScorer,
     rows_per_forward: int = 512,
     progress: Callable[[int], None] | None = None,
 ) -> Tensor:
@@ -129,7 +115,8 @@ def patched_metrics(
     c = probes.component
     if c.kind not in PATCHABLE:
         raise ValueError(f"component {c.name}: the causal check patches {', '.join(PATCHABLE)}; got {c.kind!r}")
-    cols, metric = _task_columns(batch, task)
+    task = task_scorer(task)
+    cols = task.columns(batch)
     C = len(probes)
     out = torch.empty(len(batch["answer_pos"]), C)
     unembed = view.unembed()
@@ -152,7 +139,7 @@ def patched_metrics(
                     unembed,
                 )
             out[idx, start : start + len(part)] = (
-                metric(logits, idx.repeat_interleave(len(part))).view(len(idx), -1).float()
+                task.column_metric(logits, batch, idx.repeat_interleave(len(part))).view(len(idx), -1).float()
             )
             if progress:
                 progress(len(part) * len(idx))
@@ -182,44 +169,48 @@ def summarize(effect: float, null: Tensor) -> dict:
     }
 
 
-def probe_set(
-    component: Component, claims: Sequence[tuple[int, int]], n_random: int = N_RANDOM, seed: int = 0
-) -> Probes:
+def check_claims(component: Component, claims: Sequence[Address]) -> None:
+    """Every claim names one direction of ``component``; one-line error otherwise."""
+    for a in claims:
+        if (
+            a.component != component.name
+            or a.size != 1
+            or not (a.group < component.shape[0] and a.index < component.shape[1])
+        ):
+            raise ValueError(f"claim {a} is not a direction of component {component.name} {tuple(component.shape)}")
+
+
+def probe_set(component: Component, claims: Sequence[Address], n_random: int = N_RANDOM, seed: int = 0) -> Probes:
     """The probes of one component's check, in this order: the unmodified model (a zero row), each claimed
-    ``(group, direction)`` (``e_k``), then ``n_random`` Haar-random unit directions per claimed group (sorted),
+    direction (``e_k`` in its group), then ``n_random`` Haar-random unit directions per claimed group (sorted),
     drawn with ``seed``: the same null for every claim of a group."""
     if n_random < 2:
         raise ValueError(f"n_random={n_random}: the null needs at least 2 random directions")
+    check_claims(component, claims)
     K = component.shape[1]
-    groups = sorted({g for g, _ in claims})
+    groups = sorted({a.group for a in claims})
     gen = torch.Generator().manual_seed(seed)
-    coords = [torch.zeros(1, K), torch.eye(K)[[k for _, k in claims]]] + [
+    coords = [torch.zeros(1, K), torch.eye(K)[[a.index for a in claims]]] + [
         random_coords(n_random, K, gen) for _ in groups
     ]
-    group = [torch.zeros(1, dtype=torch.long), torch.tensor([g for g, _ in claims], dtype=torch.long)]
+    group = [torch.zeros(1, dtype=torch.long), torch.tensor([a.group for a in claims], dtype=torch.long)]
     group += [torch.full((n_random,), g, dtype=torch.long) for g in groups]
     device = component.V.device
     return Probes(component, torch.cat(group).to(device), torch.cat(coords).to(device))
 
 
-def judge(
-    component: Component, claims: Sequence[tuple[int, int]], change: Tensor, n_random: int = N_RANDOM
-) -> list[dict]:
+def judge(component: Component, claims: Sequence[Address], change: Tensor, n_random: int = N_RANDOM) -> list[dict]:
     """Rows for the claims from ``change: [C - 1]``: the mean change of the metric of every probe of
     ``probe_set`` but the first (the unmodified model)."""
-    groups = sorted({g for g, _ in claims})
+    groups = sorted({a.group for a in claims})
     claimed, null = change[: len(claims)], change[len(claims) :].reshape(len(groups), n_random)
     return [
         {
-            "component": component.name,
-            "kind": component.kind,
-            "layer": component.layer,
-            "head": g,
-            "direction": k,
-            "sigma": float(component.S[g, k]),
-            **summarize(float(claimed[i]), null[groups.index(g)]),
+            **a.row(),
+            "sigma": float(component.S[a.group, a.index]),
+            **summarize(float(claimed[i]), null[groups.index(a.group)]),
         }
-        for i, (g, k) in enumerate(claims)
+        for i, a in enumerate(claims)
     ]
 
 
@@ -227,16 +218,16 @@ def judge(
 def causal_check(
     view: ModelView,
     component: Component,
-    claims: Sequence[tuple[int, int]],
+    claims: Sequence[Address],
     batch: dict,
-    task: str,
+    task: str | TaskScorer,
     reference: Tensor,
     n_random: int = N_RANDOM,
     seed: int = 0,
     rows_per_forward: int = 512,
     progress: Callable[[int], None] | None = None,
 ) -> list[dict]:
-    """For each claimed ``(group, direction)`` of ``component``: its effect against ``n_random`` random
+    """For each claimed direction of ``component``: its effect against ``n_random`` random
     directions of the same group (``probe_set``, ``judge``), in one batched pass. ``reference``:
     ``corrupted_coefficients(...)[component.name]``."""
     probes = probe_set(component, claims, n_random, seed)
@@ -247,15 +238,15 @@ def causal_check(
 def check_components(
     view: ModelView,
     components: Sequence[Component],
-    claims: dict[str, list[tuple[int, int]]],
+    claims: dict[str, list[Address]],
     batch: dict,
-    task: str,
+    task: str | TaskScorer,
     n_random: int = N_RANDOM,
     seed: int = 0,
     rows_per_forward: int = 512,
     progress: bool = False,
 ) -> tuple[list[dict], dict]:
-    """``causal_check`` for the claims of every component (``claims[name]``: its ``(group, direction)`` pairs);
+    """``causal_check`` for the claims of every component (``claims[name]``: addresses of its directions);
     returns the rows and timing (``wall_s``, ``directions``, ``directions_per_s``: claimed directions per
     second, null draws included in the time)."""
     from tqdm.auto import tqdm
@@ -263,7 +254,7 @@ def check_components(
     todo = [c for c in components if claims.get(c.name)]
     reference = corrupted_coefficients(view, todo, batch)
     n_prompts = len(batch["answer_pos"])
-    total = sum((1 + len(claims[c.name]) + n_random * len({g for g, _ in claims[c.name]})) * n_prompts for c in todo)
+    total = sum((1 + len(claims[c.name]) + n_random * len({a.group for a in claims[c.name]})) * n_prompts for c in todo)
     bar = tqdm(total=total, desc="causal check (prompt x direction rows)", disable=not progress)
     start = time.monotonic()
     rows = []

@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from lit_svd.addresses import Address
 from lit_svd.analysis.blocks import component_blocks, direction_block
 from lit_svd.linalg import REL_GAP
-from lit_svd.metrics import kl_divergence, logit_diff, top1_correct
+from lit_svd.metrics import TaskScorer, kl_divergence, task_scorer
 from lit_svd.models.base import ModelView
 from lit_svd.models.intervene import Component, Intervention
 
@@ -104,35 +105,12 @@ def kept_report(components: Sequence[Component], lambdas: dict[str, Tensor], thr
     }
 
 
-def task_scores(logits: Tensor, full_logits: Tensor, batch: dict, task: str) -> dict[str, Tensor]:
-    """Per-example task scores at the answer position: ``metric`` (logit difference; GT: probability
-    difference greater - lesser), ``correct`` (IOI/GP: arg-max is the answer; GT: metric > 0),
-    ``agree`` (same arg-max as the full model) and ``kl`` (KL(full || this)). ``task``: "ioi", "gp"
-    or "gt" (the data module's ``task.name``)."""
-    from lit_svd.metrics import gt_prob_diff
-
-    if task == "gt":
-        metric = gt_prob_diff(logits, batch["greater_mask"], batch["lesser_mask"])
-        correct = (metric > 0).float()
-    elif task in ("ioi", "gp"):
-        metric = logit_diff(logits, batch["correct_id"], batch["wrong_id"])
-        correct = top1_correct(logits, batch["correct_id"])
-    else:
-        raise ValueError(f"task={task!r} is unknown to direction masks; expected 'ioi', 'gp' or 'gt'")
-    return {
-        "metric": metric,
-        "correct": correct,
-        "agree": (logits.argmax(-1) == full_logits.argmax(-1)).float(),
-        "kl": kl_divergence(logits, full_logits),
-    }
-
-
 def most_effective_direction(
     metric_of: Callable[[dict[str, Tensor]], Tensor], hard: dict[str, Tensor], names: Sequence[str]
-) -> tuple[str, int, int] | None:
+) -> Address | None:
     """The kept direction of components ``names`` with the largest ``|d metric / d scale|`` at the hard
     masks (first order, one backward pass). ``metric_of(scales)`` is the scalar task metric of a forward
-    with ``scales``. Returns ``(component, group, direction)``; None without candidates."""
+    with ``scales``. Returns its address; None without candidates."""
     if not names:
         return None
     scales = {n: h.clone().requires_grad_(n in names) for n, h in hard.items()}
@@ -144,7 +122,8 @@ def most_effective_direction(
         val = float(score.max())
         if val > best_val:
             idx = int(score.argmax())
-            best, best_val = (n, idx // score.shape[1], idx % score.shape[1]), val
+            layer, kind = n.split(".", 1)
+            best, best_val = Address(int(layer[1:]), kind, idx // score.shape[1], idx % score.shape[1]), val
     return best
 
 
@@ -202,15 +181,17 @@ def steer(
     factors: Sequence[float],
     base_scales: dict[str, Tensor] | None = None,
     *,
-    task: str,
+    task: str | TaskScorer,
 ) -> list[dict]:
     """Scale one direction's coefficient at the answer position by each factor and report the task
-    metric. ``run(scales)`` returns answer-position logits ``[B, V]`` with ``scales`` applied at the
-    answer positions (None: the unmodified model). ``flipped``: fraction of examples whose preferred
-    answer (correct vs wrong; GT: greater vs lesser) changes against the unmodified model."""
+    metric (``task``: its name or ``metrics.TaskScorer``). ``run(scales)`` returns answer-position logits
+    ``[B, V]`` with ``scales`` applied at the answer positions (None: the unmodified model). ``flipped``: fraction
+    of examples whose preferred answer (correct vs wrong; GT: greater vs lesser) changes against the unmodified
+    model."""
     comp = intervention.components[name]
+    task = task_scorer(task)
     base = run(None)
-    base_scores = task_scores(base, base, batch, task)
+    base_scores = task.scores(base, base, batch)
     rows = []
     for factor in factors:
         scales = {k: v.clone() for k, v in (base_scales or {}).items()}
@@ -221,10 +202,12 @@ def steer(
     return rows
 
 
-def _effect(logits: Tensor, base: Tensor, base_scores: dict[str, Tensor], batch: dict, task: str) -> dict[str, float]:
+def _effect(
+    logits: Tensor, base: Tensor, base_scores: dict[str, Tensor], batch: dict, task: TaskScorer
+) -> dict[str, float]:
     """A steered run against the unmodified one: mean task metric, its change, the fraction of examples
     whose preferred answer flips, and the KL from the unmodified model."""
-    scores = task_scores(logits, base, batch, task)
+    scores = task.scores(logits, base, batch)
     return {
         "metric": float(scores["metric"].mean()),
         "metric_change": float((scores["metric"] - base_scores["metric"]).mean()),
@@ -241,7 +224,7 @@ def swap_steer(
     keep: dict[str, Tensor],
     counts: Sequence[int] = (1, 2, 4, 8),
     *,
-    task: str,
+    task: str | TaskScorer,
 ) -> dict | None:
     """Swap the coefficients of the most class-separating kept directions toward the other class's mean.
 
@@ -259,15 +242,18 @@ def swap_steer(
         a, b = coef[in_a], coef[~in_a]
         spread = ((a.var(0, unbiased=False) * len(a) + b.var(0, unbiased=False) * len(b)) / len(coef)).sqrt()
         sep = ((a.mean(0) - b.mean(0)).abs() / (spread + 1e-6)) * keep[name]
+        layer, kind = name.split(".", 1)
         for g, k in zip(*torch.nonzero(sep, as_tuple=True)):
-            ranked.append((float(sep[g, k]), name, int(g), int(k)))
-    ranked.sort(reverse=True)
+            ranked.append((float(sep[g, k]), Address(int(layer[1:]), kind, int(g), int(k))))
+    ranked.sort(key=lambda r: (r[0], r[1].component, r[1].group, r[1].index), reverse=True)
+    task = task_scorer(task)
     base = run(None, None)
-    base_scores = task_scores(base, base, batch, task)
+    base_scores = task.scores(base, base, batch)
     rows = []
     for n in [n for n in counts if n <= len(ranked)]:
         scales, reference = {}, {}
-        for _, name, g, k in ranked[:n]:
+        for _, a in ranked[:n]:
+            name, g, k = a.component, a.group, a.index
             coef = coefficients[name]
             if name not in scales:
                 scales[name] = torch.ones(coef.shape[1:], device=coef.device)
@@ -279,7 +265,8 @@ def swap_steer(
     return {
         "classes": classes,
         "directions": [
-            {"component": name, "head": g, "direction": k, "separation": s} for s, name, g, k in ranked[: max(counts)]
+            {"component": a.component, "head": a.group, "direction": a.index, "separation": s}
+            for s, a in ranked[: max(counts)]
         ],
         "swaps": rows,
     }

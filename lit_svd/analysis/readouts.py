@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from lit_svd.addresses import Address
 from lit_svd.analysis.masks import logit_receptors, write_readings
 from lit_svd.models.base import ModelView
 from lit_svd.models.intervene import Component
@@ -41,17 +42,16 @@ def read_scores(emb: Tensor, component: Component, group: int, direction: int, k
 
 
 @torch.no_grad()
-def readouts(
-    view: ModelView, component: Component, claims: Sequence[tuple[int, int]], tokenizer, top_k: int = 8
-) -> list[dict]:
-    """For each ``(group, direction)`` of ``component``: ``side`` ("write" or "read"), ``plus`` and ``minus``
+def readouts(view: ModelView, component: Component, claims: Sequence[Address], tokenizer, top_k: int = 8) -> list[dict]:
+    """For each claimed direction of ``component``: ``side`` ("write" or "read"), ``plus`` and ``minus``
     (top tokens of ``+`` and ``-`` the direction), in the order of ``claims``."""
     if not claims:
         return []
+    pairs = [(a.group, a.index) for a in claims]
     out: dict[tuple[int, int], dict] = {}
     if component.kind == "ov":
         keep = torch.zeros(component.shape, dtype=torch.bool)
-        for g, k in claims:
+        for g, k in pairs:
             keep[g, k] = True
         for row in logit_receptors(view, component, keep, tokenizer, top_k):
             out[(row["head"], row["direction"])] = {
@@ -60,14 +60,14 @@ def readouts(
                 "minus": row["promotes_negative"],
             }
     elif component.kind == "mlp_out":
-        V = torch.stack([component.V[g, :, k] for g, k in claims])
+        V = torch.stack([component.V[g, :, k] for g, k in pairs])
         logits = write_readings(view, "mlp", component.layer, V)
-        for (g, k), row in zip(claims, logits):
+        for (g, k), row in zip(pairs, logits):
             plus, minus = _top(row, tokenizer, top_k)
             out[(g, k)] = {"side": "write", "plus": plus, "minus": minus}
     elif component.kind in NORM_OF:
         emb = view.normalized(NORM_OF[component.kind], component.layer, view.W_E.float())  # once per component
-        for g, k in claims:
+        for g, k in pairs:
             plus, minus = _top(read_scores(emb, component, g, k), tokenizer, top_k)
             out[(g, k)] = {"side": "read", "plus": plus, "minus": minus}
             if component.kind == "qk":
@@ -75,4 +75,4 @@ def readouts(
                 out[(g, k)].update(key_plus=kp, key_minus=km)
     else:
         raise ValueError(f"component {component.name}: no readout for kind {component.kind!r}")
-    return [out[(g, k)] for g, k in claims]
+    return [out[p] for p in pairs]

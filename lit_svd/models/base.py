@@ -116,6 +116,11 @@ def inverse_rms(xa: Tensor, maps: Tensor, eps: float) -> Tensor:
     return torch.rsqrt(torch.einsum("...tD,hDc->...htc", xa, maps.to(xa.dtype)).pow(2).mean(-1) + eps)
 
 
+def _upcast(x: Tensor) -> Tensor:
+    """Norm statistics in at least float32 (float64 stays float64)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def rotate_half(x: Tensor) -> Tensor:
     """HF's rotary pairing: features ``(i, i + d/2)`` rotate together."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -144,6 +149,7 @@ class ModelView(ABC):
     # --- where the modules live (dotted paths, as ``nn.Module.get_submodule`` takes them) -----------
     layers_path: str = ""  # the decoder blocks, from the model ("model.layers")
     norm_paths: tuple[str, str, str] = ("", "", "")  # attention and MLP norms (in a block), final norm (from the model)
+    attention_path: str = "self_attn"  # the attention module, in a block (its output is (out, pattern) under eager)
     d_mlp_key: str = "intermediate_size"  # the config's MLP width (unset: 4 * d_model, as GPT-2's n_inner)
 
     # --- sizes -------------------------------------------------------------------------------
@@ -249,7 +255,9 @@ class ModelView(ABC):
     def norm_affine(self, point: NormPoint, layer: int | None = None) -> NormAffine:
         """The effective affine part of a norm (Gemma's ``1 + w`` included)."""
         self._check_point(point, layer)
-        mod = self.norm_module(point, layer)
+        return self._affine_of(self.norm_module(point, layer))
+
+    def _affine_of(self, mod: nn.Module) -> NormAffine:
         eps = getattr(mod, "eps", None)
         if eps is None:
             eps = mod.variance_epsilon
@@ -267,20 +275,67 @@ class ModelView(ABC):
         self._check_point(point, layer)
         if not self.fold_norms:
             return self.norm_module(point, layer)(resid)
-        eps = self.norm_affine(point, layer).eps
-        x = resid.float()
+        x = _upcast(resid)
         if self.norm_kind == "layernorm":
             x = x - x.mean(-1, keepdim=True)
-        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(resid.dtype)
+        return (x * self._factor(x, self.norm_affine(point, layer).eps)).to(resid.dtype)
+
+    @staticmethod
+    def _factor(centred: Tensor, eps: float) -> Tensor:
+        return torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+
+    def norm_factor(self, point: NormPoint, layer: int | None, resid: Tensor) -> Tensor:
+        """``[..., 1]``: the per-token factor ``1 / sqrt(mean square + eps)`` (of the centred residual for
+        LayerNorm) by which the norm at ``point`` divides; ``normalized = centred(resid) * norm_factor``. The
+        one non-linear step between the residual and a reader: frozen at its clean value, the read is linear."""
+        self._check_point(point, layer)
+        x = _upcast(resid)
+        if self.norm_kind == "layernorm":
+            x = x - x.mean(-1, keepdim=True)
+        return self._factor(x, self.norm_affine(point, layer).eps)
 
     def final_norm(self, resid: Tensor) -> Tensor:
         """The model's own final norm, exactly as its forward applies it (Gemma: ``* (1 + w)``)."""
         return self.norm_module("final", None)(resid)
 
     def post_norm(self, point: Literal["attn", "mlp"], layer: int, out: Tensor) -> Tensor:
-        """What the block adds to the residual from a sub-layer's output: identity except Gemma-2,
-        which normalises attention and MLP outputs (``post_attention`` / ``post_feedforward`` norms)."""
-        return out
+        """What the block adds to the residual from a sub-layer's output: identity except Gemma-2 / Gemma-3,
+        which normalise attention and MLP outputs (``post_attention`` / ``post_feedforward`` norms)."""
+        mod = self.post_norm_module(point, layer)
+        return out if mod is None else mod(out)
+
+    def post_norm_module(self, point: Literal["attn", "mlp"], layer: int) -> nn.Module | None:
+        """The RMSNorm a sub-layer's output passes before the residual add (Gemma's sandwich norms), None
+        where the output is added as it is."""
+        if point not in ("attn", "mlp"):
+            raise ValueError(f"post_norm point {point!r} unknown; allowed: attn, mlp")
+        return None
+
+    def post_norm_affine(self, point: Literal["attn", "mlp"], layer: int) -> NormAffine | None:
+        """The post norm's gain (``1 + w``) and eps; None without post norms."""
+        mod = self.post_norm_module(point, self.check_layer(layer))
+        return None if mod is None else self._affine_of(mod)
+
+    def post_norm_factor(self, point: Literal["attn", "mlp"], layer: int, out: Tensor) -> Tensor | None:
+        """``[..., 1]``: the post norm's per-token factor ``1 / rms(out)``, so that ``post_norm(out) =
+        out * post_norm_factor * gain``: linear in ``out`` once the factor is frozen. None without post norms."""
+        aff = self.post_norm_affine(point, layer)
+        return None if aff is None else self._factor(_upcast(out), aff.eps)
+
+    def attention_module(self, layer: int) -> nn.Module:
+        """The attention module of ``layer``: output ``(attn_out, pattern)``, the pattern only under eager."""
+        return self._layers[self.check_layer(layer)].get_submodule(self.attention_path)
+
+    def unfolded(self) -> ModelView:
+        """The same model's view with ``fold_norms=False`` (weights as the model holds them)."""
+        return self if not self.fold_norms else type(self)(self.model, fold_norms=False)
+
+    def run_with_cache(self, points, input_ids: Tensor, attention_mask: Tensor | None = None):
+        """One forward of the model; the named activation points (``lit_svd.models.points``) as an
+        ``ActivationCache``. ``points``: names (every layer) or ``(name, layer)`` pairs."""
+        from lit_svd.models.points import run_with_cache
+
+        return run_with_cache(self, points, input_ids, attention_mask)
 
     def _fold(self, point: NormPoint, layer: int | None, W: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
         """Fold the norm's affine into ``W: [..., d_model, d_out]``, ``b: [..., d_out]``."""

@@ -6,7 +6,7 @@
   (``attn_softcap``); ``qk`` gives the score *before* the cap;
 * sandwich norms: attention reads ``input_layernorm``, the MLP reads ``pre_feedforward_layernorm``, and
   each sub-layer's output passes through ``post_attention_layernorm`` / ``post_feedforward_layernorm``
-  before the residual add (``post_norm``); ``ov`` and ``mlp`` give the output *before* that norm;
+  before the residual add (``post_norm``, ``post_norm_module``); ``ov`` and ``mlp`` give the output *before* that norm;
 * final logits are soft-capped too (``final_softcap``); ``unembed`` gives them before the cap;
 * alternate layers use a sliding-window mask (``config.sliding_window``): the QK score is the same,
   the mask hides keys further back than the window.
@@ -31,8 +31,7 @@ class Gemma2View(LlamaView):
     def _norm_scale(self, weight: Tensor) -> Tensor:
         return 1.0 + weight
 
-    def post_norm(self, point, layer, out):
+    def post_norm_module(self, point, layer):
+        super().post_norm_module(point, layer)  # checks the point
         blk = self.block(layer)
-        if point not in ("attn", "mlp"):
-            raise ValueError(f"post_norm point {point!r} unknown; allowed: attn, mlp")
-        return (blk.post_attention_layernorm if point == "attn" else blk.post_feedforward_layernorm)(out)
+        return blk.post_attention_layernorm if point == "attn" else blk.post_feedforward_layernorm

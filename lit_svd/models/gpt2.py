@@ -20,6 +20,7 @@ class GPT2View(ModelView):
     gated_mlp = False
     rotary_dim = 0
     layers_path = "transformer.h"
+    attention_path = "attn"
     norm_paths = ("ln_1", "ln_2", "transformer.ln_f")
     d_mlp_key = "n_inner"
 

@@ -21,6 +21,7 @@ class GPTNeoXView(ModelView):
     norm_kind = "layernorm"
     gated_mlp = False
     layers_path = "gpt_neox.layers"
+    attention_path = "attention"
     norm_paths = ("input_layernorm", "post_attention_layernorm", "gpt_neox.final_layer_norm")
 
     def read_sizes(self) -> None:

@@ -44,9 +44,10 @@ def first_input(args: tuple, kwargs: dict) -> torch.Tensor:
     return next(iter(kwargs.values()))
 
 
-def output_tensor(output: Any) -> torch.Tensor:
-    """The hidden states a module returned (HF decoder layers may return a tuple)."""
-    return output[0] if isinstance(output, (tuple, list)) else output
+def output_tensor(output: Any, index: int = 0) -> torch.Tensor:
+    """The hidden states a module returned (HF decoder layers may return a tuple; ``index``: which part,
+    e.g. 1 for the attention pattern an eager HF attention module returns beside its output)."""
+    return output[index] if isinstance(output, (tuple, list)) else output
 
 
 @contextmanager
@@ -68,8 +69,11 @@ def hooks(*specs: Hook) -> Iterator[None]:
 
 
 @contextmanager
-def capture(modules: Mapping[Hashable, nn.Module], kind: HookKind = "pre", *, detach: bool = True) -> Iterator[dict]:
-    """Record each module's first input (``pre``) or output (``post``) under its key.
+def capture(
+    modules: Mapping[Hashable, nn.Module], kind: HookKind = "pre", *, detach: bool = True, index: int = 0
+) -> Iterator[dict]:
+    """Record each module's first input (``pre``) or output (``post``; part ``index`` of a tuple output)
+    under its key.
 
     Yields the dict that is filled while the block runs; a module called twice keeps the last call.
     """
@@ -81,7 +85,7 @@ def capture(modules: Mapping[Hashable, nn.Module], kind: HookKind = "pre", *, de
 
         if kind == "pre":
             return lambda mod, args, kwargs: keep(first_input(args, kwargs))
-        return lambda mod, args, kwargs, out: keep(output_tensor(out))
+        return lambda mod, args, kwargs, out: keep(output_tensor(out, index))
 
     with hooks(*(Hook(m, recorder(k), kind) for k, m in modules.items())):
         yield got

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lit_svd.addresses import Address
 from lit_svd.linalg import SVD, svd_dense, svd_factored
 from lit_svd.models.base import ModelView
 from lit_svd.models.hooks import Hook, first_input, hooks
@@ -88,6 +89,10 @@ class Component:
     @property
     def site(self) -> str:
         return SITE_OF[self.kind]
+
+    def address(self, group: int, direction: int) -> Address:
+        """The address of direction ``direction`` of group ``group`` (head, KV head, 0 for the layer)."""
+        return Address(self.layer, self.kind, int(group), int(direction))
 
     @property
     def group(self) -> str:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from lit_svd.addresses import Address
 from lit_svd.analysis.blocks import component_blocks, direction_block
 from lit_svd.analysis.causal import (
     N_RANDOM,
@@ -57,17 +58,18 @@ class ProbeChanges(Metric):
         return {"mean": self.change / self.prompts.clamp_min(1), "prompts": self.prompts.clone()}
 
 
-def run_claims(run: Path, claims: str, kinds: Sequence[str]) -> tuple[dict, dict[str, list[tuple[int, int]]]]:
-    """``(masks_state, {component name: [(group, direction)]})`` of a finished mask run (``lit_svd.runs``)."""
+def run_claims(run: Path, claims: str, kinds: Sequence[str]) -> tuple[dict, dict[str, list[Address]]]:
+    """``(masks_state, {component name: [Address of each claimed direction]})`` of a finished mask run
+    (``lit_svd.runs``)."""
     found = load_run(run, need=("masks",), what="direction-mask run")
     state = found.masks
-    out: dict[str, list[tuple[int, int]]] = {}
+    out: dict[str, list[Address]] = {}
     if claims == "kept":
         for name, hard in hard_masks(state["lambdas"], state["threshold"]).items():
             if name.split(".", 1)[1] in kinds:
                 keep = torch.nonzero(hard).tolist()
                 if keep:
-                    out[name] = [(int(g), int(k)) for g, k in keep]
+                    out[name] = [_claim(name, g, k) for g, k in keep]
     else:
         swap = found.content.get("steering_swap") if found.has("results") else None
         if not swap:
@@ -76,20 +78,24 @@ def run_claims(run: Path, claims: str, kinds: Sequence[str]) -> tuple[dict, dict
                 " e.g. GP)"
             )
         for d in swap["directions"]:
-            out.setdefault(d["component"], []).append((int(d["head"]), int(d["direction"])))
+            out.setdefault(d["component"], []).append(_claim(d["component"], d["head"], d["direction"]))
     return state, out
 
 
-def block_columns(component: Component, claims: Sequence[tuple[int, int]], rel_gap: float) -> list[dict]:
+def _claim(component: str, group: int, direction: int) -> Address:
+    layer, kind = component.split(".", 1)
+    return Address(int(layer[1:]), kind, int(group), int(direction))
+
+
+def block_columns(component: Component, claims: Sequence[Address], rel_gap: float) -> list[dict]:
     """Per claim its block fields as every mask report gives them (``analysis.blocks.direction_block``:
     ``block`` {id, size, first, last}, ``gap``, ``isolated``, ``past_rank``) and ``block_claimed``: how many
     claims share its block (k of the block's m directions)."""
     blocks = component_blocks(component, rel_gap)
-    rows = [direction_block(blocks, g, k) for g, k in claims]
-    count: dict[tuple[int, int], int] = {}
-    for (g, _), row in zip(claims, rows):
-        count[(g, row["block"]["id"])] = count.get((g, row["block"]["id"]), 0) + 1
-    return [{**row, "block_claimed": count[(g, row["block"]["id"])]} for (g, _), row in zip(claims, rows)]
+    count: dict[Address, int] = {}
+    for a in claims:
+        count[a.block(blocks)] = count.get(a.block(blocks), 0) + 1
+    return [{**direction_block(blocks, a.group, a.index), "block_claimed": count[a.block(blocks)]} for a in claims]
 
 
 class DirectionCheckModule(PretrainedLMModule):

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
+from lit_svd.addresses import Address
 from lit_svd.analysis.blocks import MaskUnit, check_mask_unit, check_rel_gap, component_blocks, mask_units
 from lit_svd.analysis.masks import (
     check_mask_config,
@@ -26,9 +27,9 @@ from lit_svd.analysis.masks import (
     kept_report,
     mask_loss,
     most_effective_direction,
-    task_scores,
 )
 from lit_svd.linalg import REL_GAP
+from lit_svd.metrics import TaskScorer, task_scorer
 from lit_svd.models.intervene import Intervention, build_components
 from lit_svd.modules import mask_measures
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -159,14 +160,19 @@ class DirectionMaskModule(PretrainedLMModule):
         task = getattr(getattr(self.trainer, "datamodule", None), "task", None)
         self.task = getattr(task, "name", self.task)
 
-    def scores(self, logits: Tensor, full: Tensor, batch: dict) -> dict[str, Tensor]:
-        """``task_scores`` for this run's task (one-line error when no task data set the task)."""
+    @property
+    def scorer(self) -> TaskScorer:
+        """This run's task scorer (one-line error when no task data set the task)."""
         if self.task is None:
             raise ValueError(
                 "direction masks need the task of the prompts (ioi, gp or gt); use"
                 " lit_svd.datamodules.tasks.TaskDataModule"
             )
-        return task_scores(logits, full, batch, self.task)
+        return task_scorer(self.task)
+
+    def scores(self, logits: Tensor, full: Tensor, batch: dict) -> dict[str, Tensor]:
+        """``TaskScorer.scores`` of this run's task."""
+        return self.scorer.scores(logits, full, batch)
 
     def on_fit_start(self) -> None:
         self.components_to_device()
@@ -341,7 +347,7 @@ class DirectionMaskModule(PretrainedLMModule):
     def kept(self) -> dict:
         return kept_report(self.components, self.lambdas(), self.threshold)
 
-    def most_effective_ov_direction(self, batch: dict) -> tuple[str, int, int] | None:
+    def most_effective_ov_direction(self, batch: dict) -> Address | None:
         """The kept OV direction whose hard-mask scale moves the task metric most (first order)."""
         reference = self.reference(batch)
 

@@ -121,7 +121,7 @@ def steering(module, batch: dict, target: tuple, factors: Sequence[float]) -> di
         picked = module.most_effective_ov_direction(batch)
         if picked is None:
             return None
-        name, head, direction = picked
+        name, head, direction = picked.component, picked.group, picked.index
     rows = steer(
         steered_run(module, batch), module.intervention, batch, name, head, direction, list(factors), task=module.task
     )
