@@ -223,3 +223,35 @@ def test_mounts_on_cuda_equal_the_cpu(tiny_dirs):
         assert a["checks"] == b["checks"]
         assert b["lift_tiled"] == pytest.approx(a["lift_tiled"], abs=1e-4)
         assert b["span_ceiling"] == pytest.approx(a["span_ceiling"], abs=1e-4)
+
+
+def test_a_mount_plan_moves_whole_and_keeps_its_atoms_views_of_proj():
+    """``SitePlan.to``: every tensor on the new device (``meta`` stands in for a GPU), the coverage atoms still
+    slices of the one projection matrix (no second copy), nothing else changed."""
+    import dataclasses
+
+    from lit_svd.analysis import mounts as M
+
+    W = torch.randn(24, 40, generator=torch.Generator().manual_seed(0))
+    plan = M.plan_site(W, 8, 2, [1, 2], k_active=3, linear=True, bias=torch.ones(24))
+    moved = plan.to("meta")
+
+    def tensors(obj):
+        if isinstance(obj, torch.Tensor):
+            yield obj
+        elif dataclasses.is_dataclass(obj):
+            for f in dataclasses.fields(obj):
+                yield from tensors(getattr(obj, f.name))
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                yield from tensors(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                yield from tensors(v)
+
+    before, after = list(tensors(plan)), list(tensors(moved))
+    assert len(before) == len(after) > 20 and all(t.device.type == "meta" for t in after)
+    assert [(t.shape, t.dtype) for t in before] == [(t.shape, t.dtype) for t in after]
+    for _, tiled, rand in moved.coverage:
+        assert tiled.D._base is moved.proj and rand.D._base is moved.proj
+    assert moved.blocks == plan.blocks and moved.tiles == plan.tiles and plan.to("cpu").proj is plan.proj
