@@ -172,7 +172,7 @@ def describe(r: dict, units: float, unit: str) -> str:
         return f"FAILED ({r['error'][:120]})"
     mem = f", GPU peak {r['gpu_bytes'] / 2**30:.2f} GiB" if r.get("gpu_bytes") else ""
     rss = f", RSS {r['rss_bytes'] / 2**30:.2f} GiB" if r.get("rss_bytes") else ""
-    return f"{r['wall']:6.1f} s, {units / r['wall']:8.1f} {unit}/s{mem}{rss}"
+    return f"{r['wall']:6.1f} s, {units / r['wall']:8.3g} {unit}/s{mem}{rss}"
 
 
 def main() -> int:
@@ -201,7 +201,7 @@ def main() -> int:
 
     def check(name: str, args: list[str], units: float, unit: str) -> None:
         cpu = run(args, "cpu", where / name / "cpu", opts.cpu_threads)
-        other = run(args, side, where / name / side, opts.cpu_threads)
+        other = run(args, side, where / name / ("gpu" if gpu else "cpu_again"), opts.cpu_threads)
         if "error" in cpu or "error" in other:
             agree, note = False, ""
         else:
