@@ -321,9 +321,7 @@ def test_token_budget_larger_than_the_corpus_fails_with_one_line(tiny_llama_dir,
     assert "\n" not in str(err.value)
 
 
-DDP_KW = dict(
-    tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], steer_texts=4, steer_mounts=2, layers=[1], rules={"c1_min_layer": 0}
-)
+DDP_KW = dict(tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], steer_texts=4, steer_mounts=2, rules={"c1_min_layer": 0})
 DDP_SCRIPT = textwrap.dedent(
     f"""
     import json, sys, torch
@@ -332,7 +330,7 @@ DDP_SCRIPT = textwrap.dedent(
     model_dir, out = sys.argv[1], sys.argv[2]
     g = torch.Generator().manual_seed(0)
     data = [{{"input_ids": w}} for w in torch.randint(0, 2000, (16, 16), generator=g)]
-    module = MountsAnalysisModule(model=model_dir, **{DDP_KW!r})
+    module = MountsAnalysisModule(model=model_dir, layers_per_pass=1, **{DDP_KW!r})
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.test(module, dataloaders=torch.utils.data.DataLoader(data, batch_size=4), verbose=False)
@@ -344,7 +342,8 @@ DDP_SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 def test_ddp_two_processes_give_the_same_table_as_one(tiny_llama_dir, tmp_path):
-    # two DDP processes in a subprocess (pytest itself is not forked)
+    # two DDP processes in a subprocess (pytest itself is not forked), a layer per pass, against one process
+    # scoring both layers in one pass
     script = tmp_path / "ddp_mounts.py"
     script.write_text(DDP_SCRIPT)
     out = tmp_path / "rows_ddp.json"
@@ -373,7 +372,7 @@ def test_ddp_two_processes_give_the_same_table_as_one(tiny_llama_dir, tmp_path):
     )
     trainer.test(module, dataloaders=torch.utils.data.DataLoader(data, batch_size=4), verbose=False)
     one = json.loads(json.dumps(module.rows))
-    assert len(one) == len(two) == 7
+    assert len(one) == len(two) == 14
     for a, b in zip(one, two):
         assert (a["site"], a["layer"], a["n_tokens"]) == (b["site"], b["layer"], b["n_tokens"])
         assert a["checks"] == b["checks"]
@@ -382,3 +381,73 @@ def test_ddp_two_processes_give_the_same_table_as_one(tiny_llama_dir, tmp_path):
                 assert b[key] == pytest.approx(value, abs=1e-6), (a["site"], a["layer"], key)
             elif isinstance(value, list) and value and isinstance(value[0], float):
                 assert b[key] == pytest.approx(value, abs=1e-6), (a["site"], a["layer"], key)
+
+
+# --- bounded memory: a group of layers per pass over the tokens ---------------------------------
+@pytest.fixture(scope="module")
+def deep_tiny_dirs(tmp_path_factory, tokenizer):
+    """4-layer tiny Llama and Gemma-3 (sliding-window and global layers) saved like any local model."""
+    out = {}
+    deeper = {
+        "llama": dict(num_hidden_layers=4),
+        "gemma3": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2),
+    }
+    for arch, overrides in deeper.items():
+        folder = tmp_path_factory.mktemp(f"tiny4_{arch}")
+        tiny_causal_lm(arch, **overrides).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        out[arch] = str(folder)
+    return out
+
+
+PASS_KW = dict(tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], steer_texts=2, steer_mounts=2, null_stride=2)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("layers, per_pass", [(None, 1), ([0, 2, 3], 2), ([3, 1], 1)])
+def test_layers_per_pass_gives_exactly_the_table_of_one_pass(deep_tiny_dirs, arch, layers, per_pass):
+    """Each later pass starts from the recorded residual stream and stops after its layers: every figure,
+    effective paths, ceiling, null and steering included, is bit-identical to scoring all layers at once."""
+    batches = _batches(n=4, L=20)
+    kw = dict(model=deep_tiny_dirs[arch], layers=layers, rules={"c1_min_layer": 0}, **PASS_KW)
+    one = MountsAnalysisModule(**kw)
+    split = MountsAnalysisModule(**kw, layers_per_pass=per_pass)
+    assert len(one.passes) == 1 and len(split.passes) > 1
+    want, got = _run(one, batches), _run(split, batches)
+    assert list(got) == list(want)  # same rows in the same (layer-sorted) order
+    assert json.dumps(split.rows) == json.dumps(one.rows)
+    assert split._batches == [] and split._resume == {}  # the stored ids and boundaries are dropped
+    assert set(split.plans) == {f"L{l}_{s}" for l in split.passes[-1] for s in split.sites}  # the last pass's only
+
+
+def test_run_blocks_resumes_from_a_recorded_boundary_and_stops(deep_tiny_dirs):
+    from lit_svd.models.hooks import capture
+    from lit_svd.models.layer_passes import layer_groups, pass_bounds, run_blocks
+
+    module = MountsAnalysisModule(model=deep_tiny_dirs["gemma3"], tile_widths=TINY_TILES)
+    lm, view = module.lm, module.view
+    ids = _batches(n=1)[0]["input_ids"]
+    calls = []
+    counting = hooks(*[Hook(view.block(l), lambda *a, l=l: calls.append(l)) for l in range(4)])
+    with torch.no_grad(), capture({l: view.block(l) for l in range(4)}, "post") as full:
+        lm(input_ids=ids)
+        with counting:
+            boundary = run_blocks(view, lambda: lm(input_ids=ids), stop=1, record=1)
+    assert calls == [0, 1]  # stopped after block 1
+    torch.testing.assert_close(boundary, full[1], rtol=0, atol=0)
+    calls.clear()
+    counting = hooks(
+        *[Hook(view.block(l), lambda *a, l=l: calls.append(l)) for l in range(4)],
+        *[Hook(view.site_module(l, "q"), lambda *a, l=l: calls.append(f"q{l}")) for l in range(4)],
+    )
+    with torch.no_grad(), counting, capture({3: view.block(3)}, "post") as late:
+        run_blocks(view, lambda: lm(input_ids=ids), start=2, resume=boundary)
+    torch.testing.assert_close(late[3], full[3], rtol=0, atol=0)  # blocks 2-3 see exactly the full model's input
+    assert calls == [0, 1, "q2", 2, "q3", 3]  # blocks 0-1 compute nothing; hooks on them still run
+    assert "forward" not in view.block(0).__dict__  # the replay is undone
+    with pytest.raises(ValueError, match="needs the recorded output of block 1"):
+        run_blocks(view, lambda: lm(input_ids=ids), start=2)
+    assert layer_groups([3, 1, 3, 0], 2) == [[0, 1], [3]]
+    assert [pass_bounds([[0, 1], [3]], p) for p in (0, 1)] == [(0, 2, 2), (3, 3, None)]
+    with pytest.raises(ValueError, match="layers_per_pass=0 is not allowed"):
+        layer_groups([0], 0)

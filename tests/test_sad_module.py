@@ -180,7 +180,8 @@ def assert_same_results(a, b, rel=1e-9, top=True):
 
 @pytest.mark.slow
 def test_ddp_two_processes_equal_one(tiny_lm_dir, tmp_path):
-    """The CLI split over two CPU processes (DDP, gloo) writes the results.json of one in-process run."""
+    """The CLI split over two CPU processes (DDP, gloo), one layer per pass, writes the results.json of one
+    in-process run over all layers at once."""
     from lit_svd.datamodules.tasks import TaskDataModule
 
     mod = make_module(tiny_lm_dir, min_pairs=5, null_stride=4)  # as the config
@@ -214,6 +215,8 @@ def test_ddp_two_processes_equal_one(tiny_lm_dir, tmp_path):
             "2",
             "--trainer.enable_progress_bar",
             "false",
+            "--model.init_args.layers_per_pass",
+            "1",  # and a layer per pass over the prompts
             "--trainer.devices",
             "2",
             "--trainer.strategy",
@@ -267,3 +270,44 @@ def test_report_annotates_each_head_with_the_blocks_of_its_omega0(tiny_lm_dir):
         assert [t["sigma"] for t in terms] == pytest.approx(S[:3].tolist(), rel=1e-5)
         assert [t["block"]["size"] for t in terms] == want.size[:3].tolist()
         assert row["basis"]["n_isolated"] == int(want.isolated.sum()) and row["basis"]["rank"] == dh
+
+
+@pytest.fixture(scope="module")
+def deep_lm_dir(tiny_lm_dir, tmp_path_factory):
+    """The tiny Llama's tokenizer with a 4-layer model."""
+    from transformers import AutoTokenizer
+
+    from lit_svd.models.tiny import tiny_causal_lm
+
+    tok = AutoTokenizer.from_pretrained(tiny_lm_dir)
+    folder = tmp_path_factory.mktemp("tiny_llama4")
+    tiny_causal_lm("llama", vocab_size=len(tok), num_hidden_layers=4).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("layers, per_pass", [(None, 1), ([0, 2, 3], 2)])
+def test_layers_per_pass_gives_exactly_the_results_of_one_pass(deep_lm_dir, tmp_path, layers, per_pass):
+    """Each later pass starts from the recorded residual stream: every figure is bit-identical (the report
+    callback calls results() before the module's epoch end, and still sees every pass)."""
+    from lit_svd.datamodules.tasks import TaskDataModule
+
+    def run(name, **kw):
+        mod = make_module(deep_lm_dir, min_pairs=1, null_stride=2, layers=layers, **kw)
+        dm = TaskDataModule(task="ioi", tokenizer=deep_lm_dir, n_train=0, n_val=0, n_test=6, batch_size=2, seed=0)
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=1,
+            enable_progress_bar=False,
+            default_root_dir=tmp_path / name,
+            callbacks=[SADReport()],
+        )
+        trainer.test(mod, datamodule=dm, verbose=False)
+        return mod, json.loads((Path(trainer.log_dir) / "results.json").read_text())
+
+    one, want = run("one")
+    split, got = run("split", layers_per_pass=per_pass)
+    assert len(one.passes) == 1 and len(split.passes) > 1
+    assert got["n_prompts"] == 6 and got["summary"]["n_pairs"] > 0
+    assert json.dumps(got) == json.dumps(want)
+    assert list(split.bases) == split.passes[-1] and split._batches == []  # only the last pass's bases are left

@@ -60,7 +60,7 @@ class Probes:
         """``[C, d_out]``: each direction in the site's output space."""
         c = self.component
         delta = torch.zeros(len(self), *c.shape, dtype=c.V.dtype, device=c.V.device)
-        delta[torch.arange(len(self)), self.group] = self.coords.to(c.V.dtype)
+        delta[torch.arange(len(self), device=self.group.device), self.group] = self.coords.to(c.V.dtype)
         return c.write(delta)
 
 
@@ -118,7 +118,7 @@ def patched_metrics(
     task = task_scorer(task)
     cols = task.columns(batch)
     C = len(probes)
-    out = torch.empty(len(batch["answer_pos"]), C)
+    out = torch.empty(len(batch["answer_pos"]), C, device=batch["answer_pos"].device)
     unembed = view.unembed()
     for length in batch["answer_pos"].unique().tolist():
         idx = torch.nonzero(batch["answer_pos"] == length).flatten()

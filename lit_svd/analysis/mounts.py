@@ -90,9 +90,10 @@ def mounts_from_tiles(svds: list[SVD], bounds: list[tuple[int, int]], d_in: int,
     Us, Vs, Ss, tiles = [], [], [], []
     for t, (svd, (s, e)) in enumerate(zip(svds, bounds)):
         k = min(modes, svd.S.numel())
-        V = torch.zeros(d_in, k, dtype=torch.float64)
+        V = torch.zeros(d_in, k, dtype=torch.float64, device=svd.V.device)
         V[s:e] = svd.V[:, :k]
-        Us.append(svd.U[:, :k]), Vs.append(V), Ss.append(svd.S[:k]), tiles.append(torch.full((k,), t))
+        Us.append(svd.U[:, :k]), Vs.append(V), Ss.append(svd.S[:k])
+        tiles.append(torch.full((k,), t, device=svd.V.device))
     return Mounts(torch.cat(Us, 1), torch.cat(Vs, 1), torch.cat(Ss), torch.cat(tiles))
 
 
@@ -112,20 +113,22 @@ def whole_svd_mounts(W: Tensor, n: int) -> Mounts:
             " lower modes_per_tile or widen the tiles"
         )
     svd = top_svd(W, n)
-    return Mounts(svd.U, svd.V, svd.S, torch.full((n,), -1))
+    return Mounts(svd.U, svd.V, svd.S, torch.full((n,), -1, device=W.device))
 
 
 def column_sample_mounts(W: Tensor, n: int, seed: int = 0) -> Mounts:
     """Draw ``min(4n, d_in)`` columns without replacement with probability proportional to their
-    norm, keep the ``n`` of highest norm; write = the normalised column, trigger = that input axis."""
+    norm, keep the ``n`` of highest norm; write = the normalised column, trigger = that input axis.
+    The draw is made on the CPU (the same columns on every device)."""
     W = W.double()
     norms = W.norm(dim=0)
     g = torch.Generator().manual_seed(seed)
-    drawn = torch.multinomial(norms.clamp_min(EPS), min(4 * n, W.shape[1]), replacement=False, generator=g)
+    drawn = torch.multinomial(norms.cpu().clamp_min(EPS), min(4 * n, W.shape[1]), replacement=False, generator=g)
+    drawn = drawn.to(W.device)
     cols = drawn[norms[drawn].argsort(descending=True)[:n]]
-    V = torch.zeros(W.shape[1], n, dtype=torch.float64)
-    V[cols, torch.arange(n)] = 1.0
-    return Mounts(W[:, cols] / norms[cols].clamp_min(EPS), V, norms[cols], torch.full((n,), -1))
+    V = torch.zeros(W.shape[1], n, dtype=torch.float64, device=W.device)
+    V[cols, torch.arange(n, device=W.device)] = 1.0
+    return Mounts(W[:, cols] / norms[cols].clamp_min(EPS), V, norms[cols], torch.full((n,), -1, device=W.device))
 
 
 def random_units(d: int, n: int, seed: int) -> Tensor:
@@ -136,12 +139,8 @@ def random_units(d: int, n: int, seed: int) -> Tensor:
 
 def random_mounts(d_out: int, d_in: int, n: int, seed: int = 0) -> Mounts:
     """Random unit writes (``seed``) and triggers (``seed + 1``), strength 1."""
-    return Mounts(
-        random_units(d_out, n, seed),
-        random_units(d_in, n, seed + 1),
-        torch.ones(n, dtype=torch.float64),
-        torch.full((n,), -1),
-    )
+    U, V = random_units(d_out, n, seed), random_units(d_in, n, seed + 1)  # seeded draws: on the CPU
+    return Mounts(U, V, torch.ones(n, dtype=torch.float64, device=U.device), torch.full((n,), -1, device=U.device))
 
 
 def reference_directions(d_out: int, n: int) -> Tensor:
@@ -219,20 +218,20 @@ def sparse_explained_many(pairs: list[tuple[Tensor, Tensor]], k_active: int) -> 
         idx = c.abs().topk(k, dim=1).indices  # [T, k]
         cks.append(c.gather(1, idx).unsqueeze(2))
         Gks.append(G[idx.unsqueeze(2), idx.unsqueeze(1)])  # [T, k, k]
-        owner.append(torch.full((c.shape[0],), i))
+        owner.append(torch.full((c.shape[0],), i, device=c.device))
     if len({ck.shape[1] for ck in cks}) > 1:  # a dictionary smaller than k_active: solve separately
         return torch.cat([sparse_explained_many([p], k_active) for p in pairs])
     ck, Gk, owner = torch.cat(cks), torch.cat(Gks), torch.cat(owner)
     L, info = torch.linalg.cholesky_ex(Gk)
     ok = info == 0
-    per_token = torch.zeros(len(ck), dtype=torch.float64)
+    per_token = torch.zeros(len(ck), dtype=torch.float64, device=ck.device)
     per_token[ok] = (torch.linalg.solve_triangular(L[ok], ck[ok], upper=False) ** 2).sum((1, 2))
     if not ok.all():  # (near-)dependent atoms: pseudo-inverse through the eigenbasis
         evals, evecs = torch.linalg.eigh(Gk[~ok])
         proj = (evecs.mT @ ck[~ok]).squeeze(2)
         keep = evals > 1e-10 * evals[:, -1:].clamp_min(EPS)
         per_token[~ok] = (proj**2 / torch.where(keep, evals, torch.ones_like(evals)) * keep).sum(1)
-    return torch.zeros(len(pairs), dtype=torch.float64).index_add_(0, owner, per_token)
+    return torch.zeros(len(pairs), dtype=torch.float64, device=ck.device).index_add_(0, owner, per_token)
 
 
 @dataclass(frozen=True)
@@ -255,6 +254,37 @@ class SitePlan:
     @property
     def n(self) -> int:
         return len(self.strategies["tiled"])
+
+    def to(self, device: torch.device | str) -> SitePlan:
+        """The same plan with its tensors on ``device`` (where the activations are scored); the coverage
+        atoms stay views of ``proj``. Plans are built on the CPU in float64 (``plan_site``), so every
+        device scores the same mounts."""
+        proj = self.proj.to(device)
+        mv = lambda t: t.to(device)  # noqa: E731
+        coverage = [
+            (
+                m,
+                CoverageDict(proj[:, self.blocks[f"cov_t{i}"]], mv(t.G)),
+                CoverageDict(proj[:, self.blocks[f"cov_r{i}"]], mv(r.G)),
+            )
+            for i, (m, t, r) in enumerate(self.coverage)
+        ]
+        strategies = {s: Mounts(mv(m.U), mv(m.V), mv(m.S), mv(m.tile)) for s, m in self.strategies.items()}
+        spans = {s: mv(Q) for s, Q in self.spans.items()}
+        affine = None if self.affine is None else mv(self.affine)
+        return SitePlan(
+            mv(self.W),
+            strategies,
+            mv(self.ref),
+            spans,
+            coverage,
+            self.tiles,
+            self.k_active,
+            proj,
+            self.blocks,
+            mv(self.V32),
+            affine,
+        )
 
     @property
     def d_out(self) -> int:
@@ -288,7 +318,9 @@ def plan_site(
     linear: bool = False,
     bias: Tensor | None = None,
 ) -> SitePlan:
-    """Build the mounts of all strategies, references, span bases and coverage dictionaries of ``W``.
+    """Build the mounts of all strategies, references, span bases and coverage dictionaries of ``W``, on the
+    CPU in float64 whatever device ``W`` is on (seeded draws and eigen-decompositions then give the same
+    plan everywhere; ``SitePlan.to`` moves it to where the activations are).
 
     ``linear``: the scored writes are exactly ``dh = W x + bias`` (a module site), so the ceiling's
     Gram may be summed on the input side when that is smaller (``ceiling_dim``)."""
@@ -445,7 +477,7 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor | None, ceiling: bool = True
     tiled, b = plan.strategies["tiled"], plan.blocks
     trig = (x @ plan.V32).double()  # [T, n]: sigma_j (v_j . x_t)
     U32, ref32 = plan.proj[:, b["lift_tiled"]], plan.proj[:, b["ref"]]
-    tm, tr, ie, inn = (torch.zeros(plan.n, dtype=torch.float64) for _ in range(4))
+    tm, tr, ie, inn = (torch.zeros(plan.n, dtype=torch.float64, device=x.device) for _ in range(4))
     own = dh is None
     for t, (s, e) in enumerate(plan.tiles):
         j = (tiled.tile == t).nonzero().squeeze(1)
@@ -472,7 +504,7 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor | None, ceiling: bool = True
     )
     n_sweep = len(plan.coverage)
     out = {
-        "tokens": torch.tensor(float(dh.shape[0]), dtype=torch.float64),
+        "tokens": torch.tensor(float(dh.shape[0]), dtype=torch.float64, device=dh.device),
         "energy": norm2.sum(),
         "lift": torch.stack([ratio[b[f"lift_{s}"]] for s in STRATEGIES]),
         "ref": ratio[b["ref"]],
@@ -513,7 +545,7 @@ def span_ceiling(gram: Tensor, n: int, tokens: float) -> float:
 
 
 def summarize(plan: SitePlan, sums: dict[str, Tensor]) -> dict:
-    """Turn accumulated sums into the site-layer's figures (plain floats and lists)."""
+    """Turn accumulated sums into the site-layer's figures (plain floats and lists, computed on the CPU)."""
     p = {k: v.double().cpu() for k, v in sums.items()}
     T = p["tokens"].item()
     if T <= 0:
@@ -532,7 +564,8 @@ def summarize(plan: SitePlan, sums: dict[str, Tensor]) -> dict:
         row[f"span_{s}"] = span[i].item()
         row[f"span_lift_{s}"] = (span[i] - span[STRATEGIES.index("random")]).item()
     if "gram" in p:
-        gram = p["gram"] if plan.affine is None else plan.affine @ p["gram"] @ plan.affine.mT
+        affine = None if plan.affine is None else plan.affine.cpu()
+        gram = p["gram"] if affine is None else affine @ p["gram"] @ affine.mT
         row["span_ceiling"] = span_ceiling(gram, n, T)
         row["span_lift_ceiling"] = row["span_ceiling"] - row["span_random"]
         for s in STRATEGIES[:-1]:

@@ -82,14 +82,14 @@ def check_null_stride(n: int, key: str = "null_stride") -> int:
     return n
 
 
-def null_prompts(n_rows: int, index: Tensor | None, stride: int) -> Tensor | None:
+def null_prompts(n_rows: int, index: Tensor | None, stride: int, device: torch.device | None = None) -> Tensor | None:
     """Rows of a batch the matched null is scored on: the prompts whose index in their split (``index``, as
     the data modules give it) is a multiple of ``stride``, so the subset does not depend on batching or DDP
-    sharding; without ``index``, every ``stride``-th row of the batch. None (all rows) for stride 1."""
+    sharding; without ``index``, every ``stride``-th row of the batch (on ``device``). None (all rows) for stride 1."""
     if stride == 1:
         return None
     if index is None:
-        return torch.arange(0, n_rows, stride)
+        return torch.arange(0, n_rows, stride, device=device)
     return torch.nonzero(index.reshape(-1) % stride == 0).squeeze(1)
 
 
@@ -584,14 +584,23 @@ def layer_bases(
 
 
 @torch.no_grad()
-def attention_inputs(view, input_ids: Tensor, attention_mask: Tensor, layers: list[int]) -> dict[int, Tensor]:
+def attention_inputs(
+    view,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    layers: list[int],
+    run: Callable[[Callable[[], object]], object] | None = None,
+) -> dict[int, Tensor]:
     """Run the model once; per layer the augmented input ``[B, T, d_model + 1]`` its attention reads
-    (``[1, view.normalized("attn", layer, resid)]``)."""
+    (``[1, view.normalized("attn", layer, resid)]``). ``run(forward)`` calls the model's forward (default:
+    ``forward()``; ``lit_svd.models.layer_passes.run_blocks`` runs only the blocks a pass needs)."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+    def forward():  # the logits are not needed (262k-word vocabularies)
+        view.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=1)
+
     with capture({l: view.block(view.check_layer(l)) for l in layers}, "pre") as got:
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-        view.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=1
-        )  # the logits are not needed (262k-word vocabularies)
+        forward() if run is None else run(forward)
     return {l: augment_inputs(view.normalized("attn", l, got[l])) for l in layers}
 
 

@@ -1,10 +1,16 @@
 """Tiled-SVD mounts of every linear site of a frozen LM, scored on a text stream (``python -m lit_svd test``).
 
-One forward pass per batch; forward hooks (``lit_svd.models.hooks``) capture each layer's site inputs and
-outputs and reduce them to token sums as soon as the layer finishes (``lit_svd.analysis.mounts.site_sums``),
-so memory holds one layer's activations of one batch. Sums live in named torchmetrics states
-(``NamedSums``, ``dist_reduce_fx="sum"``), so a DDP run over sharded tokens gives the same table as one
-process.
+Forward hooks (``lit_svd.models.hooks``) capture each layer's site inputs and outputs and reduce them to
+token sums as soon as the layer finishes (``lit_svd.analysis.mounts.site_sums``), so memory holds one
+layer's activations of one batch. Sums live in named torchmetrics states (``NamedSums``,
+``dist_reduce_fx="sum"``), so a DDP run over sharded tokens gives the same table as one process.
+
+Bounded memory: the layers are scored ``layers_per_pass`` at a time. The first pass runs in Lightning's test
+loop (which also keeps this rank's token ids: a few bytes a token); each later pass runs over the same ids
+at the end of the epoch, starting from the recorded residual stream before its first layer and stopping
+after its last (``lit_svd.models.layer_passes``), so all passes together cost one forward pass. A pass's
+plans and sums are reduced to its rows (steering included) before the next pass builds its own, so memory
+holds the weights, one batch's activations and one group of layers' plans and sums.
 
 Controls per site-layer: the *data ceiling* (top-``n`` principal directions of the site's own outputs,
 same tokens) and, with ``null_control=True``, the *structureless null*: a matrix with the site's singular values
@@ -21,6 +27,7 @@ fit never sees a scored token.
 from __future__ import annotations
 
 import copy
+import gc
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,6 +41,7 @@ from lit_svd.analysis import mounts as M
 from lit_svd.analysis.mounts import RESIDUAL_SITES
 from lit_svd.models.base import SITES
 from lit_svd.models.hooks import Hook, first_input, hooks
+from lit_svd.models.layer_passes import layer_groups, pass_bounds, run_blocks
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 DEFAULT_TILE_WIDTHS = M.PAPER_TILE_WIDTHS  # "fixed": the paper's absolute widths
@@ -45,11 +53,14 @@ class NamedSums(Metric):
 
     full_state_update = False
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]]):
+    def __init__(self, shapes: dict[str, tuple[int, ...]], device: torch.device | str | None = None):
         super().__init__()
         self.names = tuple(shapes)
         for name, shape in shapes.items():
-            self.add_state(name, torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+            self.add_state(name, torch.zeros(shape, dtype=torch.float64, device=device), dist_reduce_fx="sum")
+            # torchmetrics keeps a copy of every default for reset(); a broadcast zero resets to the same
+            # zeros (reset clones it into a full tensor) without holding a second d x d Gram per site-layer
+            self._defaults[name] = torch.zeros((), dtype=torch.float64, device=device).expand(shape)
 
     def update(self, sums: dict[str, Tensor]) -> None:
         for name, value in sums.items():
@@ -107,6 +118,8 @@ class MountsAnalysisModule(PretrainedLMModule):
             singular vectors) by the same rules, steering included.
         null_stride: the null sees every so many-th token of the same stream (1: every token, exact; the shipped
             configs use 8, which bench/mounts_bench.py and the SmolLM2 run show changes no verdict).
+        layers_per_pass: score this many layers per pass over the tokens (null: all layers in one pass); memory
+            holds one group's plans and sums (SmolLM2: about 0.15 GB a layer), the table does not change.
     """
 
     def __init__(
@@ -132,6 +145,7 @@ class MountsAnalysisModule(PretrainedLMModule):
         rules: dict | None = None,
         null_control: bool = True,
         null_stride: int = 1,
+        layers_per_pass: int | None = None,
     ):
         super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
         self.save_hyperparameters()
@@ -139,7 +153,9 @@ class MountsAnalysisModule(PretrainedLMModule):
         self.sites = list(sites) if sites is not None else [s for s in SITES if s != "gate" or view.gated_mlp]
         for s in self.sites:
             view.check_site(s)
-        self.layers = list(range(view.n_layers)) if layers is None else [view.check_layer(int(l)) for l in layers]
+        layers = range(view.n_layers) if layers is None else [view.check_layer(int(l)) for l in layers]
+        self.passes = layer_groups(list(layers), layers_per_pass)  # groups of sorted layers, one per pass
+        self.layers = [l for group in self.passes for l in group]
         if not 0.0 < fit_fraction < 1.0:
             raise ValueError(f"fit_fraction={fit_fraction!r} is not allowed: it must lie strictly between 0 and 1")
         for key, value in (
@@ -168,6 +184,7 @@ class MountsAnalysisModule(PretrainedLMModule):
                 M.check_modes(
                     m, bounds[0][1] - bounds[0][0], d_out, "modes_per_tile" if m == modes_per_tile else "modes_sweep"
                 )
+        # the current pass's plans and sums (after a run: the last pass's)
         self.plans: dict[str, M.SitePlan] = {}
         self.null_plans: dict[str, M.SitePlan] = {}
         self.sums = torch.nn.ModuleDict()
@@ -175,6 +192,8 @@ class MountsAnalysisModule(PretrainedLMModule):
         self.fit = torch.nn.ModuleDict()
         self.rows: list[dict] = []
         self.first_ids: Tensor | None = None
+        self._batches: list[tuple[Tensor, Tensor | None]] = []  # this rank's token ids, for passes after the first
+        self._resume: dict[int, Any] = {}  # per batch: the residual stream the next pass starts from
 
     # --- shapes and plans --------------------------------------------------------------------------
     def _tile_widths(self, tile_widths) -> dict[str, int]:
@@ -218,31 +237,36 @@ class MountsAnalysisModule(PretrainedLMModule):
         """The site-layer's plan and, with ``null``, its structureless null's plan (module sites score
         ``x W^T + bias`` exactly, so their ceiling may be summed on the input side)."""
         k = self.key(layer, site)
-        self.plans[k] = self._plan(W_out_in, site, bias)
+        self.plans[k] = self._plan(W_out_in, site, bias).to(self.device)  # built on the CPU, scored here
         if self.hparams.null_control:
-            self.null_plans[k] = self._plan(M.haar_null(W_out_in, M.null_seed(layer, site)), site)
+            self.null_plans[k] = self._plan(M.haar_null(W_out_in, M.null_seed(layer, site)), site).to(self.device)
 
-    def setup(self, stage: str) -> None:
-        if self.sums:
-            return
-        jobs = [(l, s) for l in self.layers for s in self.sites if s not in self.effective]
-        for l, s in tqdm(jobs, desc="mount plans", disable=not self._is_zero()):
+    def _start_pass(self, p: int) -> None:
+        """Plans and empty sums of pass ``p``'s layers (those of the previous pass are dropped first)."""
+        for d in (self.plans, self.null_plans, self.sums, self.null_sums, self.fit):
+            d.clear()
+        gc.collect()  # torchmetrics states sit in reference cycles: free them now, not at some later collection
+        layers = self.passes[p]
+        jobs = [(l, s) for l in layers for s in self.sites if s not in self.effective]
+        where = f" (layers {layers[0]}-{layers[-1]})" if len(self.passes) > 1 else ""
+        for l, s in tqdm(jobs, desc=f"mount plans{where}", disable=not self._is_zero()):
             W, b = self.view.site_weight(l, s)
             self._add_plans(l, s, W.mT, b)
         # every state exists from the start (sizes follow from the shapes); effective plans come after the fit
-        v = self.view
+        v, dev = self.view, self.device
         fit_shapes = {"count": ()}
         if "up" in self.effective:
             fit_shapes["gate"] = (v.d_mlp,)
         if "v" in self.effective:
             fit_shapes.update(xtx=(v.d_model, v.d_model), xtz=(v.d_model, v.n_heads * v.d_head))
-        for l in self.layers:
+        for l in layers:
             for s in self.sites:
-                self.sums[self.key(l, s)] = NamedSums(self._shapes(s, ceiling=True))
+                self.sums[self.key(l, s)] = NamedSums(self._shapes(s, ceiling=True), dev)
                 if self.hparams.null_control:
-                    self.null_sums[self.key(l, s)] = NamedSums(self._shapes(s, ceiling=False))
+                    self.null_sums[self.key(l, s)] = NamedSums(self._shapes(s, ceiling=False), dev)
             if self.effective:
-                self.fit[f"L{l}"] = NamedSums(fit_shapes)
+                self.fit[f"L{l}"] = NamedSums(fit_shapes, dev)
+        self._effective_built = False
 
     def _is_zero(self) -> bool:
         return self._trainer is None or self.trainer.is_global_zero
@@ -266,9 +290,8 @@ class MountsAnalysisModule(PretrainedLMModule):
             )
         return max(1, min(n - 1, int(round(self.hparams.fit_fraction * n))))
 
-    def _taps(self, mask: Tensor | None, fitting: bool) -> list[Hook]:
-        """Hooks on every site module of the requested layers; each layer is reduced to sums when its
-        block finishes."""
+    def _taps(self, layers: list[int], mask: Tensor | None, fitting: bool) -> list[Hook]:
+        """Hooks on every site module of ``layers``; each layer is reduced to sums when its block finishes."""
         v = self.view
         needed = (
             set(self.sites)
@@ -276,7 +299,7 @@ class MountsAnalysisModule(PretrainedLMModule):
             | ({"gate", "down"} if "up" in self.effective else set())
         )
         taps = []
-        for l in self.layers:
+        for l in layers:
             store: dict = {}
 
             def tap(mod, args, kwargs, out, store=store):
@@ -317,11 +340,11 @@ class MountsAnalysisModule(PretrainedLMModule):
             if "up" in self.effective:
                 _, g = self._site_io(l, "gate", store)
                 gate = v.mlp(l).act(_tokens(g, mask)).double()
-                stats.update(count=torch.tensor(float(gate.shape[0])), gate=gate.sum(0))
+                stats.update(count=torch.tensor(float(gate.shape[0]), device=gate.device), gate=gate.sum(0))
             if "v" in self.effective:
                 X = _tokens(self._site_io(l, "v", store)[0], mask).double()
                 Z = _tokens(self._site_io(l, "o", store)[0], mask).double()
-                stats.update(count=torch.tensor(float(X.shape[0])), xtx=X.mT @ X, xtz=X.mT @ Z)
+                stats.update(count=torch.tensor(float(X.shape[0]), device=X.device), xtx=X.mT @ X, xtz=X.mT @ Z)
             self.fit[f"L{l}"].update(stats)
             return
         if "v" in self.effective:  # the v input against the mixed value (what o reads)
@@ -331,10 +354,10 @@ class MountsAnalysisModule(PretrainedLMModule):
             x_up, p = self._site_io(l, "up", store)[0], self._site_io(l, "down", store)[0]
             self._score(self.key(l, "up"), _tokens(x_up, mask), _tokens(p, mask))
 
-    def _build_effective(self) -> None:
-        """Reduce the fit statistics over ranks and mount the effective maps."""
+    def _build_effective(self, layers: list[int]) -> None:
+        """Reduce the fit statistics of ``layers`` over ranks and mount their effective maps."""
         v = self.view
-        for l in self.layers:
+        for l in layers:
             f = {k: t.double().cpu() for k, t in self.fit[f"L{l}"].compute().items()}
             if f["count"] <= 0:
                 raise ValueError("no tokens reached the effective-path fit; raise fit_fraction or the token budget")
@@ -352,32 +375,62 @@ class MountsAnalysisModule(PretrainedLMModule):
             return batch["input_ids"], batch.get("attention_mask")
         return batch[0], (batch[1] if len(batch) > 1 else None)
 
-    def test_step(self, batch, batch_idx: int) -> None:
-        ids, attn = self._unpack(batch)
+    def _score_batch(self, p: int, batch_idx: int, ids: Tensor, attn: Tensor | None) -> None:
+        """One batch through pass ``p``: its layers' sums (or, before the switch, their effective-path fit),
+        running only the blocks the pass needs and keeping the residual stream the next pass starts from."""
+        layers = self.passes[p]
         if self.effective and batch_idx == self._n_fit and not self._effective_built:
-            self._build_effective()
+            self._build_effective(layers)
             self._effective_built = True
         fitting = bool(self.effective) and not self._effective_built
         mask = None if attn is None else attn.reshape(-1).bool()
+        start, stop, record = pass_bounds(self.passes, p)
+
+        def forward():  # only the taps are read
+            self.lm(input_ids=ids, attention_mask=attn, logits_to_keep=1)
+
+        with torch.no_grad(), hooks(*self._taps(layers, mask, fitting)):
+            out = run_blocks(self.view, forward, start, self._resume.pop(batch_idx, None), stop, record)
+        if record is not None:
+            self._resume[batch_idx] = out
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        ids, attn = self._unpack(batch)
         if batch_idx == 0:
             self.first_ids = ids[: self.hparams.steer_texts, : self.hparams.steer_tokens].clone()
-        with torch.no_grad(), hooks(*self._taps(mask, fitting)):
-            self.lm(input_ids=ids, attention_mask=attn, logits_to_keep=1)  # only the taps are read
+        if len(self.passes) > 1:
+            self._batches.append((ids, attn))
+        self._score_batch(0, batch_idx, ids, attn)
 
     def on_test_epoch_start(self) -> None:
-        self._effective_built = False
         self._n_fit = self._n_fit_batches() if self.effective else 0
-        for m in (*self.sums.values(), *self.null_sums.values(), *self.fit.values()):
-            m.reset()
+        self._batches, self._resume, self.rows = [], {}, []
+        self._start_pass(0)
 
     # --- the end: summaries, steering, pass rules ----------------------------------------------------
     def on_test_epoch_end(self) -> None:
-        if self.effective and not self._effective_built:
-            raise ValueError("the test stream ended before the effective-path fit finished")
         ctx = self._steer_context(self._steer_texts())
         reading_W = self.view.unembed()[0].double()
         rows = []
-        for l in self.layers:
+        for p in range(len(self.passes)):
+            if p > 0:
+                self._start_pass(p)
+                where = f"mounts pass {p + 1}/{len(self.passes)} (layers {self.passes[p][0]}-{self.passes[p][-1]})"
+                for i, (ids, attn) in enumerate(tqdm(self._batches, desc=where, disable=not self._is_zero())):
+                    self._score_batch(p, i, ids, attn)
+            if self.effective and not self._effective_built:
+                raise ValueError("the test stream ended before the effective-path fit finished")
+            rows += self._pass_rows(p, ctx, reading_W)
+        self._batches, self._resume = [], {}
+        for row in rows:
+            judge_row(row, self.rules)
+        self.rows = rows
+        self.log("mounts/pass_fraction", sum(r["pass"] for r in rows) / len(rows), sync_dist=False)
+
+    def _pass_rows(self, p: int, ctx: SteerContext, reading_W: Tensor) -> list[dict]:
+        """The rows of pass ``p``'s site-layers from their sums, steered (residual writes), not yet judged."""
+        rows = []
+        for l in self.passes[p]:
             for s in self.sites:
                 k = self.key(l, s)
                 null = self.null_plans[k] if self.hparams.null_control else None
@@ -397,10 +450,7 @@ class MountsAnalysisModule(PretrainedLMModule):
             row.update(self._steer(ctx, self.plans[k], row, reading_W))
             if self.hparams.null_control:
                 row["null"].update(self._steer(ctx, self.null_plans[k], row["null"], reading_W, row))
-        for row in rows:
-            judge_row(row, self.rules)
-        self.rows = rows
-        self.log("mounts/pass_fraction", sum(r["pass"] for r in rows) / len(rows), sync_dist=False)
+        return rows
 
     def _steer_texts(self) -> Tensor:
         """The first ``steer_texts`` windows of the stream in global order, identical on every rank: the
@@ -491,8 +541,9 @@ def steer_scores(
     """Check C1 of one site-layer: add ``alpha * u`` to the residual after the sub-layer (at the steered
     positions of ``ctx``) for the ``n_mounts`` tiled mounts of ``plan`` of highest ``tile_lift``; compare the
     mean last-token logit change with ``u``'s unembedding reading (Spearman rho, top-20 Jaccard)."""
-    top = torch.tensor(tile_lift).argsort(descending=True)[:n_mounts]
-    U = plan.strategies["tiled"].U[:, top].mT.float()  # [m, d_model]
+    U = plan.strategies["tiled"].U
+    top = torch.tensor(tile_lift, device=U.device).argsort(descending=True)[:n_mounts]
+    U = U[:, top].mT.float()  # [m, d_model]
     point = "attn" if site == "o" else "mlp"  # read through what follows the write (Gemma's post norms)
     read = unembed_reading(view, view.post_norm(point, layer, U.double()), W_U)
     device = ctx.texts.device

@@ -51,7 +51,10 @@ def score_site_layers(
     plans, nulls = {}, {}
     for key in keys:
         W = view.site_weight(*key)[0].mT
-        plans[key] = M.plan_site(W, tile_widths[key[1]], modes, sweep, k_active, seed, f"tile_widths.{key[1]}")
+        # plans are built on the CPU in float64 (the same mounts on every device), scored where the model runs
+        plans[key] = M.plan_site(W, tile_widths[key[1]], modes, sweep, k_active, seed, f"tile_widths.{key[1]}").to(
+            W.device
+        )
         if null_control:
             nulls[key] = M.plan_site(
                 M.haar_null(W, M.null_seed(*key)),
@@ -61,7 +64,7 @@ def score_site_layers(
                 k_active,
                 seed,
                 f"tile_widths.{key[1]}",
-            )
+            ).to(W.device)
     acts = probe_activations(view, lm, ids, mask, keys) if ids.shape[0] else {}
     if steer is not None:
         steer = {**steer, "context": steer_context(lm, steer["texts"])}
@@ -75,7 +78,9 @@ def score_site_layers(
         else:
             sums = {}
         flat += [
-            sums[k].reshape(-1).double() if k in sums else torch.zeros(shape, dtype=torch.float64).reshape(-1)
+            sums[k].reshape(-1).double()
+            if k in sums
+            else torch.zeros(shape, dtype=torch.float64, device=W.device).reshape(-1)
             for k, shape in shapes.items()
         ]
     total, start = reduce(torch.cat(flat)), 0

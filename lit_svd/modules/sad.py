@@ -3,7 +3,10 @@
 Every analysed head's pairs are decomposed batch by batch (all heads of a layer at once, with the rotated
 control, the matched-spectrum null draws and the pair null) and reduced to per-head sums in
 ``SADHeadStats`` (named torchmetrics states, summed over DDP ranks), so two processes give the results of
-one. ``results()`` turns the sums into rows; ``lit_svd.callbacks.sad.SADReport`` writes ``results.json``
+one. With ``layers_per_pass`` the layers are decomposed a group at a time (the first group in Lightning's
+test loop, the others over this rank's stored prompts at the end, each pass running only its blocks:
+``lit_svd.models.layer_passes``), so memory holds one group's bases and null frames, not all layers'.
+``results()`` turns the sums into rows; ``lit_svd.callbacks.sad.SADReport`` writes ``results.json``
 (keys in ``docs/sad.md``) and the figures.
 """
 
@@ -32,6 +35,7 @@ from lit_svd.analysis.sad import (
     qk_heads_from_view,
     summarise_heads,
 )
+from lit_svd.models.layer_passes import layer_groups, pass_bounds, run_blocks
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -157,6 +161,9 @@ class SADAnalysisModule(PretrainedLMModule):
         min_pairs: heads with fewer analysed pairs are left out of the summary.
         input_key: the batch key holding token ids (``clean_ids`` for task prompts; ``input_ids`` as fallback).
         dtype: "float32" or "float64" for the model and the decomposition.
+        layers_per_pass: decompose this many layers per pass over the prompts (null: all in one pass); memory
+            holds one group's bases and null frames (SmolLM2 with 16 draws: about 45 MB a layer), the
+            results do not change.
     """
 
     def __init__(
@@ -176,6 +183,7 @@ class SADAnalysisModule(PretrainedLMModule):
         null_draws: int = DEFAULT_NULL_DRAWS,
         pair_null: bool = True,
         null_stride: int = 1,
+        layers_per_pass: int | None = None,
     ):
         check_threshold(threshold, "model.threshold")
         check_tolerance(recon_tol, "model.recon_tol")
@@ -190,9 +198,14 @@ class SADAnalysisModule(PretrainedLMModule):
         self.lm.to(DTYPES[dtype])
         self.selection = parse_head_selection(self.view, layers, heads)
         self.layer_list = list(self.selection)
+        self.passes = layer_groups(self.layer_list, layers_per_pass)
         k = min(self.view.d_head, self.view.d_model + 1)
         self.stats = SADHeadStats(len(self.layer_list), self.view.n_heads, k, null_draws)
-        self.bases: dict[int, object] = {}
+        self.bases: dict[int, object] = {}  # the current pass's layers
+        self._batches: list[tuple[Tensor, Tensor, Tensor | None]] = []  # this rank's prompts, for later passes
+        self._resume: dict[int, object] = {}  # per batch: the residual stream the next pass starts from
+        self._pending = False  # passes after the first still to run
+        self._pass = 0  # the pass whose bases are loaded
         # the report's basis annotation (rel_gap, top_terms), set by callbacks.sad.SADReport, and its rows
         self.report_basis: tuple[float, int] | None = None
         self.report_rows: dict | None = None
@@ -215,11 +228,16 @@ class SADAnalysisModule(PretrainedLMModule):
                 )
 
     def on_test_start(self) -> None:
-        dtype = DTYPES[self.hparams.dtype]
-        self.bases = {
-            l: layer_bases(self.view, l, self.selection[l], self.hparams.seed, dtype, self.hparams.null_draws)
-            for l in tqdm(self.layer_list, desc="SAD bases", disable=not self._is_zero())
-        }
+        self._load_pass(0)
+
+    def _load_pass(self, p: int) -> None:
+        """The bases (and null frames) of pass ``p``'s layers; the previous pass's are dropped first."""
+        dtype, hp = DTYPES[self.hparams.dtype], self.hparams
+        self.bases = {}
+        where = f" (pass {p + 1}/{len(self.passes)})" if len(self.passes) > 1 else ""
+        for l in tqdm(self.passes[p], desc=f"SAD bases{where}", disable=not self._is_zero()):
+            self.bases[l] = layer_bases(self.view, l, self.selection[l], hp.seed, dtype, hp.null_draws)
+        self._pass = p
 
     def _unpack(self, batch) -> tuple[Tensor, Tensor, Tensor | None]:
         """``(ids, attention_mask, index)``; ``index`` (the prompts' indices in their split) when the batch has one."""
@@ -234,17 +252,30 @@ class SADAnalysisModule(PretrainedLMModule):
         ids = batch[key]
         return ids, batch.get("attention_mask", torch.ones_like(ids)), batch.get("index")
 
-    def analyse_batch(self, ids: Tensor, mask: Tensor, index: Tensor | None = None) -> dict[int, PairStats]:
-        """Decompose every selected head on one batch; returns the pairs per layer (also accumulated).
-        ``index``: the prompts' indices in their split, which pick the matched null's prompts (``null_prompts``)."""
+    def analyse_batch(
+        self, ids: Tensor, mask: Tensor, index: Tensor | None = None, batch_idx: int = 0
+    ) -> dict[int, PairStats]:
+        """Decompose every selected head of the current pass's layers on one batch; returns the pairs per layer
+        (also accumulated). ``index``: the prompts' indices in their split, which pick the matched null's
+        prompts (``null_prompts``); ``batch_idx`` keys the residual stream kept for the next pass."""
         if ids.shape[0] == 0:
             raise ValueError("empty batch of prompts; give at least one prompt")
         if not self.bases:
             self.on_test_start()
-        X = attention_inputs(self.view, ids, mask, self.layer_list)
-        null_rows = null_prompts(ids.shape[0], index, self.hparams.null_stride)
+        p = self._pass
+        layers = self.passes[p]
+        start, stop, record = pass_bounds(self.passes, p)
+        resume = self._resume.pop(batch_idx, None)
+
+        def run(forward):
+            out = run_blocks(self.view, forward, start, resume, stop, record)
+            if record is not None:
+                self._resume[batch_idx] = out
+
+        X = attention_inputs(self.view, ids, mask, layers, run)
+        null_rows = null_prompts(ids.shape[0], index, self.hparams.null_stride, ids.device)
         out = {}
-        for row, layer in enumerate(tqdm(self.layer_list, desc="SAD layers", leave=False, disable=not self._is_zero())):
+        for layer in tqdm(layers, desc="SAD layers", leave=False, disable=not self._is_zero()):
             out[layer] = decompose_layer(
                 self.bases[layer],
                 X.pop(layer),
@@ -254,18 +285,39 @@ class SADAnalysisModule(PretrainedLMModule):
                 unattended=self.hparams.pair_null,
                 null_rows=null_rows,
             )
-            self.stats.update(row, out[layer])
-        self.stats.add_prompts(ids.shape[0])
+            self.stats.update(self.layer_list.index(layer), out[layer])
+        if p == 0:
+            self.stats.add_prompts(ids.shape[0])
         return out
 
     def test_step(self, batch, batch_idx: int) -> None:
+        ids, mask, index = self._unpack(batch)
+        if len(self.passes) > 1:
+            self._batches.append((ids, mask, index))
+            self._pending = True
         with torch.no_grad():
-            self.analyse_batch(*self._unpack(batch))
+            self.analyse_batch(ids, mask, index, batch_idx)
 
     def on_test_epoch_start(self) -> None:
         self.stats.reset()
+        self._batches, self._resume, self._pending = [], {}, False
+        if self._pass != 0:
+            self._load_pass(0)
+
+    @torch.no_grad()
+    def _run_later_passes(self) -> None:
+        """Passes 2.. over this rank's stored prompts (once; ``results`` calls it too, whichever hook runs first)."""
+        if not self._pending:
+            return
+        for p in range(1, len(self.passes)):
+            self._load_pass(p)
+            desc = f"SAD pass {p + 1}/{len(self.passes)}"
+            for i, batch in enumerate(tqdm(self._batches, desc=desc, disable=not self._is_zero())):
+                self.analyse_batch(*batch, batch_idx=i)
+        self._batches, self._resume, self._pending = [], {}, False
 
     def on_test_epoch_end(self) -> None:
+        self._run_later_passes()
         if self.report_basis is not None:  # on every rank: results() syncs the metric states
             self.report_rows = self.results(*self.report_basis)
 
@@ -273,6 +325,7 @@ class SADAnalysisModule(PretrainedLMModule):
         """The summary over all ranks (call on every rank: it syncs the metric states). With ``rel_gap``
         every head row also carries ``basis`` (``analysis.sad.basis_blocks``: rank, isolated directions and
         the ``top_terms`` largest with their blocks) and the result ``rel_gap``."""
+        self._run_later_passes()
         sums = {k: v.cpu() for k, v in self.stats.compute().items()}
         if int(sums["n_prompts"].item()) == 0:
             raise ValueError("the prompt set is empty: no prompt was analysed; give at least one test prompt")
