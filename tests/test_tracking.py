@@ -95,7 +95,9 @@ def test_block_and_new_direction_are_flagged():
     assert step.block_size == [1, 2, 2, 1] and step.position[3] == 3 and step.sigma[3] == pytest.approx(1.0)
     assert abs(float(track.aligned().U[:, 3] @ Q[:, 5])) == pytest.approx(1.0)
     assert step.block_sigma_min[1] == pytest.approx(2.0) and step.block_sigma_max[2] == pytest.approx(2.0)
-    assert step.block_cos[1] == pytest.approx(1.0, abs=1e-9) and step.cos[3] < 0.1
+    # (a lost direction's |cos| is not asserted: its best partner may lie in the null space, where the SVD's
+    # basis is arbitrary and differs between LAPACK builds)
+    assert step.block_cos[1] == pytest.approx(1.0, abs=1e-9)
     assert step.since == [0, 0, 0, 7]
     scal = track_scalars("x", step)
     assert "x/d2/block_sigma_max" in scal and "x/d1/block_sigma_max" not in scal
@@ -160,7 +162,11 @@ def test_compare_directions_between_two_models(tmp_path, tokenizer):
     dense = [svd_dense(v.ov(1).dense()[0].double()) for v in (va, vb)]
     hand = compare_svds(*dense, n_track=4)
     row = next(r for r in res["rows"] if r["matrix"] == "ov" and r["layer"] == 1 and r["head"] == 0)
-    assert row["state"] == hand.state and row["cos"] == pytest.approx(hand.cos, abs=1e-6)
+    assert row["state"] == hand.state
+    # cosines of lost directions are left out: their partners can sit in the null space (rank 16 of 64), whose
+    # basis each SVD routine picks as it likes
+    held = [i for i, st in enumerate(hand.state) if st != "lost"]
+    assert [row["cos"][i] for i in held] == pytest.approx([hand.cos[i] for i in held], abs=1e-6)
     assert (tmp_path / "diff" / "compare_directions.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="one architecture"):
         other = tmp_path / "gpt2"
