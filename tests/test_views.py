@@ -296,9 +296,9 @@ def test_bad_input_one_clear_line():
         v.check_head(4)
     with pytest.raises(ValueError, match=r"delta=None: llama uses rotary"):
         v.qk(0)
-    with pytest.raises(ValueError, match=r"site 'gate' unknown for gpt2; allowed: q, k, v, o, up, down"):
+    with pytest.raises(ValueError, match=r"^site='gate' is unknown for gpt2; choose one of q, k, v, o, up, down$"):
         view(tiny_causal_lm("gpt2")).site_module(0, "gate")
-    with pytest.raises(ValueError, match=r"norm point 'pre' unknown"):
+    with pytest.raises(ValueError, match=r"^point='pre' is unknown; choose one of attn, mlp, final$"):
         v.normalized("pre", 0, torch.zeros(3, 64))
     with pytest.raises(ModelUnavailableError, match=r"GGUF file '/no/such/model.gguf' does not exist"):
         load_causal_lm("/no/such/model.gguf")

@@ -35,17 +35,23 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
+from lit_svd.choices import check_choice, choices
 from lit_svd.linalg import FactoredABt
 
 Site = Literal["q", "k", "v", "o", "gate", "up", "down"]
-SITES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+SITES: tuple[Site, ...] = choices(Site)
 NormPoint = Literal["attn", "mlp", "final"]
-NORM_POINTS: tuple[str, ...] = ("attn", "mlp", "final")
+NORM_POINTS: tuple[NormPoint, ...] = choices(NormPoint)
+PostNormPoint = Literal["attn", "mlp"]
+HeadNormSite = Literal["q", "k"]
+# A Hugging Face module (the model, a decoder block, its attention): its submodules and config keys are named per
+# architecture, and only the views read them, so the type checker takes them as they come.
+HFModule = Any
 
 
 @dataclass
@@ -79,7 +85,9 @@ class MLPWeights:
     def __call__(self, x: Tensor) -> Tensor:
         """The MLP applied to ``x: [..., d_model]`` (the input these weights read)."""
         pre = x @ self.W_in + self.b_in
-        hidden = self.act(pre) if self.W_gate is None else self.act(x @ self.W_gate + self.b_gate) * pre
+        if self.W_gate is None or self.b_gate is None:  # the views set both or neither
+            return self.act(pre) @ self.W_out + self.b_out
+        hidden = self.act(x @ self.W_gate + self.b_gate) * pre
         return hidden @ self.W_out + self.b_out
 
 
@@ -139,6 +147,9 @@ class ModelView(ABC):
     attn_softcap: float | None = None  # Gemma-2: scores pass through cap * tanh(score / cap)
     final_softcap: float | None = None  # Gemma-2: logits pass through cap * tanh(logit / cap)
     parallel_residual: bool = False  # GPT-NeoX: the MLP reads the block input, not input + attention
+
+    model: HFModule
+    config: Any  # the model's PretrainedConfig: its keys differ per architecture
 
     def __init__(self, model: nn.Module, fold_norms: bool = True):
         self.model = model
@@ -203,15 +214,12 @@ class ModelView(ABC):
             raise IndexError(f"head {head} out of range: {self.model_type} has heads 0..{self.n_heads - 1}")
         return head
 
-    def check_site(self, site: str) -> str:
+    def check_site(self, site: str) -> Site:
         allowed = SITES if self.gated_mlp else tuple(s for s in SITES if s != "gate")
-        if site not in allowed:
-            raise ValueError(f"site {site!r} unknown for {self.model_type}; allowed: {', '.join(allowed)}")
-        return site
+        return check_choice("site", site, allowed, where=f" for {self.model_type}")
 
     def _check_point(self, point: str, layer: int | None) -> None:
-        if point not in NORM_POINTS:
-            raise ValueError(f"norm point {point!r} unknown; allowed: {', '.join(NORM_POINTS)}")
+        check_choice("point", point, NormPoint)
         if point != "final":
             if layer is None:
                 raise ValueError(f"norm point {point!r} needs a layer (got None)")
@@ -231,7 +239,7 @@ class ModelView(ABC):
         """``(W_U [d_model, vocab], b_U [vocab])`` acting on the final norm's output."""
 
     @property
-    def _layers(self) -> nn.ModuleList:
+    def _layers(self) -> HFModule:  # the nn.ModuleList of decoder blocks
         return self.model.get_submodule(self.layers_path)
 
     def norm_module(self, point: NormPoint, layer: int | None) -> nn.Module:
@@ -257,7 +265,7 @@ class ModelView(ABC):
         self._check_point(point, layer)
         return self._affine_of(self.norm_module(point, layer))
 
-    def _affine_of(self, mod: nn.Module) -> NormAffine:
+    def _affine_of(self, mod: HFModule) -> NormAffine:
         eps = getattr(mod, "eps", None)
         if eps is None:
             eps = mod.variance_epsilon
@@ -298,25 +306,24 @@ class ModelView(ABC):
         """The model's own final norm, exactly as its forward applies it (Gemma: ``* (1 + w)``)."""
         return self.norm_module("final", None)(resid)
 
-    def post_norm(self, point: Literal["attn", "mlp"], layer: int, out: Tensor) -> Tensor:
+    def post_norm(self, point: PostNormPoint, layer: int, out: Tensor) -> Tensor:
         """What the block adds to the residual from a sub-layer's output: identity except Gemma-2 / Gemma-3,
         which normalise attention and MLP outputs (``post_attention`` / ``post_feedforward`` norms)."""
         mod = self.post_norm_module(point, layer)
         return out if mod is None else mod(out)
 
-    def post_norm_module(self, point: Literal["attn", "mlp"], layer: int) -> nn.Module | None:
+    def post_norm_module(self, point: PostNormPoint, layer: int) -> nn.Module | None:
         """The RMSNorm a sub-layer's output passes before the residual add (Gemma's sandwich norms), None
         where the output is added as it is."""
-        if point not in ("attn", "mlp"):
-            raise ValueError(f"post_norm point {point!r} unknown; allowed: attn, mlp")
+        check_choice("point", point, PostNormPoint)
         return None
 
-    def post_norm_affine(self, point: Literal["attn", "mlp"], layer: int) -> NormAffine | None:
+    def post_norm_affine(self, point: PostNormPoint, layer: int) -> NormAffine | None:
         """The post norm's gain (``1 + w``) and eps; None without post norms."""
         mod = self.post_norm_module(point, self.check_layer(layer))
         return None if mod is None else self._affine_of(mod)
 
-    def post_norm_factor(self, point: Literal["attn", "mlp"], layer: int, out: Tensor) -> Tensor | None:
+    def post_norm_factor(self, point: PostNormPoint, layer: int, out: Tensor) -> Tensor | None:
         """``[..., 1]``: the post norm's per-token factor ``1 / rms(out)``, so that ``post_norm(out) =
         out * post_norm_factor * gain``: linear in ``out`` once the factor is frozen. None without post norms."""
         aff = self.post_norm_affine(point, layer)
@@ -361,7 +368,7 @@ class ModelView(ABC):
         raw = self._raw_mlp(self.check_layer(layer))
         W_in, b_in = self._fold("mlp", layer, raw.W_in, raw.b_in)
         W_gate, b_gate = raw.W_gate, raw.b_gate
-        if W_gate is not None:
+        if W_gate is not None and b_gate is not None:  # the views set both or neither
             W_gate, b_gate = self._fold("mlp", layer, W_gate, b_gate)
         return MLPWeights(W_in, b_in, raw.W_out, raw.b_out, raw.act, W_gate, b_gate)
 
@@ -430,7 +437,7 @@ class ModelView(ABC):
         norms' eps. None for every other model."""
         return None
 
-    def head_norm_module(self, layer: int, site: Literal["q", "k"]) -> nn.Module | None:
+    def head_norm_module(self, layer: int, site: HeadNormSite) -> nn.Module | None:
         """The module applying the per-head query (``q``) or key (``k``) norm, output ``[batch, heads, pos,
         d_head]`` (K/V heads not expanded); None for models without one."""
         return None
@@ -518,6 +525,7 @@ class ModelView(ABC):
         if not self.gated_mlp:
             raise ValueError(f"mlp_gate: {self.model_type} has no gated MLP; use mlp_in")
         w = self.mlp(layer)
+        assert w.W_gate is not None and w.b_gate is not None  # gated_mlp: the view sets both
         return augment(w.W_gate, w.b_gate)
 
     @torch.no_grad()
@@ -574,7 +582,7 @@ class ModelView(ABC):
     def site_weight(self, layer: int, site: str) -> tuple[Tensor, Tensor | None]:
         """``(W [d_in, d_out], b [d_out] or None)`` with ``site_output = input @ W + b`` for the input
         the site module receives (the model's own, unfolded weights; K/V not GQA-expanded)."""
-        mod = self.site_module(layer, site)
+        mod: HFModule = self.site_module(layer, site)
         W = mod.weight if type(mod).__name__ == "Conv1D" else mod.weight.T  # GPT-2 Conv1D is [in, out]
         b = None if getattr(mod, "bias", None) is None else self.site_output(layer, site, mod.bias)
         return self.site_output(layer, site, W), b

@@ -13,11 +13,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from torch import Tensor, nn
 
-from lit_svd.models.base import AttnWeights, augment
+from lit_svd.choices import check_choice
+from lit_svd.models.base import AttnWeights, HeadNormSite, augment
 from lit_svd.models.gemma2 import Gemma2View
 
 
@@ -42,10 +41,9 @@ class Gemma3View(Gemma2View):
         eps = float(self._layers[layer].self_attn.q_norm.eps)
         return augment(W_Q, b_Q).detach(), augment(W_K, b_K).detach(), eps
 
-    def head_norm_module(self, layer: int, site: Literal["q", "k"]) -> nn.Module:
+    def head_norm_module(self, layer: int, site: HeadNormSite) -> nn.Module:
         at = self._layers[self.check_layer(layer)].self_attn
-        if site not in ("q", "k"):
-            raise ValueError(f"head norm site {site!r} unknown; allowed: q, k")
+        check_choice("site", site, HeadNormSite)
         return at.q_norm if site == "q" else at.k_norm
 
     def _cos_sin(self, rotary, x, position_ids, layer):

@@ -47,12 +47,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lit_svd.addresses import Address
+from lit_svd.addresses import DIRECTION_KINDS, Address
+from lit_svd.choices import check_choice
 from lit_svd.linalg import SVD, svd_dense, svd_factored
 from lit_svd.models.base import ModelView
 from lit_svd.models.hooks import Hook, first_input, hooks
 
-KINDS: tuple[str, ...] = ("qk", "q", "k", "ov", "mlp_in", "mlp_gate", "mlp_out")
+KINDS = DIRECTION_KINDS  # the maps whose directions are masked (addresses.DirectionKind)
 ALIASES = {"mlp": "mlp_in, mlp_gate (gated MLPs), mlp_out", "qk": "qk (non-rotary) or q and k (rotary)"}
 SITE_OF = {"qk": "q", "q": "q", "k": "k", "ov": "o", "mlp_in": "up", "mlp_gate": "gate", "mlp_out": "down"}
 GROUP_OF = {
@@ -101,7 +102,8 @@ class Component:
     @property
     def shape(self) -> tuple[int, int]:
         """``(groups, directions per group)``: the shape of this component's scales."""
-        return tuple(self.S.shape)
+        G, K = self.S.shape
+        return G, K
 
     @property
     def n_directions(self) -> int:
@@ -128,11 +130,8 @@ def expand_kinds(view: ModelView, kinds: Sequence[str]) -> list[str]:
             out += ["qk"] if view.rotary_dim == 0 else ["q", "k"]
         elif kind == "mlp":
             out += ["mlp_in", "mlp_gate", "mlp_out"] if view.gated_mlp else ["mlp_in", "mlp_out"]
-        elif kind not in KINDS:
-            allowed = ", ".join(list(KINDS) + ["mlp"])
-            raise ValueError(f"components: unknown component type {kind!r}; allowed: {allowed}")
         else:
-            out.append(kind)
+            out.append(check_choice("components", kind, (*KINDS, "mlp")))
     for kind in out:
         if kind == "mlp_gate" and not view.gated_mlp:
             raise ValueError(f"components: 'mlp_gate' but {view.model_type} has no gated MLP; use mlp_in, mlp_out")
@@ -268,7 +267,7 @@ class Intervention:
         view = self.view
         norm = None
         if site in ("q", "k") and all(c.kind in ("q", "k") for c in comps):
-            norm = view.head_norm_module(layer, site)
+            norm = view.head_norm_module(layer, "q" if site == "q" else "k")
         if norm is not None:
             return (
                 norm,

@@ -26,9 +26,9 @@ class LlamaView(ModelView):
     layers_path = "model.layers"
     norm_paths = ("input_layernorm", "post_attention_layernorm", "model.norm")
 
-    @property
-    def rotary_dim(self) -> int:  # RoPE on every feature of a head
-        return self.d_head
+    def read_sizes(self) -> None:
+        super().read_sizes()
+        self.rotary_dim = self.d_head  # RoPE on every feature of a head
 
     def _rotary_module(self):
         return self.model.model.rotary_emb

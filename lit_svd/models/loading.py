@@ -217,6 +217,7 @@ def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None, revision:
     """Only the tokenizer of ``load_causal_lm``'s model (fast once the GGUF conversion is cached)."""
     from transformers import AutoTokenizer
 
+    cached: Path | None
     if name_or_path in ASSEMBLED_ALIASES:
         cached = _assembled_cache_dir(name_or_path)
     else:
@@ -254,6 +255,8 @@ def _load_gguf(gguf_path: Path | None, cached: Path, *, dtype: torch.dtype, cach
         model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(cached)
         return _finish(model, tokenizer)
+    if gguf_path is None:
+        raise FileNotFoundError(f"{cached}: no cached model.safetensors, and no GGUF file to convert")
 
     log.info("dequantising %s (20-60 s; cached afterwards under %s)", gguf_path, cached)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)

@@ -6,11 +6,25 @@ norm conventions) at a size that runs in milliseconds on a CPU.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 import torch
 
-ARCHITECTURES = ("gpt2", "gpt_neox", "llama", "gemma2")
+from lit_svd.choices import check_choice, choices
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+Architecture = Literal["gpt2", "gpt_neox", "llama", "gemma2"]
+ARCHITECTURES: tuple[Architecture, ...] = choices(Architecture)
 # also built here, tested by tests/test_gemma3.py: per-head query / key norms, two rotary bases, sliding windows
-HEAD_NORM_ARCHITECTURES = ("gemma3",)
+HeadNormArchitecture = Literal["gemma3"]
+HEAD_NORM_ARCHITECTURES: tuple[HeadNormArchitecture, ...] = choices(HeadNormArchitecture)
+
+
+def _neox_rope(rotary_pct: float) -> dict:
+    """GPT-NeoX's rotary on the first ``rotary_pct`` of each head's features (transformers 5's rope_parameters)."""
+    return {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": rotary_pct}
 
 
 def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
@@ -18,6 +32,8 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
     size is SmolLM2's, so its offline tokenizer drives tiny models too."""
     from transformers import Gemma2Config, Gemma3TextConfig, GPT2Config, GPTNeoXConfig, LlamaConfig
 
+    check_choice("arch", arch, ARCHITECTURES + HEAD_NORM_ARCHITECTURES)
+    cfg: PretrainedConfig
     if arch == "gpt2":
         cfg = GPT2Config(
             vocab_size=vocab_size,
@@ -39,7 +55,7 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
             num_attention_heads=4,
             intermediate_size=256,
             max_position_embeddings=128,
-            rotary_pct=0.25,
+            rope_parameters=_neox_rope(0.25),
             use_parallel_residual=True,
             attention_bias=True,
         )
@@ -86,10 +102,6 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
                 "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
             },
         )
-    else:
-        raise ValueError(
-            f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES + HEAD_NORM_ARCHITECTURES)}"
-        )
     for key, value in overrides.items():
         setattr(cfg, key, value)
     cfg._attn_implementation = "eager"
@@ -128,6 +140,7 @@ def scratch_config(
     """The HF config of a small dropout-free ``gpt2`` or ``gpt_neox`` model to train from scratch."""
     from transformers import GPT2Config, GPTNeoXConfig
 
+    cfg: PretrainedConfig
     if arch == "gpt2":
         cfg = GPT2Config(
             vocab_size=vocab_size,
@@ -150,7 +163,7 @@ def scratch_config(
             num_attention_heads=n_heads,
             intermediate_size=d_mlp,
             max_position_embeddings=max_positions,
-            rotary_pct=rotary_pct,
+            rope_parameters=_neox_rope(rotary_pct),
             use_parallel_residual=True,
             attention_dropout=0.0,
             hidden_dropout=0.0,
