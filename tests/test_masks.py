@@ -528,7 +528,7 @@ def test_bad_inputs_fail_in_one_line(tiny_dirs, tokenizer):
 
     with pytest.raises(ValueError, match=r"alpha=-0.1 is invalid"):
         DirectionMaskModule(model=tiny_dirs["llama"], alpha=-0.1)
-    with pytest.raises(ValueError, match="unknown component type 'heads'"):
+    with pytest.raises(ValueError, match="components='heads' is unknown; choose one of "):
         DirectionMaskModule(model=tiny_dirs["llama"], components=["heads"])
     with pytest.raises(ValueError, match="ablation='mean' is unknown"):
         DirectionMaskModule(model=tiny_dirs["llama"], ablation="mean")

@@ -53,12 +53,13 @@ from torch import Tensor
 
 from lit_svd.addresses import EMBED_LAYER, Address
 from lit_svd.analysis.sad import causal_visibility
+from lit_svd.choices import check_choice
 from lit_svd.linalg import svd_dense, svd_factored
 from lit_svd.models.base import ModelView, augment_inputs
 from lit_svd.models.points import Point
 
 ReadPoint = Literal["attn", "mlp", "final"]
-SIDES = ("query", "key")
+Side = Literal["query", "key"]
 
 
 @dataclass
@@ -225,6 +226,8 @@ class Decomposer:
         if point == "final":
             return self.writers.shape[0]
         v = self.view
+        if layer is None:
+            raise ValueError(f"point={point!r} is read inside a block: give its layer")
         v.check_layer(layer)
         if point == "mlp" and not v.parallel_residual:
             return self.offsets[layer, "mlp"]
@@ -283,7 +286,9 @@ class Decomposer:
         values = torch.zeros(reads.n_readers, len(nodes), dtype=dt, device=r.device)
         W = self.writers[:n_up]
         lhs, G = r, W.T  # [R, k] @ [k, n_up]: every row's read of every writer
-        if reads.basis is not None and reads.basis.shape[1] < r.shape[1]:  # factored: project the writers once
+        if (
+            reads.basis is not None and reads.coords is not None and reads.basis.shape[1] < r.shape[1]
+        ):  # factored: project the writers once
             cb = reads.basis[1:].to(dt)
             cb = cb - cb.mean(0, keepdim=True) if v.norm_kind == "layernorm" else cb
             lhs, G = reads.coords.to(dt), cb.T @ W.T
@@ -331,7 +336,11 @@ class Decomposer:
 
 
 def _norm_bias_node(point: ReadPoint, layer: int | None, n_layers: int) -> Address:
-    return Address(n_layers if point == "final" else layer, f"{point}_norm_bias")
+    if point == "final":
+        return Address(n_layers, "final_norm_bias")
+    if layer is None:
+        raise ValueError(f"point={point!r} is read inside a block: give its layer")
+    return Address(layer, f"{point}_norm_bias")
 
 
 def _directions(directions: Sequence[int] | Tensor | None, K: int, device) -> Tensor:
@@ -356,7 +365,7 @@ def qk_reads(
     src: Tensor,
     attention_mask: Tensor,
     directions: Sequence[int] | Tensor | None = None,
-    side: Literal["query", "key"] = "query",
+    side: Side = "query",
     relative: bool = False,
 ) -> Reads:
     """The QK score terms of ``head`` of ``layer`` for the pairs ``(batch[p], dest[p], src[p])``, one reader per
@@ -365,8 +374,7 @@ def qk_reads(
     reader's coefficient is ``t_k(d, s)`` (``relative``: ``c_k(d, s)``), as ``analysis.sad.direction_terms``.
     ``attention_mask``: the batch's ``[B, T]`` mask (the visible sources of ``relative``)."""
     v, dt = dec.view, dec.dtype
-    if side not in SIDES:
-        raise ValueError(f"side={side!r} unknown; allowed: {', '.join(SIDES)}")
+    check_choice("side", side, Side)
     v.check_head(head)
     batch, dest, src = _as_long(batch, dest, src)
     A_q, A_k, svd, raw_q, raw_k = dec.qk_basis(layer)

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 from lit_svd.addresses import Address
 from lit_svd.analysis.blocks import component_blocks, direction_block
+from lit_svd.choices import check_choice
 from lit_svd.linalg import REL_GAP
 from lit_svd.metrics import TaskScorer, kl_divergence, task_scorer
-from lit_svd.models.base import ModelView
+from lit_svd.models.base import ModelView, PostNormPoint
 from lit_svd.models.intervene import Component, Intervention
 
-ABLATIONS = ("zero", "patch")
-POSITIONS = ("answer", "all")
+Ablation = Literal["zero", "patch"]
+Positions = Literal["answer", "all"]
 QK_KINDS = ("qk", "q", "k")  # the attention-pattern maps; "without_qk" counts the rest (OV, MLP)
 
 
@@ -34,10 +36,8 @@ def check_mask_config(alpha: float, init: float, threshold: float, ablation: str
         raise ValueError(f"init={init!r} is invalid; the initial mask value lambda = sigmoid(theta) must be in (0, 1)")
     if not 0 < threshold < 1:
         raise ValueError(f"threshold={threshold!r} is invalid; the kept threshold must be in (0, 1)")
-    if ablation not in ABLATIONS:
-        raise ValueError(f"ablation={ablation!r} is unknown; choose one of {', '.join(ABLATIONS)}")
-    if positions not in POSITIONS:
-        raise ValueError(f"positions={positions!r} is unknown; choose one of {', '.join(POSITIONS)}")
+    check_choice("ablation", ablation, Ablation)
+    check_choice("positions", positions, Positions)
 
 
 def initial_logits(components: Sequence[Component], init: float) -> dict[str, Tensor]:
@@ -52,7 +52,7 @@ def hard_masks(lambdas: dict[str, Tensor], threshold: float) -> dict[str, Tensor
 
 
 def l1(lambdas: dict[str, Tensor]) -> Tensor:
-    return sum(lam.sum() for lam in lambdas.values())
+    return sum((lam.sum() for lam in lambdas.values()), torch.zeros(()))
 
 
 def mask_loss(
@@ -68,7 +68,7 @@ def mask_loss(
 def kept_report(components: Sequence[Component], lambdas: dict[str, Tensor], threshold: float) -> dict:
     """Kept counts overall, per component type, per component (per group: head, KV head, layer), and
     ``without_qk``: over OV and MLP directions only (the q / k or qk maps left out)."""
-    per_kind: dict[str, dict[str, int]] = {}
+    per_kind: dict[str, dict[str, float]] = {}
     records = []
     n_total = kept_total = 0
     for c in components:
@@ -128,7 +128,7 @@ def most_effective_direction(
 
 
 @torch.no_grad()
-def write_readings(view: ModelView, point: str, layer: int, V: Tensor) -> Tensor:
+def write_readings(view: ModelView, point: PostNormPoint, layer: int, V: Tensor) -> Tensor:
     """``[n, vocab]``: how the unembedding reads directions ``V: [n, d_model]`` written by the attention
     (``point="attn"``) or MLP (``"mlp"``) of ``layer``: through what follows the write in the model (Gemma's
     post-attention / post-feed-forward norm, ``view.post_norm``), then the final norm and ``W_U``."""
@@ -148,7 +148,7 @@ def logit_receptors(
     (``analysis.blocks.direction_block``): inside a block the single ``v_k`` is arbitrary."""
     if component.kind != "ov":
         raise ValueError(f"logit receptors are read from OV components; got {component.kind!r}")
-    out = []
+    out: list[dict] = []
     heads, dirs = torch.nonzero(keep, as_tuple=True)
     if len(heads) == 0:
         return out
@@ -252,8 +252,8 @@ def swap_steer(
     rows = []
     for n in [n for n in counts if n <= len(ranked)]:
         scales, reference = {}, {}
-        for _, a in ranked[:n]:
-            name, g, k = a.component, a.group, a.index
+        for _, addr in ranked[:n]:
+            name, g, k = addr.component, addr.group, addr.index
             coef = coefficients[name]
             if name not in scales:
                 scales[name] = torch.ones(coef.shape[1:], device=coef.device)

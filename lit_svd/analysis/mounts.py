@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -92,7 +93,9 @@ def mounts_from_tiles(svds: list[SVD], bounds: list[tuple[int, int]], d_in: int,
         k = min(modes, svd.S.numel())
         V = torch.zeros(d_in, k, dtype=torch.float64, device=svd.V.device)
         V[s:e] = svd.V[:, :k]
-        Us.append(svd.U[:, :k]), Vs.append(V), Ss.append(svd.S[:k])
+        Us.append(svd.U[:, :k])
+        Vs.append(V)
+        Ss.append(svd.S[:k])
         tiles.append(torch.full((k,), t, device=svd.V.device))
     return Mounts(torch.cat(Us, 1), torch.cat(Vs, 1), torch.cat(Ss), torch.cat(tiles))
 
@@ -221,7 +224,7 @@ def sparse_explained_many(pairs: list[tuple[Tensor, Tensor]], k_active: int) -> 
         owner.append(torch.full((c.shape[0],), i, device=c.device))
     if len({ck.shape[1] for ck in cks}) > 1:  # a dictionary smaller than k_active: solve separately
         return torch.cat([sparse_explained_many([p], k_active) for p in pairs])
-    ck, Gk, owner = torch.cat(cks), torch.cat(Gks), torch.cat(owner)
+    ck, Gk, owners = torch.cat(cks), torch.cat(Gks), torch.cat(owner)
     L, info = torch.linalg.cholesky_ex(Gk)
     ok = info == 0
     per_token = torch.zeros(len(ck), dtype=torch.float64, device=ck.device)
@@ -231,7 +234,7 @@ def sparse_explained_many(pairs: list[tuple[Tensor, Tensor]], k_active: int) -> 
         proj = (evecs.mT @ ck[~ok]).squeeze(2)
         keep = evals > 1e-10 * evals[:, -1:].clamp_min(EPS)
         per_token[~ok] = (proj**2 / torch.where(keep, evals, torch.ones_like(evals)) * keep).sum(1)
-    return torch.zeros(len(pairs), dtype=torch.float64, device=ck.device).index_add_(0, owner, per_token)
+    return torch.zeros(len(pairs), dtype=torch.float64, device=ck.device).index_add_(0, owners, per_token)
 
 
 @dataclass(frozen=True)
@@ -483,13 +486,14 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor | None, ceiling: bool = True
         j = (tiled.tile == t).nonzero().squeeze(1)
         tw = x[:, s:e] @ plan.W[:, s:e].mT
         if own:  # the tiles' writes add up to x W^T
-            dh = tw if t == 0 else dh.add_(tw)
+            dh = tw if dh is None else dh.add_(tw)
         tn2 = (tw * tw).sum(1).double().unsqueeze(1) + EPS
         proj, rp = (tw @ U32[:, j]).double(), (tw @ ref32[:, j]).double()
         tm[j] = (proj**2 / tn2).sum(0)
         tr[j] = (rp**2 / tn2).sum(0)
         ie[j] = ((proj - trig[:, j]) ** 2).sum(0)
         inn[j] = (proj**2).sum(0)
+    assert dh is not None  # a plan has at least one tile
     dh = dh.float()
     P = dh @ plan.proj  # [T, N]: every projection at once
     norm2 = (dh.double() ** 2).sum(1)
@@ -498,7 +502,7 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor | None, ceiling: bool = True
         [
             (P[:, b[f"cov_{kind}{i}"]], d.G)
             for kind in "tr"
-            for i, d in enumerate(c[1 if kind == "t" else 2] for c in plan.coverage)
+            for i, d in enumerate(c[1] if kind == "t" else c[2] for c in plan.coverage)
         ],
         plan.k_active,
     )
@@ -557,7 +561,7 @@ def summarize(plan: SitePlan, sums: dict[str, Tensor]) -> dict:
     cov_t = p["cover_tiled"] / p["energy"]
     cov_r = p["cover_random"] / p["energy"]
     tile_lift = (p["tile_mode"] - p["tile_ref"]) / T
-    row = {"n_tokens": int(T), "n_mounts": n}
+    row: dict[str, Any] = {"n_tokens": int(T), "n_mounts": n}
     for i, s in enumerate(STRATEGIES):
         row[f"lift_{s}"] = per_mount[i].mean().item()
     for i, s in enumerate(STRATEGIES):
@@ -646,7 +650,9 @@ def judge(row: dict, rules: MountRules, *, residual: bool, effective: bool) -> d
     )
     if residual and row["layer"] >= rules.c1_min_layer:
         rho, jac = row.get("steer_rho"), row.get("steer_jaccard")
-        checks["C1"] = rho is not None and (rho >= rules.c1_min_rho or jac >= rules.c1_min_jaccard)
+        checks["C1"] = rho is not None and (
+            rho >= rules.c1_min_rho or (jac is not None and jac >= rules.c1_min_jaccard)
+        )
     else:
         checks["C1"] = None
     checks["pass"] = all(v for v in checks.values() if v is not None)

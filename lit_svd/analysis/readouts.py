@@ -20,11 +20,11 @@ from torch import Tensor
 
 from lit_svd.addresses import Address
 from lit_svd.analysis.masks import logit_receptors, write_readings
-from lit_svd.models.base import ModelView
+from lit_svd.models.base import ModelView, NormPoint
 from lit_svd.models.intervene import Component
 
 WRITE_KINDS = ("ov", "mlp_out")
-NORM_OF = {"q": "attn", "k": "attn", "qk": "attn", "mlp_in": "mlp", "mlp_gate": "mlp"}
+NORM_OF: dict[str, NormPoint] = {"q": "attn", "k": "attn", "qk": "attn", "mlp_in": "mlp", "mlp_gate": "mlp"}
 
 
 def _top(scores: Tensor, tokenizer, top_k: int) -> tuple[list[str], list[str]]:

@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -313,6 +314,12 @@ def contributions_at(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Te
 Pairs = tuple[Tensor, Tensor, Tensor, Tensor]  # (batch, head, dest, src) indices, each [P]
 
 
+def _pairs_of(mask: Tensor) -> Pairs:
+    """The ``(batch, head, dest, src)`` indices of a ``[B, h, T_d, T_s]`` mask's true entries."""
+    b, h, d, s = mask.nonzero(as_tuple=True)
+    return b, h, d, s
+
+
 def pair_contributions(
     a: Tensor, P: Tensor, keys: Tensor, visible: Tensor, pairs: Pairs, rotate: Rotate | None = None
 ) -> Tensor:
@@ -473,7 +480,7 @@ def null_pairs(
     l = q @ kr.mT
     rel = relative(l, vis)
     pairs = select_pairs(attention_probs(l, vis, qk.softcap), rel, vis, threshold)
-    idx = pairs.nonzero(as_tuple=True)
+    idx = _pairs_of(pairs)
     a = a.flatten(0, 1)
     c = pair_contributions(a, null.C_q, keys, vis, idx, qk.rotate)
     r = rel[pairs]
@@ -509,7 +516,7 @@ def sad_pairs(
     rel = relative(l, visible)
     probs = attention_probs(l, visible, qk.softcap)
     pairs = select_pairs(probs, rel, visible, threshold)
-    idx = pairs.nonzero(as_tuple=True)
+    idx = _pairs_of(pairs)
     r = rel[pairs]
     keys = torch.einsum("bsD,hDc->bhsc", xk, qk.A_k)
 
@@ -534,7 +541,7 @@ def sad_pairs(
         n_vis = visible.sum(-1)[:, None, :, None]
         level = 1.0 / n_vis.clamp_min(1) if threshold is None else torch.full_like(probs, threshold)
         other = visible[:, None] & (n_vis >= 2) & (rel != 0) & (probs < level)
-        oidx = other.nonzero(as_tuple=True)
+        oidx = _pairs_of(other)
         cu, ru = signed(decompose(U, oidx), rel[other])
         stats.unattended = UnattendedStats(oidx[1], ru, rolls_tovee_sparsity(cu), n_recon(cu, ru, tol))
     return stats
@@ -784,13 +791,13 @@ def summarise_heads(
         for h in heads[i]:
             n = int(sums["n_pairs"][i, h].item())
             sp, rot = _mean(sums["sparsity"][i, h].item(), n), _mean(sums["sparsity_rotated"][i, h].item(), n)
-            row = {
+            row: dict[str, Any] = {
                 "layer": layer,
                 "head": h,
                 "n_pairs": n,
                 "sparsity": sp,
                 "sparsity_rotated": rot,
-                "sparser_than_rotated": bool(n and sp < rot),
+                "sparser_than_rotated": sp is not None and rot is not None and sp < rot,
                 "n_recon_median": histogram_median(sums["recon_hist"][i, h]) if n else None,
                 "n_recon_median_rotated": histogram_median(sums["recon_hist_rotated"][i, h]) if n else None,
                 "n_recon_hist": [int(v) for v in sums["recon_hist"][i, h].tolist()],
@@ -802,8 +809,8 @@ def summarise_heads(
                     sparsity_null=draws.mean().item() if n else None,
                     sparsity_null_p05=p05 if n else None,
                     sparsity_null_draws=draws.tolist() if n else None,
-                    sparser_than_null=bool(n and sp < p05),
-                    null_fraction_below=(draws < sp).double().mean().item() if n else None,
+                    sparser_than_null=sp is not None and sp < p05,
+                    null_fraction_below=(draws < sp).double().mean().item() if sp is not None else None,
                     n_recon_median_null=histogram_median(sums["recon_hist_null"][i, h]) if n else None,
                 )
             if has_un:
@@ -813,7 +820,7 @@ def summarise_heads(
                     _welch_z(
                         sp, sums["sparsity_sq"][i, h].item(), n, su, sums["sparsity_unattended_sq"][i, h].item(), m
                     )
-                    if n and m
+                    if sp is not None and su is not None
                     else None
                 )
                 row.update(
@@ -829,7 +836,7 @@ def summarise_heads(
     for i, _ in enumerate(layers):
         for h in heads[i]:
             mask[i, h] = sums["n_pairs"][i, h] >= min_pairs
-    summary = {"min_pairs": min_pairs, "n_heads": len(rows), **_counts(eligible, has_null, has_un)}
+    summary: dict[str, Any] = {"min_pairs": min_pairs, "n_heads": len(rows), **_counts(eligible, has_null, has_un)}
     for suffix, key in (
         [("", "recon_hist"), ("_rotated", "recon_hist_rotated")]
         + ([("_null", "recon_hist_null")] if has_null else [])
@@ -850,7 +857,7 @@ def summarise_heads(
 def _counts(eligible: list[dict], has_null: bool, has_un: bool) -> dict:
     """Head counts sparser than each control and mean sparsities over ``eligible`` rows."""
     n = len(eligible)
-    out = {"n_heads_eligible": n}
+    out: dict[str, Any] = {"n_heads_eligible": n}
     kinds = (
         [("rotated", "sparsity_rotated")]
         + ([("null", "sparsity_null")] if has_null else [])
