@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from lit_svd.choices import check_choice, choices
@@ -58,14 +59,14 @@ HFModule = Any
 class AttnWeights:
     """One layer's attention, per query head (GQA expanded). Biases are zeros where the model has none."""
 
-    W_Q: Tensor  # [n_heads, d_model, d_head]
-    b_Q: Tensor  # [n_heads, d_head]
-    W_K: Tensor  # [n_heads, d_model, d_head]
-    b_K: Tensor  # [n_heads, d_head]
-    W_V: Tensor  # [n_heads, d_model, d_head]
-    b_V: Tensor  # [n_heads, d_head]
-    W_O: Tensor  # [n_heads, d_head, d_model]
-    b_O: Tensor  # [d_model]
+    W_Q: Float[Tensor, "n_heads d_model d_head"]
+    b_Q: Float[Tensor, "n_heads d_head"]
+    W_K: Float[Tensor, "n_heads d_model d_head"]
+    b_K: Float[Tensor, "n_heads d_head"]
+    W_V: Float[Tensor, "n_heads d_model d_head"]
+    b_V: Float[Tensor, "n_heads d_head"]
+    W_O: Float[Tensor, "n_heads d_head d_model"]
+    b_O: Float[Tensor, " d_model"]
     scale: float  # pre-softmax scores are (q . k) * scale
 
 
@@ -74,15 +75,15 @@ class MLPWeights:
     """One layer's MLP: ``out = act(x W_gate + b_gate) * (x W_in + b_in) W_out + b_out`` when gated,
     ``act(x W_in + b_in) W_out + b_out`` otherwise. Biases are zeros where the model has none."""
 
-    W_in: Tensor  # [d_model, d_mlp]
-    b_in: Tensor  # [d_mlp]
-    W_out: Tensor  # [d_mlp, d_model]
-    b_out: Tensor  # [d_model]
+    W_in: Float[Tensor, "d_model d_mlp"]
+    b_in: Float[Tensor, " d_mlp"]
+    W_out: Float[Tensor, "d_mlp d_model"]
+    b_out: Float[Tensor, " d_model"]
     act: Callable[[Tensor], Tensor]
-    W_gate: Tensor | None = None  # [d_model, d_mlp]
-    b_gate: Tensor | None = None  # [d_mlp]
+    W_gate: Float[Tensor, "d_model d_mlp"] | None = None
+    b_gate: Float[Tensor, " d_mlp"] | None = None
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """The MLP applied to ``x: [..., d_model]`` (the input these weights read)."""
         pre = x @ self.W_in + self.b_in
         if self.W_gate is None or self.b_gate is None:  # the views set both or neither
@@ -95,30 +96,34 @@ class MLPWeights:
 class NormAffine:
     """A norm's effective elementwise affine part: ``out = normalised * scale + bias``."""
 
-    scale: Tensor  # [d_model]; Gemma's (1 + w) already applied
-    bias: Tensor | None  # [d_model] for LayerNorm, None for RMSNorm
+    scale: Float[Tensor, " d_model"]  # Gemma's (1 + w) already applied
+    bias: Float[Tensor, " d_model"] | None  # LayerNorm's; None for RMSNorm
     eps: float
 
 
-def augment(W: Tensor, b: Tensor) -> Tensor:
+def augment(
+    W: Float[Tensor, "*batch d_in d_out"], b: Float[Tensor, "*batch d_out"]
+) -> Float[Tensor, "*batch d_in+1 d_out"]:
     """``[b; W]``: prepend the bias as row 0.
 
     ``W: [..., d_in, d_out]``, ``b: [..., d_out]`` -> ``[..., d_in+1, d_out]``."""
     return torch.cat([b.unsqueeze(-2), W], dim=-2)
 
 
-def split_heads_out(weight: Tensor, n: int) -> Tensor:
+def split_heads_out(weight: Float[Tensor, "out d_in"], n: int) -> Float[Tensor, "n d_in d_head"]:
     """An ``nn.Linear`` weight ``[n * d_head, d_in]`` -> per head ``[n, d_in, d_head]``."""
     out, d_in = weight.shape
     return weight.reshape(n, out // n, d_in).transpose(1, 2)
 
 
-def augment_inputs(x: Tensor) -> Tensor:
+def augment_inputs(x: Float[Tensor, "*batch d"]) -> Float[Tensor, "*batch d+1"]:
     """``[..., d] -> [1, x]``: ``[..., 1 + d]`` with a leading constant 1 (the bias coordinate)."""
     return torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)
 
 
-def inverse_rms(xa: Tensor, maps: Tensor, eps: float) -> Tensor:
+def inverse_rms(
+    xa: Float[Tensor, "*batch T D"], maps: Float[Tensor, "h D c"], eps: float
+) -> Float[Tensor, "*batch h T"]:
     """``1 / RMS`` of each head's map of ``xa: [..., T, D]`` through ``maps: [h, D, c]`` -> ``[..., h, T]``
     (the per-token factor of a per-head query / key RMSNorm)."""
     return torch.rsqrt(torch.einsum("...tD,hDc->...htc", xa, maps.to(xa.dtype)).pow(2).mean(-1) + eps)
@@ -129,7 +134,7 @@ def _upcast(x: Tensor) -> Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
-def rotate_half(x: Tensor) -> Tensor:
+def rotate_half(x: Float[Tensor, "*batch d"]) -> Float[Tensor, "*batch d"]:
     """HF's rotary pairing: features ``(i, i + d/2)`` rotate together."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -255,7 +260,7 @@ class ModelView(ABC):
         """HF's rotary embedding module (``forward(x, position_ids) -> (cos, sin)``), None if no rotary."""
 
     @abstractmethod
-    def embed(self, input_ids: Tensor) -> Tensor:
+    def embed(self, input_ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
         """The residual stream entering layer 0 for ``input_ids: [batch, pos]`` (token embeddings, scaled
         by ``sqrt(d_model)`` for Gemma, plus learned positions for GPT-2)."""
 
@@ -277,7 +282,9 @@ class ModelView(ABC):
     def _norm_scale(self, weight: Tensor) -> Tensor:
         return weight
 
-    def normalized(self, point: NormPoint, layer: int | None, resid: Tensor) -> Tensor:
+    def normalized(
+        self, point: NormPoint, layer: int | None, resid: Float[Tensor, "*batch d_model"]
+    ) -> Float[Tensor, "*batch d_model"]:
         """The input the view's weights read: the norm at ``point`` applied to ``resid`` without its
         affine part when ``fold_norms`` (exactly the model's norm output otherwise)."""
         self._check_point(point, layer)
@@ -292,7 +299,9 @@ class ModelView(ABC):
     def _factor(centred: Tensor, eps: float) -> Tensor:
         return torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
 
-    def norm_factor(self, point: NormPoint, layer: int | None, resid: Tensor) -> Tensor:
+    def norm_factor(
+        self, point: NormPoint, layer: int | None, resid: Float[Tensor, "*batch d_model"]
+    ) -> Float[Tensor, "*batch 1"]:
         """``[..., 1]``: the per-token factor ``1 / sqrt(mean square + eps)`` (of the centred residual for
         LayerNorm) by which the norm at ``point`` divides; ``normalized = centred(resid) * norm_factor``. The
         one non-linear step between the residual and a reader: frozen at its clean value, the read is linear."""
@@ -302,11 +311,13 @@ class ModelView(ABC):
             x = x - x.mean(-1, keepdim=True)
         return self._factor(x, self.norm_affine(point, layer).eps)
 
-    def final_norm(self, resid: Tensor) -> Tensor:
+    def final_norm(self, resid: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """The model's own final norm, exactly as its forward applies it (Gemma: ``* (1 + w)``)."""
         return self.norm_module("final", None)(resid)
 
-    def post_norm(self, point: PostNormPoint, layer: int, out: Tensor) -> Tensor:
+    def post_norm(
+        self, point: PostNormPoint, layer: int, out: Float[Tensor, "*batch d_model"]
+    ) -> Float[Tensor, "*batch d_model"]:
         """What the block adds to the residual from a sub-layer's output: identity except Gemma-2 / Gemma-3,
         which normalise attention and MLP outputs (``post_attention`` / ``post_feedforward`` norms)."""
         mod = self.post_norm_module(point, layer)
@@ -323,7 +334,9 @@ class ModelView(ABC):
         mod = self.post_norm_module(point, self.check_layer(layer))
         return None if mod is None else self._affine_of(mod)
 
-    def post_norm_factor(self, point: PostNormPoint, layer: int, out: Tensor) -> Tensor | None:
+    def post_norm_factor(
+        self, point: PostNormPoint, layer: int, out: Float[Tensor, "*batch d_model"]
+    ) -> Float[Tensor, "*batch 1"] | None:
         """``[..., 1]``: the post norm's per-token factor ``1 / rms(out)``, so that ``post_norm(out) =
         out * post_norm_factor * gain``: linear in ``out`` once the factor is frozen. None without post norms."""
         aff = self.post_norm_affine(point, layer)
@@ -373,13 +386,13 @@ class ModelView(ABC):
         return MLPWeights(W_in, b_in, raw.W_out, raw.b_out, raw.act, W_gate, b_gate)
 
     @torch.no_grad()
-    def unembed(self) -> tuple[Tensor, Tensor]:
+    def unembed(self) -> tuple[Float[Tensor, "d_model vocab"], Float[Tensor, " vocab"]]:
         """``(W_U [d_model, vocab], b_U [vocab])`` acting on ``normalized("final", None, resid)``;
         the logits before Gemma-2's final soft-cap."""
         return self._fold("final", None, *self._raw_unembed())
 
     @property
-    def W_E(self) -> Tensor:
+    def W_E(self) -> Float[Tensor, "vocab d_model"]:
         """Token embedding matrix ``[vocab, d_model]`` as the residual receives it (Gemma: scaled)."""
         emb = self.model.get_input_embeddings()
         return emb.weight * getattr(emb, "embed_scale", torch.tensor(1.0)).to(emb.weight.dtype)
@@ -389,7 +402,9 @@ class ModelView(ABC):
         return next(self.model.parameters()).device
 
     # --- rotary ------------------------------------------------------------------------------
-    def rotate(self, x: Tensor, positions: Tensor, layer: int | None = None) -> Tensor:
+    def rotate(
+        self, x: Float[Tensor, "*batch pos d_head"], positions: Int[Tensor, " pos"], layer: int | None = None
+    ) -> Float[Tensor, "*batch pos d_head"]:
         """Apply the architecture's rotary embedding to queries or keys ``x: [..., pos, d_head]``
         at integer ``positions: [pos]`` (identity when ``rotary_dim == 0``). ``layer`` matters where
         layers differ in their rotary base (Gemma-3: local on sliding-window layers, global on full ones)."""
@@ -406,11 +421,13 @@ class ModelView(ABC):
         """HF's rotary module called as the model calls it (one base for every layer by default)."""
         return rotary(x, position_ids)
 
-    def rotary_matrix(self, position: int, layer: int | None = None) -> Tensor:
+    def rotary_matrix(self, position: int, layer: int | None = None) -> Float[Tensor, "d_head d_head"]:
         """``R_p: [d_head, d_head]`` with ``rotate(x, [p], layer) = x @ R_p`` (identity without rotary)."""
         return self.rotary_matrices(torch.tensor([position]), layer)[0]
 
-    def rotary_matrices(self, positions: Tensor, layer: int | None = None) -> Tensor:
+    def rotary_matrices(
+        self, positions: Int[Tensor, " P"], layer: int | None = None
+    ) -> Float[Tensor, "P d_head d_head"]:
         """``[len(positions), d_head, d_head]``: ``R_p`` for each position."""
         eye = torch.eye(self.d_head, device=self._device, dtype=self._dtype)
         rows = self.rotate(eye[:, None, :].expand(-1, len(positions), -1), positions, layer)  # [d_head, P, d_head]
@@ -430,7 +447,9 @@ class ModelView(ABC):
         window = self.window(layer)
         return range(0 if window is None else max(0, position - window + 1), position + 1)
 
-    def head_norm_maps(self, layer: int) -> tuple[Tensor, Tensor, float] | None:
+    def head_norm_maps(
+        self, layer: int
+    ) -> tuple[Float[Tensor, "n_heads d_model+1 d_head"], Float[Tensor, "n_heads d_model+1 d_head"], float] | None:
         """Models with an RMSNorm on each head's query and key (Gemma-3 ``q_norm`` / ``k_norm``): the
         augmented raw query and key maps ``[n_heads, d_model+1, d_head]`` (input norm folded like
         ``attn``, *without* the head norms' gains) whose per-token RMS divides the query / key, and the
@@ -443,7 +462,9 @@ class ModelView(ABC):
         return None
 
     @torch.no_grad()
-    def qk_factors(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor] | None:
+    def qk_factors(
+        self, layer: int, x: Float[Tensor, "*batch pos d_model"]
+    ) -> tuple[Float[Tensor, "*batch n_heads pos"], Float[Tensor, "*batch n_heads pos"]] | None:
         """The per-token, per-head positive factors ``(f_q, f_k)``, each ``[..., n_heads, pos]``, of inputs
         ``x: [..., pos, d_model]`` (``normalized("attn", layer, resid)``): the score of heads with query /
         key norms is ``f_q(i) f_k(j) [1, x_i] qk(layer, j - i) [1, x_j]^T``. None without head norms."""
@@ -500,7 +521,7 @@ class ModelView(ABC):
         return FactoredABt(augment(w.W_V, w.b_V), w.W_O.mT)
 
     @torch.no_grad()
-    def q_map(self, layer: int) -> Tensor:
+    def q_map(self, layer: int) -> Float[Tensor, "n_heads d_model+1 d_head"]:
         """Per head augmented query map ``[n_heads, d_model+1, d_head]``: ``[1, x] @ it`` = the query
         before rotary and scale (the map to mask where a rotary QK product cannot be; Gemma-3: the
         normalised query up to the per-token factor ``f_q``, the ``q_norm`` gain folded)."""
@@ -508,19 +529,19 @@ class ModelView(ABC):
         return augment(w.W_Q, w.b_Q)
 
     @torch.no_grad()
-    def k_map(self, layer: int) -> Tensor:
+    def k_map(self, layer: int) -> Float[Tensor, "n_heads d_model+1 d_head"]:
         """Per head augmented key map ``[n_heads, d_model+1, d_head]`` (GQA expanded), before rotary."""
         w = self.attn(layer)
         return augment(w.W_K, w.b_K)
 
     @torch.no_grad()
-    def mlp_in(self, layer: int) -> Tensor:
+    def mlp_in(self, layer: int) -> Float[Tensor, "d_model+1 d_mlp"]:
         """Augmented MLP input map ``[d_model+1, d_mlp]`` (``up`` for gated MLPs): ``[1, x] @ it``."""
         w = self.mlp(layer)
         return augment(w.W_in, w.b_in)
 
     @torch.no_grad()
-    def mlp_gate(self, layer: int) -> Tensor:
+    def mlp_gate(self, layer: int) -> Float[Tensor, "d_model+1 d_mlp"]:
         """Augmented gate map ``[d_model+1, d_mlp]`` of a gated MLP."""
         if not self.gated_mlp:
             raise ValueError(f"mlp_gate: {self.model_type} has no gated MLP; use mlp_in")
@@ -529,7 +550,7 @@ class ModelView(ABC):
         return augment(w.W_gate, w.b_gate)
 
     @torch.no_grad()
-    def mlp_out(self, layer: int) -> Tensor:
+    def mlp_out(self, layer: int) -> Float[Tensor, "d_mlp+1 d_model"]:
         """Augmented MLP output map ``[d_mlp+1, d_model]``: ``[1, hidden] @ it`` is the MLP output."""
         w = self.mlp(layer)
         return augment(w.W_out, w.b_out)
@@ -559,12 +580,16 @@ class ModelView(ABC):
         per_head = output.reshape(*output.shape[:-1], self.n_heads, n, -1)
         return per_head[..., k, :].flatten(-2)
 
-    def site_output(self, layer: int, site: str, output: Tensor) -> Tensor:
+    def site_output(
+        self, layer: int, site: str, output: Float[Tensor, "*batch d_module"]
+    ) -> Float[Tensor, "*batch d_out"]:
         """Slice ``site``'s own output ``[..., d_out]`` out of ``site_module(...)``'s output (q / k / v
         heads concatenated head-major, K/V *not* GQA-expanded: exactly the model's projection)."""
         return self._site_index(output, self._sites(self.check_layer(layer))[self.check_site(site)][1])
 
-    def with_site_output(self, layer: int, site: str, output: Tensor, value: Tensor) -> Tensor:
+    def with_site_output(
+        self, layer: int, site: str, output: Float[Tensor, "*batch d_module"], value: Float[Tensor, "*batch d_out"]
+    ) -> Float[Tensor, "*batch d_module"]:
         """``output`` of ``site_module(...)`` with ``site``'s part replaced by ``value`` (not in place,
         differentiable): what a forward hook returns to modify one site of a fused projection."""
         part = self._sites(self.check_layer(layer))[self.check_site(site)][1]
@@ -579,7 +604,7 @@ class ModelView(ABC):
         return torch.stack(per_head, dim=-2).flatten(-3)
 
     @torch.no_grad()
-    def site_weight(self, layer: int, site: str) -> tuple[Tensor, Tensor | None]:
+    def site_weight(self, layer: int, site: str) -> tuple[Float[Tensor, "d_in d_out"], Float[Tensor, " d_out"] | None]:
         """``(W [d_in, d_out], b [d_out] or None)`` with ``site_output = input @ W + b`` for the input
         the site module receives (the model's own, unfolded weights; K/V not GQA-expanded)."""
         mod: HFModule = self.site_module(layer, site)
