@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MYPY = Path(sys.executable).with_name("mypy")
 
 # Two errors the checker is there for: an option outside its Literal, and a None that can reach a Tensor return.
-BROKEN = '''
+BROKEN = """
 
 def _broken_read(view: ModelView, x: Tensor) -> Tensor:
     return view.normalized("pre", 0, x)
@@ -22,7 +22,7 @@ def _broken_read(view: ModelView, x: Tensor) -> Tensor:
 
 def _broken_factor(view: ModelView, x: Tensor) -> Tensor:
     return view.post_norm_factor("attn", 0, x)
-'''
+"""
 
 
 def mypy(root: Path) -> subprocess.CompletedProcess:
@@ -50,7 +50,7 @@ def test_the_checked_packages_type_check_and_a_type_error_fails(tmp_path):
     assert done.returncode == 1, done.stdout
     errors = [ln for ln in done.stdout.splitlines() if ": error:" in ln]
     assert len(errors) == 2, done.stdout
-    assert errors[0].startswith(f"lit_svd/analysis/decompose.py:{first}: error: Argument 1 to \"normalized\"")
+    assert errors[0].startswith(f'lit_svd/analysis/decompose.py:{first}: error: Argument 1 to "normalized"')
     assert errors[0].endswith("[arg-type]") and "Literal['attn', 'mlp', 'final']" in errors[0]
     assert errors[1].startswith(f"lit_svd/analysis/decompose.py:{first + 4}: error: Incompatible return value type")
     assert errors[1].endswith("[return-value]") and '"Tensor | None"' in errors[1]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from lit_svd.addresses import Address
@@ -51,13 +52,16 @@ def hard_masks(lambdas: dict[str, Tensor], threshold: float) -> dict[str, Tensor
     return {n: (lam >= threshold).to(lam.dtype) for n, lam in lambdas.items()}
 
 
-def l1(lambdas: dict[str, Tensor]) -> Tensor:
+def l1(lambdas: dict[str, Tensor]) -> Float[Tensor, ""]:
     return sum((lam.sum() for lam in lambdas.values()), torch.zeros(()))
 
 
 def mask_loss(
-    masked_logits: Tensor, full_logits: Tensor, lambdas: dict[str, Tensor], alpha: float
-) -> tuple[Tensor, Tensor, Tensor]:
+    masked_logits: Float[Tensor, "batch vocab"],
+    full_logits: Float[Tensor, "batch vocab"],
+    lambdas: dict[str, Tensor],
+    alpha: float,
+) -> tuple[Float[Tensor, ""], Float[Tensor, ""], Float[Tensor, ""]]:
     """``(loss, kl, l1)``: KL(p_full || p_masked) at the answer position (mean over the batch, full
     vocabulary) + ``alpha * sum(lambda)``."""
     kl = kl_divergence(masked_logits, full_logits).mean()
@@ -128,7 +132,9 @@ def most_effective_direction(
 
 
 @torch.no_grad()
-def write_readings(view: ModelView, point: PostNormPoint, layer: int, V: Tensor) -> Tensor:
+def write_readings(
+    view: ModelView, point: PostNormPoint, layer: int, V: Float[Tensor, "n d_model"]
+) -> Float[Tensor, "n vocab"]:
     """``[n, vocab]``: how the unembedding reads directions ``V: [n, d_model]`` written by the attention
     (``point="attn"``) or MLP (``"mlp"``) of ``layer``: through what follows the write in the model (Gemma's
     post-attention / post-feed-forward norm, ``view.post_norm``), then the final norm and ``W_U``."""

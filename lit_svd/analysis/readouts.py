@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from lit_svd.addresses import Address
@@ -33,7 +34,9 @@ def _top(scores: Tensor, tokenizer, top_k: int) -> tuple[list[str], list[str]]:
 
 
 @torch.no_grad()
-def read_scores(emb: Tensor, component: Component, group: int, direction: int, key_side: bool = False) -> Tensor:
+def read_scores(
+    emb: Float[Tensor, "vocab d_model"], component: Component, group: int, direction: int, key_side: bool = False
+) -> Float[Tensor, " vocab"]:
     """``[vocab]``: each token's embedding as the site reads it (``emb``: ``W_E`` through the site's norm),
     projected on ``u_k`` (``key_side``: the ``qk`` key side ``v_k``)."""
     basis = component.V if key_side else component.U
