@@ -45,6 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from lit_svd.addresses import DIRECTION_KINDS, Address
@@ -77,10 +78,10 @@ class Component:
 
     kind: str
     layer: int
-    U: Tensor
-    S: Tensor
-    V: Tensor
-    read: Tensor | None = None
+    U: Float[Tensor, "G d_in K"]  # d_in(+1): the bias row first where the map reads [1, x]
+    S: Float[Tensor, "G K"]
+    V: Float[Tensor, "G d_out K"]
+    read: Float[Tensor, "G d_head K"] | None = None
     scale: float = 1.0
 
     @property
@@ -109,13 +110,13 @@ class Component:
     def n_directions(self) -> int:
         return self.S.numel()
 
-    def coefficients(self, x: Tensor) -> Tensor:
+    def coefficients(self, x: Float[Tensor, "*batch d_site"]) -> Float[Tensor, "*batch G K"]:
         """Direction coefficients ``[..., G, K]`` of the site output (or, for ``ov``, of the o input ``z``)."""
         G = self.S.shape[0]
         x = x.reshape(*x.shape[:-1], G, -1)
         return torch.einsum("...gd,gdk->...gk", x, self.read if self.kind == "ov" else self.V)
 
-    def write(self, coef: Tensor) -> Tensor:
+    def write(self, coef: Float[Tensor, "*batch G K"]) -> Float[Tensor, "*batch d_site"]:
         """``coef: [..., G, K]`` back to the site's output space ``[..., d_out]`` (``ov``: summed over heads)."""
         if self.kind == "ov":
             return torch.einsum("...gk,gdk->...d", coef, self.V)
@@ -191,12 +192,14 @@ def build_components(
     return [build_component(view, kind, layer) for layer, kind in todo]
 
 
-def rows_at(out: Tensor, positions: Tensor | None) -> Tensor:
+def rows_at(out: Float[Tensor, "B T *rest"], positions: Int[Tensor, " B"] | None) -> Float[Tensor, " B *row"]:
     """``out[b, positions[b]]`` for every example ``b`` (``positions`` None: ``out`` itself)."""
     return out if positions is None else out[torch.arange(out.shape[0], device=out.device), positions]
 
 
-def put_rows_at(out: Tensor, positions: Tensor | None, rows: Tensor) -> Tensor:
+def put_rows_at(
+    out: Float[Tensor, "B T *rest"], positions: Int[Tensor, " B"] | None, rows: Float[Tensor, " B *row"]
+) -> Float[Tensor, "B T *rest"]:
     """``out`` with ``rows_at(out, positions)`` replaced by ``rows`` (not in place, differentiable)."""
     if positions is None:
         return rows

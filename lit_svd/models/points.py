@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from jaxtyping import Int, Shaped
 from torch import Tensor, nn
 
 from lit_svd.choices import check_choice, choices
@@ -251,8 +252,8 @@ def _derive(view: ModelView, point: Point, raw: dict) -> Tensor:
 def run_with_cache(
     view: ModelView,
     points: Iterable[str | tuple[str, int] | Point],
-    input_ids: Tensor,
-    attention_mask: Tensor | None = None,
+    input_ids: Int[Tensor, "B T"],
+    attention_mask: Shaped[Tensor, "B T"] | None = None,
 ) -> ActivationCache:
     """One forward of ``view.model`` on ``input_ids: [B, T]`` (right-padded; ``attention_mask`` ``[B, T]``)
     returning every requested point (``resolve_points``). The logits are projected only when asked for."""
