@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+from jaxtyping import Float, Int, Shaped
 from torch import Tensor
 
 from lit_svd.addresses import EMBED_LAYER, Address
@@ -77,17 +78,17 @@ class Reads:
 
     point: ReadPoint
     layer: int | None
-    batch: Tensor  # [R] long
-    position: Tensor  # [R] long
-    vector: Tensor  # [R, d_model + 1]
-    weight: Tensor  # [R]
-    reader: Tensor  # [R] long, 0 .. n_readers - 1
-    own_bias: Tensor  # [R]
+    batch: Int[Tensor, " R"]
+    position: Int[Tensor, " R"]
+    vector: Float[Tensor, "R d_model+1"]
+    weight: Float[Tensor, " R"]
+    reader: Int[Tensor, " R"]  # 0 .. n_readers - 1
+    own_bias: Float[Tensor, " R"]
     bias: list[Address]  # [n_readers]
     addresses: list[Address] | None = None  # [n_readers]
     info: dict[str, Tensor] = field(default_factory=dict)
-    basis: Tensor | None = None  # [d_model + 1, c]: when every vector is ``coords @ basis.T`` (a head's map)
-    coords: Tensor | None = None  # [R, c]
+    basis: Float[Tensor, "d_model+1 c"] | None = None  # when every vector is ``coords @ basis.T`` (a head's map)
+    coords: Float[Tensor, "R c"] | None = None
 
     @property
     def n_readers(self) -> int:
@@ -100,12 +101,12 @@ class Split:
     (``values.sum(-1) == total`` up to float rounding). ``readers`` / ``info`` as the ``Reads``'."""
 
     nodes: list[Address]
-    values: Tensor  # [n_readers, n_nodes]
-    total: Tensor  # [n_readers]
+    values: Float[Tensor, "n_readers n_nodes"]
+    total: Float[Tensor, " n_readers"]
     readers: list[Address] | None = None
     info: dict[str, Tensor] = field(default_factory=dict)
 
-    def residual(self) -> Tensor:
+    def residual(self) -> Float[Tensor, " n_readers"]:
         """``total - sum of the pieces`` per reader (float rounding only)."""
         return self.total - self.values.sum(-1)
 
@@ -360,10 +361,10 @@ def qk_reads(
     cache,
     layer: int,
     head: int,
-    batch: Tensor,
-    dest: Tensor,
-    src: Tensor,
-    attention_mask: Tensor,
+    batch: Int[Tensor, " P"],
+    dest: Int[Tensor, " P"],
+    src: Int[Tensor, " P"],
+    attention_mask: Shaped[Tensor, "B T"],
     directions: Sequence[int] | Tensor | None = None,
     side: Side = "query",
     relative: bool = False,
@@ -471,8 +472,8 @@ def ov_reads(
     cache,
     layer: int,
     head: int,
-    batch: Tensor,
-    position: Tensor,
+    batch: Int[Tensor, " P"],
+    position: Int[Tensor, " P"],
     directions: Sequence[int] | Tensor | None = None,
     mix: bool = False,
 ) -> Reads:
@@ -538,8 +539,8 @@ def mlp_reads(
     dec: Decomposer,
     cache,
     layer: int,
-    batch: Tensor,
-    position: Tensor,
+    batch: Int[Tensor, " P"],
+    position: Int[Tensor, " P"],
     directions: Sequence[int] | Tensor | None = None,
     kind: Literal["mlp_in", "mlp_gate"] = "mlp_in",
 ) -> Reads:
@@ -572,7 +573,13 @@ def mlp_reads(
 
 
 @torch.no_grad()
-def logit_reads(dec: Decomposer, cache, batch: Tensor, position: Tensor, logit_weights: Tensor) -> Reads:
+def logit_reads(
+    dec: Decomposer,
+    cache,
+    batch: Int[Tensor, " P"],
+    position: Int[Tensor, " P"],
+    logit_weights: Float[Tensor, "P vocab"],
+) -> Reads:
     """One reader per row: ``sum_v logit_weights[p, v] * logit_v`` at ``(batch[p], position[p])`` (logits before
     Gemma-2's final soft-cap), read through the final norm; e.g. ``TaskScorer.logit_weights`` (the logit
     difference: +1 on the answer, -1 on the wrong token)."""
