@@ -194,5 +194,7 @@ def test_a_different_test_split_fails_in_one_line(tiny_dirs, tmp_path):
         DirectionCheckModule(run=str(tmp_path))
     with pytest.raises(ValueError, match="no steering_swap"):
         DirectionCheckModule(run=str(run), claims="swap")
-    with pytest.raises(ValueError, match="'q' cannot be patched"):
+    patchable = "^kinds='q' is unknown among the kinds that can be patched; "
+    patchable += "choose one of ov, mlp_in, mlp_gate, mlp_out$"
+    with pytest.raises(ValueError, match=patchable):
         DirectionCheckModule(run=str(run), kinds=["q"])
