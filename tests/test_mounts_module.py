@@ -99,7 +99,9 @@ def test_last_position_steering_with_cached_prefix_matches_a_full_forward(arch):
 
 def test_steering_refuses_non_residual_sites():
     view = make_view(tiny_causal_lm("llama"))
-    with pytest.raises(ValueError, match="steering site 'q' is not a residual write"):
+    with pytest.raises(
+        ValueError, match="^site='q' is unknown as a residual write \\(steering\\); choose one of o, down$"
+    ):
         with steering(view, 0, "q", torch.zeros(view.d_model)):
             pass
 

@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from lit_svd import linalg
+from lit_svd.choices import choices
 from lit_svd.linalg import SVD, haar_orthogonal, svd_dense
 from lit_svd.models.base import SITES
 
-STRATEGIES: tuple[str, ...] = ("tiled", "whole", "columns", "random")
+Strategy = Literal["tiled", "whole", "columns", "random"]
+STRATEGIES: tuple[Strategy, ...] = choices(Strategy)
 EPS = 1e-12
-RESIDUAL_SITES = ("o", "down")  # the sites that write to the residual stream
+ResidualSite = Literal["o", "down"]  # the sites that write to the residual stream
+RESIDUAL_SITES: tuple[ResidualSite, ...] = choices(ResidualSite)
 REF_SEED, REF_STRIDE = 10007, 997  # per-mount random reference direction j uses seed 10007 + 997 j
 
 

@@ -23,14 +23,17 @@ value, its sign relative to the first step, and whether its identity held since 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
 
+from lit_svd.choices import choices
 from lit_svd.linalg import REL_GAP, SVD, DirectionBlocks, direction_blocks, match_directions
 
 MIN_COS = 0.9  # below this |cos| to its predecessor a direction counts as a new one
-STATES = ("kept", "block", "lost")
+State = Literal["kept", "block", "lost"]
+STATES: tuple[State, ...] = choices(State)
 
 
 @dataclass
