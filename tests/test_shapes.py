@@ -17,7 +17,7 @@ from jaxtyping import Float, jaxtyped
 from torch import Tensor
 
 from lit_svd import linalg
-from lit_svd.analysis import alignment, spectrum
+from lit_svd.analysis import alignment, sad, spectrum
 from lit_svd.models import view as make_view
 from lit_svd.models.base import ModelView, augment, augment_inputs, inverse_rms
 from lit_svd.models.tiny import ARCHITECTURES, HEAD_NORM_ARCHITECTURES, tiny_causal_lm
@@ -120,6 +120,28 @@ def test_view_shapes(arch):
         out = torch.randn(2, 5, mod.weight.shape[1 if type(mod).__name__ == "Conv1D" else 0])  # the module's output
         checked(ModelView.with_site_output)(view, 0, site, out, checked(ModelView.site_output)(view, 0, site, out))
     assert checked(ModelView.W_E.fget)(view).shape == (view.vocab_size, view.d_model)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma3"])
+def test_sad_shapes(arch):
+    view = make_view(tiny_causal_lm(arch))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, 4:] = 0
+    xa = augment_inputs(view.normalized("attn", 0, torch.randn(2, 6, view.d_model)))
+    qk = check_fields(sad.qk_heads_from_view(view, 0))
+    U = checked(sad.QKHeads.basis)(qk)
+    checked(sad.rotated_bases)(U, 1)
+    checked(sad.QKHeads.pair_factors)(qk, xa, xa)
+    visible = checked(sad.causal_visibility)(mask)
+    score = checked(sad.scores)(xa, xa, qk)
+    terms = checked(sad.direction_terms)(xa, xa, qk, U)
+    rel = checked(sad.relative)(score, visible)
+    checked(sad.relative)(terms, visible)
+    probs = checked(sad.attention_probs)(score, visible)
+    pairs = checked(sad.select_pairs)(probs, rel, visible)
+    c = checked(sad.contributions_at)(xa, xa, visible, qk, U, pairs)
+    c, r = checked(sad.signed)(c, rel[pairs])
+    assert checked(sad.n_recon)(c, r).shape == r.shape == (int(pairs.sum()),)
 
 
 def test_base_helpers_and_analysis_shapes():

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
 from lit_svd.linalg import REL_GAP, direction_blocks, haar_orthogonal, rolls_tovee_sparsity, svd_factored
@@ -106,8 +107,8 @@ class QKHeads:
     per-token RMS divides every score (``factors``).
     """
 
-    A_q: Tensor
-    A_k: Tensor
+    A_q: Float[Tensor, "h D d_head"]
+    A_k: Float[Tensor, "h D d_head"]
     rotate: Rotate | None = None
     softcap: float | None = None
     head_norm: tuple[Tensor, Tensor, float] | None = None
@@ -136,7 +137,9 @@ class QKHeads:
         )
         return QKHeads(self.A_q.to(dtype), self.A_k.to(dtype), self.rotate, self.softcap, hn)
 
-    def token_factors(self, xq: Tensor, xk: Tensor) -> tuple[Tensor, Tensor] | None:
+    def token_factors(
+        self, xq: Float[Tensor, "B T_d D"], xk: Float[Tensor, "B T_s D"]
+    ) -> tuple[Float[Tensor, "B h T_d"], Float[Tensor, "B h T_s"]] | None:
         """``(f_q [B, h, T_d], f_k [B, h, T_s])``: 1 / RMS of each head's raw query and key (None without
         head norms)."""
         if self.head_norm is None:
@@ -144,12 +147,14 @@ class QKHeads:
         B_q, B_k, eps = self.head_norm
         return inverse_rms(xq, B_q, eps), inverse_rms(xk, B_k, eps)
 
-    def pair_factors(self, xq: Tensor, xk: Tensor) -> Tensor | None:
+    def pair_factors(
+        self, xq: Float[Tensor, "B T_d D"], xk: Float[Tensor, "B T_s D"]
+    ) -> Float[Tensor, "B h T_d T_s"] | None:
         """``f_q(d) f_k(s)`` as ``[B, h, T_d, T_s]`` (None without head norms)."""
         f = self.token_factors(xq, xk)
         return None if f is None else f[0].unsqueeze(-1) * f[1].unsqueeze(-2)
 
-    def basis(self) -> Tensor:
+    def basis(self) -> Float[Tensor, "h D k"]:
         """``U: [h, D, k]``, left singular vectors of ``Omega(0) = A_q A_k^T`` (descending sigma)."""
         return svd_factored(self.A_q, self.A_k).U
 
@@ -193,7 +198,9 @@ def attention_window(view, layer: int) -> int | None:
     return view.window(layer)
 
 
-def rotated_bases(U: Tensor, seed: int = 0, head_ids: list[int] | None = None) -> Tensor:
+def rotated_bases(
+    U: Float[Tensor, "h D k"], seed: int = 0, head_ids: list[int] | None = None
+) -> Float[Tensor, "h D k"]:
     """The control basis ``U Q`` per head, ``Q`` Haar-random ``[k, k]``, drawn for each head from
     ``(seed, head id)`` alone: the same on every rank, whichever other heads are analysed."""
     head_ids = list(range(U.shape[0])) if head_ids is None else list(head_ids)
@@ -206,7 +213,7 @@ def rotated_bases(U: Tensor, seed: int = 0, head_ids: list[int] | None = None) -
     return U @ Q
 
 
-def causal_visibility(attention_mask: Tensor, window: int | None = None) -> Tensor:
+def causal_visibility(attention_mask: Shaped[Tensor, "B T"], window: int | None = None) -> Bool[Tensor, "B T T"]:
     """``[B, T] -> [B, T_d, T_s]``: source ``s`` visible from ``d`` when ``s <= d``, both are real tokens,
     and ``d - s < window`` (sliding-window layers)."""
     T = attention_mask.shape[-1]
@@ -223,7 +230,7 @@ def _positions(T: int, device) -> Tensor:
     return torch.arange(T, device=device)
 
 
-def scores(xq: Tensor, xk: Tensor, qk: QKHeads) -> Tensor:
+def scores(xq: Float[Tensor, "B T_d D"], xk: Float[Tensor, "B T_s D"], qk: QKHeads) -> Float[Tensor, "B h T_d T_s"]:
     """Pre-softmax scores ``[B, h, T_d, T_s]`` computed as the model does (queries . keys)."""
     q = torch.einsum("bqD,hDc->bhqc", xq, qk.A_q)
     k = torch.einsum("bsD,hDc->bhsc", xk, qk.A_k)
@@ -234,7 +241,9 @@ def scores(xq: Tensor, xk: Tensor, qk: QKHeads) -> Tensor:
     return q @ k.mT if f is None else (q @ k.mT) * f
 
 
-def direction_terms(xq: Tensor, xk: Tensor, qk: QKHeads, U: Tensor) -> Tensor:
+def direction_terms(
+    xq: Float[Tensor, "B T_d D"], xk: Float[Tensor, "B T_s D"], qk: QKHeads, U: Float[Tensor, "h D k"]
+) -> Float[Tensor, "B h T_d k T_s"]:
     """``t_k(d, s) = (x~_d . u_k)(u_k^T Omega(s - d) x~_s)`` as ``[B, h, T_d, k, T_s]``; sums over k to the scores."""
     a = torch.einsum("bqD,hDk->bhqk", xq, U)  # query coordinates
     P = torch.einsum("hDk,hDc->hkc", U, qk.A_q)  # U^T A_q: each direction seen as a query vector
@@ -251,7 +260,9 @@ def direction_terms(xq: Tensor, xk: Tensor, qk: QKHeads, U: Tensor) -> Tensor:
     return terms if f is None else terms * f.unsqueeze(-2)
 
 
-def relative(x: Tensor, visible: Tensor) -> Tensor:
+def relative(
+    x: Float[Tensor, "B h T_d *mid T_s"], visible: Bool[Tensor, "B T_d T_s"]
+) -> Float[Tensor, "B h T_d *mid T_s"]:
     """``x(s) - mean_{s' != s visible} x(s')`` along the last (source) axis; zero where undefined.
 
     ``x: [B, h, T_d, ..., T_s]`` (scores or terms), ``visible: [B, T_d, T_s]``; destinations with fewer
@@ -267,7 +278,9 @@ def relative(x: Tensor, visible: Tensor) -> Tensor:
     return torch.where(vis & (n >= 2), rel, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def attention_probs(score: Tensor, visible: Tensor, softcap: float | None = None) -> Tensor:
+def attention_probs(
+    score: Float[Tensor, "B h T_d T_s"], visible: Bool[Tensor, "B T_d T_s"], softcap: float | None = None
+) -> Float[Tensor, "B h T_d T_s"]:
     """The head's attention weights ``[B, h, T_d, T_s]`` (zero rows for padding destinations)."""
     if softcap:
         score = softcap * torch.tanh(score / softcap)
@@ -277,7 +290,12 @@ def attention_probs(score: Tensor, visible: Tensor, softcap: float | None = None
     return torch.nan_to_num(p, nan=0.0)
 
 
-def select_pairs(probs: Tensor, rel: Tensor, visible: Tensor, threshold: float | None = None) -> Tensor:
+def select_pairs(
+    probs: Float[Tensor, "B h T_d T_s"],
+    rel: Float[Tensor, "B h T_d T_s"],
+    visible: Bool[Tensor, "B T_d T_s"],
+    threshold: float | None = None,
+) -> Bool[Tensor, "B h T_d T_s"]:
     """Analysed pairs ``[B, h, T_d, T_s]`` (bool): >= 2 visible sources, ``l~ > 0``, weight >= threshold
     (``None``: the uniform level ``1 / n_visible``)."""
     n = visible.sum(-1)[:, None, :, None]  # [B, 1, T_d, 1]
@@ -285,7 +303,7 @@ def select_pairs(probs: Tensor, rel: Tensor, visible: Tensor, threshold: float |
     return visible[:, None] & (n >= 2) & (rel > 0) & (probs >= level)
 
 
-def sort_descending(c: Tensor) -> Tensor:
+def sort_descending(c: Float[Tensor, "*batch k"]) -> Float[Tensor, "*batch k"]:
     """Values of ``c`` sorted in decreasing order along the last axis (numpy's vectorised sort on CPU,
     ~15x faster than torch's for many short rows)."""
     if c.device.type != "cpu" or c.requires_grad:
@@ -293,7 +311,9 @@ def sort_descending(c: Tensor) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.sort(c.contiguous().numpy(), axis=-1)[..., ::-1]))
 
 
-def n_recon(c: Tensor, rel: Tensor, tol: float = DEFAULT_RECON_TOL) -> Tensor:
+def n_recon(
+    c: Float[Tensor, "*batch k"], rel: Float[Tensor, "*batch"], tol: float = DEFAULT_RECON_TOL
+) -> Int[Tensor, "*batch"]:
     """Fewest directions, largest contribution first, whose running sum reaches ``rel - tol * sum|c|``.
 
     ``c: [..., k]``, ``rel: [...]`` -> integer ``[...]`` in ``1..k``.
@@ -304,7 +324,14 @@ def n_recon(c: Tensor, rel: Tensor, tol: float = DEFAULT_RECON_TOL) -> Tensor:
     return torch.where(reach.any(-1), first, torch.full_like(first, c.shape[-1]))
 
 
-def contributions_at(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, pairs: Tensor) -> Tensor:
+def contributions_at(
+    xq: Float[Tensor, "B T_d D"],
+    xk: Float[Tensor, "B T_s D"],
+    visible: Bool[Tensor, "B T_d T_s"],
+    qk: QKHeads,
+    U: Float[Tensor, "h D k"],
+    pairs: Bool[Tensor, "B h T_d T_s"],
+) -> Float[Tensor, "P k"]:
     """Relative contributions ``c_k`` of the selected ``pairs [B, h, T_d, T_s]`` -> ``[P, k]``, from the full
     term tensor (the reference for ``pair_contributions``)."""
     c = relative(direction_terms(xq, xk, qk, U), visible)  # [B, h, T_d, k, T_s]
@@ -359,7 +386,7 @@ def _rows(t: Tensor, b: Tensor, h: Tensor, q: Tensor) -> Tensor:
     return t.reshape(*t.shape[:-4], B * H * T, c).index_select(-2, flat)
 
 
-def haar_frames(D: int, k: int, n: int, generator: torch.Generator, dtype=torch.float32) -> Tensor:
+def haar_frames(D: int, k: int, n: int, generator: torch.Generator, dtype=torch.float32) -> Float[Tensor, "n D k"]:
     """``n`` Haar-random orthonormal frames ``[n, D, k]`` (reduced QR of a Gaussian, sign-fixed)."""
     Q, R = torch.linalg.qr(torch.randn(n, D, k, generator=generator, dtype=torch.float64))
     return (Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)).to(dtype)
@@ -404,7 +431,9 @@ def null_heads(qk: QKHeads, svd, n_draws: int, seed: int, head_ids: list[int] | 
     return NullHeads(F[:, :n_draws], F[:, n_draws:], svd.U.mT @ qk.A_q, svd.V.mT @ qk.A_k)
 
 
-def signed(c: Tensor, rel: Tensor) -> tuple[Tensor, Tensor]:
+def signed(
+    c: Float[Tensor, "*batch k"], rel: Float[Tensor, "*batch"]
+) -> tuple[Float[Tensor, "*batch k"], Float[Tensor, "*batch"]]:
     """Flip pairs with ``l~ < 0`` so that the total to rebuild is positive (N_recon of ``-c`` reaching ``-l~``:
     the directions that carry the *avoidance*); Rolls–Tovee sparsity is unchanged by the sign."""
     sgn = torch.where(rel < 0, -1.0, 1.0).to(c.dtype)
@@ -648,7 +677,9 @@ def decompose_layer(
     return stats
 
 
-def head_means(head: Tensor, values: Tensor, n_heads: int) -> Tensor:
+def head_means(
+    head: Int[Tensor, " P"], values: Float[Tensor, "*batch P"], n_heads: int
+) -> Float[Tensor, "*batch n_heads"]:
     """Mean of ``values [..., P]`` per head index ``head [P]`` -> ``[..., n_heads]`` (NaN for heads without pairs)."""
     v = values.double().cpu()
     total = torch.zeros(*v.shape[:-1], n_heads, dtype=torch.float64).index_add_(-1, head.cpu(), v)
@@ -665,7 +696,7 @@ def null_head_means(null: NullStats, n_heads: int, n_draws: int | None = None) -
     return head_means(key, null.sparsity, n_heads * n_draws).reshape(n_heads, n_draws)
 
 
-def null_quantile(null_means: Tensor, q: float = 0.05) -> Tensor:
+def null_quantile(null_means: Float[Tensor, "*batch n_draws"], q: float = 0.05) -> Float[Tensor, "*batch"]:
     """The ``q`` quantile of the null draws ``[..., n_draws]`` (linear interpolation, as ``numpy.quantile``)."""
     return torch.quantile(null_means.double(), q, dim=-1)
 
