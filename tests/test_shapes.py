@@ -17,7 +17,7 @@ from jaxtyping import Float, jaxtyped
 from torch import Tensor
 
 from lit_svd import linalg
-from lit_svd.analysis import alignment, sad, spectrum
+from lit_svd.analysis import alignment, mounts, sad, spectrum
 from lit_svd.models import view as make_view
 from lit_svd.models.base import ModelView, augment, augment_inputs, inverse_rms
 from lit_svd.models.tiny import ARCHITECTURES, HEAD_NORM_ARCHITECTURES, tiny_causal_lm
@@ -170,3 +170,23 @@ def test_a_wrong_shape_fails_the_check():
     weights = make_view(tiny_causal_lm("llama")).mlp(0)
     with pytest.raises(jaxtyping.TypeCheckError, match="MLPWeights.__init__"):  # a dataclass's fields too
         check_fields(dataclasses.replace(weights, W_in=weights.W_in.T))
+
+
+def test_mounts_shapes():
+    W = torch.randn(12, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for m in (
+        checked(mounts.tiled_svd_mounts)(W, 4, 2),
+        checked(mounts.whole_svd_mounts)(W, 8),
+        checked(mounts.column_sample_mounts)(W, 8),
+        mounts.random_mounts(12, 16, 8),
+    ):
+        check_fields(m)
+    checked(mounts.top_svd)(W, 3)
+    X, Z = torch.randn(40, 16, dtype=torch.float64), torch.randn(40, 12, dtype=torch.float64)
+    assert checked(mounts.ridge_map)(X.T @ X, X.T @ Z, 0.1).shape == (12, 16)
+    assert checked(mounts.orthonormal_span)(W[:, :3]).shape == (12, 3)
+    d = check_fields(mounts.CoverageDict.of(mounts.random_units(12, 5, 0)))
+    checked(mounts.sparse_explained)(Z @ d.D, d.G, 2)
+    assert checked(mounts.haar_null)(W, 0).shape == W.shape
+    assert checked(mounts.ceiling_sum)(Z).shape == (12, 12)
+    assert checked(mounts.ceiling_sum)(Z, X).shape == (17, 17)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from lit_svd import linalg
@@ -41,10 +42,10 @@ class Mounts:
     """``n`` mounts: writes ``U: [d_out, n]`` (unit), triggers ``V: [d_in, n]`` (unit, zero outside
     the mount's tile), strengths ``S: [n]``, tile index ``tile: [n]`` (-1 when not tiled)."""
 
-    U: Tensor
-    V: Tensor
-    S: Tensor
-    tile: Tensor
+    U: Float[Tensor, "d_out n"]
+    V: Float[Tensor, "d_in n"]
+    S: Float[Tensor, " n"]
+    tile: Int[Tensor, " n"]
 
     def __len__(self) -> int:
         return self.U.shape[1]
@@ -69,7 +70,7 @@ def check_modes(modes: int, tile_width: int, d_out: int, key: str = "modes_per_t
     return modes
 
 
-def top_svd(B: Tensor, k: int) -> SVD:
+def top_svd(B: Float[Tensor, "m n"], k: int) -> SVD:
     """The top ``k`` singular triples (``U [m, k]``, ``S [k]``, ``V [n, k]``) of ``B`` (float64), from the
     eigen-decomposition of the Gram matrix of its smaller side: exact for the leading triples and far
     cheaper than a full SVD (``k`` is at most ``min(B.shape)``)."""
@@ -84,7 +85,7 @@ def top_svd(B: Tensor, k: int) -> SVD:
     return SVD(U, S, V)
 
 
-def tile_svds(W: Tensor, bounds: list[tuple[int, int]], k: int) -> list[SVD]:
+def tile_svds(W: Float[Tensor, "d_out d_in"], bounds: list[tuple[int, int]], k: int) -> list[SVD]:
     """Top ``k`` singular triples of each column tile ``W[:, s:e]`` (float64)."""
     return [top_svd(W[:, s:e], k) for s, e in bounds]
 
@@ -103,7 +104,7 @@ def mounts_from_tiles(svds: list[SVD], bounds: list[tuple[int, int]], d_in: int,
     return Mounts(torch.cat(Us, 1), torch.cat(Vs, 1), torch.cat(Ss), torch.cat(tiles))
 
 
-def tiled_svd_mounts(W: Tensor, tile_width: int, modes: int) -> Mounts:
+def tiled_svd_mounts(W: Float[Tensor, "d_out d_in"], tile_width: int, modes: int) -> Mounts:
     """Top ``modes`` singular triples of each column tile of ``W: [d_out, d_in]``."""
     d_out, d_in = W.shape
     bounds = tile_bounds(d_in, tile_width)
@@ -111,7 +112,7 @@ def tiled_svd_mounts(W: Tensor, tile_width: int, modes: int) -> Mounts:
     return mounts_from_tiles(tile_svds(W, bounds, modes), bounds, d_in, modes)
 
 
-def whole_svd_mounts(W: Tensor, n: int) -> Mounts:
+def whole_svd_mounts(W: Float[Tensor, "d_out d_in"], n: int) -> Mounts:
     """The top ``n`` singular triples of the whole matrix."""
     if n > min(W.shape):
         raise ValueError(
@@ -122,7 +123,7 @@ def whole_svd_mounts(W: Tensor, n: int) -> Mounts:
     return Mounts(svd.U, svd.V, svd.S, torch.full((n,), -1, device=W.device))
 
 
-def column_sample_mounts(W: Tensor, n: int, seed: int = 0) -> Mounts:
+def column_sample_mounts(W: Float[Tensor, "d_out d_in"], n: int, seed: int = 0) -> Mounts:
     """Draw ``min(4n, d_in)`` columns without replacement with probability proportional to their
     norm, keep the ``n`` of highest norm; write = the normalised column, trigger = that input axis.
     The draw is made on the CPU (the same columns on every device)."""
@@ -137,7 +138,7 @@ def column_sample_mounts(W: Tensor, n: int, seed: int = 0) -> Mounts:
     return Mounts(W[:, cols] / norms[cols].clamp_min(EPS), V, norms[cols], torch.full((n,), -1, device=W.device))
 
 
-def random_units(d: int, n: int, seed: int) -> Tensor:
+def random_units(d: int, n: int, seed: int) -> Float[Tensor, "d n"]:
     """``n`` Gaussian unit vectors ``[d, n]`` from one seeded generator."""
     X = torch.randn(d, n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return X / X.norm(dim=0, keepdim=True)
@@ -149,14 +150,14 @@ def random_mounts(d_out: int, d_in: int, n: int, seed: int = 0) -> Mounts:
     return Mounts(U, V, torch.ones(n, dtype=torch.float64, device=U.device), torch.full((n,), -1, device=U.device))
 
 
-def reference_directions(d_out: int, n: int) -> Tensor:
+def reference_directions(d_out: int, n: int) -> Float[Tensor, "d_out n"]:
     """The per-mount random references ``[d_out, n]``: column j from its own seed ``10007 + 997 j``, so
     mount j of every strategy is compared with the same random direction."""
     return torch.cat([random_units(d_out, 1, REF_SEED + REF_STRIDE * j) for j in range(n)], dim=1)
 
 
 def strategy_mounts(
-    W: Tensor, tile_width: int, modes: int, seed: int = 0, tiled: Mounts | None = None
+    W: Float[Tensor, "d_out d_in"], tile_width: int, modes: int, seed: int = 0, tiled: Mounts | None = None
 ) -> dict[str, Mounts]:
     """The four strategies at the tiled budget ``n`` (the number of tiled mounts)."""
     tiled = tiled if tiled is not None else tiled_svd_mounts(W, tile_width, modes)
@@ -170,12 +171,12 @@ def strategy_mounts(
 
 
 # --- effective paths ------------------------------------------------------------------------------
-def gate_weighted(W_up: Tensor, mean_gate: Tensor) -> Tensor:
+def gate_weighted(W_up: Float[Tensor, "d_mlp d_in"], mean_gate: Float[Tensor, " d_mlp"]) -> Float[Tensor, "d_mlp d_in"]:
     """``W* = diag(mean gate activation) W_up``: the up map as seen through the average gate."""
     return mean_gate.to(W_up.dtype).unsqueeze(1) * W_up
 
 
-def ridge_map(XtX: Tensor, XtZ: Tensor, ridge: float) -> Tensor:
+def ridge_map(XtX: Float[Tensor, "d_x d_x"], XtZ: Float[Tensor, "d_x d_z"], ridge: float) -> Float[Tensor, "d_z d_x"]:
     """``W: [d_z, d_x]`` minimising ``sum_t ||z_t - W x_t||^2 + lam ||W||^2`` from the sufficient
     statistics ``X^T X`` and ``X^T Z``; ``lam = ridge * trace(X^T X) / d_x`` (scale-free)."""
     if ridge < 0:
@@ -187,7 +188,7 @@ def ridge_map(XtX: Tensor, XtZ: Tensor, ridge: float) -> Tensor:
 
 
 # --- streaming statistics -------------------------------------------------------------------------
-def orthonormal_span(U: Tensor, rtol: float = 1e-8) -> Tensor:
+def orthonormal_span(U: Float[Tensor, "d n"], rtol: float = 1e-8) -> Float[Tensor, "d r"]:
     """Orthonormal basis of the column span of ``U`` (numerical rank kept)."""
     svd = svd_dense(U)
     return svd.U[:, svd.S > rtol * svd.S.max()]
@@ -197,8 +198,8 @@ def orthonormal_span(U: Tensor, rtol: float = 1e-8) -> Tensor:
 class CoverageDict:
     """A dictionary ``D: [d_out, n]`` (unit columns) and its Gram matrix, for sparse coverage."""
 
-    D: Tensor
-    G: Tensor
+    D: Float[Tensor, "d_out n"]
+    G: Float[Tensor, "n n"]
 
     @classmethod
     def of(cls, D: Tensor) -> CoverageDict:
@@ -206,7 +207,7 @@ class CoverageDict:
         return cls(D, D.mT @ D)
 
 
-def sparse_explained(c: Tensor, G: Tensor, k_active: int) -> Tensor:
+def sparse_explained(c: Float[Tensor, "T n"], G: Float[Tensor, "n n"], k_active: int) -> Float[Tensor, ""]:
     """``sum_t ||P_t dh_t||^2``: energy of each ``dh_t`` explained by the least-squares fit on its
     ``k_active`` dictionary atoms of largest ``|<dh_t, d>|``, from the projections ``c = dh D: [T, n]``
     and the dictionary's Gram matrix ``G = D^T D``. The fit is solved on the atoms' Gram block
@@ -434,7 +435,7 @@ def null_seed(layer: int, site: str) -> int:
     return NULL_SEED + NULL_LAYER_STRIDE * layer + SITES.index(site)
 
 
-def haar_null(W: Tensor, seed: int) -> Tensor:
+def haar_null(W: Float[Tensor, "d_out d_in"], seed: int) -> Float[Tensor, "d_out d_in"]:
     """A matrix with ``W``'s singular values and Haar-random singular vectors (float64):
     ``U0 diag(S) V0^T`` with ``U0``, ``V0`` the first ``r`` columns of Haar-random orthogonal matrices."""
     W = W.detach().double().cpu()
@@ -528,7 +529,7 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor | None, ceiling: bool = True
     return out
 
 
-def ceiling_sum(dh: Tensor, x: Tensor | None = None) -> Tensor:
+def ceiling_sum(dh: Float[Tensor, "T d_out"], x: Float[Tensor, "T d_in"] | None = None) -> Float[Tensor, "d d"]:
     """The ceiling's statistic (float64): ``sum_t dh_t dh_t^T / (||dh_t||^2 + eps)`` ``[d_out, d_out]``,
     or, with the inputs ``x`` of a linear site ``dh = W x + b``, the same sum on the input side,
     ``sum_t x~_t x~_t^T / (||dh_t||^2 + eps)`` with ``x~ = [x, 1]`` (``[W | b]`` maps it back: ``summarize``)."""
@@ -587,7 +588,7 @@ def summarize(plan: SitePlan, sums: dict[str, Tensor]) -> dict:
 
 
 # --- steering and the unembedding reading -------------------------------------------------------
-def spearman(a: Tensor, b: Tensor) -> float:
+def spearman(a: Float[Tensor, "*a"], b: Float[Tensor, "*b"]) -> float:
     """``linalg.spearman`` for the steering rule C1: a constant side (a steer that moves no logit) has no
     rank correlation and counts as rho = 0, which fails C1 as it should, and keeps results.json NaN-free."""
     rho = linalg.spearman(a, b)
