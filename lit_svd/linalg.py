@@ -57,7 +57,7 @@ class FactoredABt:
     def dense(self) -> Float[Tensor, "*batch m n"]:
         return self.A @ self.B.mT
 
-    def __getitem__(self, idx) -> FactoredABt:
+    def __getitem__(self, idx: int | slice | Tensor | tuple) -> FactoredABt:
         """Index the batch dimensions (e.g. one head)."""
         return FactoredABt(self.A[idx], self.B[idx])
 
@@ -127,7 +127,7 @@ def haar_orthogonal(
     *batch: int,
     generator: torch.Generator | None = None,
     dtype: torch.dtype = torch.float32,
-    device=None,
+    device: torch.device | str | None = None,
     columns: int | None = None,
 ) -> Float[Tensor, "*batch n r"]:
     """Haar-distributed random orthogonal matrices ``[*batch, n, n]`` (QR of a Gaussian, sign-fixed);

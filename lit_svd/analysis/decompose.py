@@ -55,9 +55,9 @@ from torch import Tensor
 from lit_svd.addresses import EMBED_LAYER, Address
 from lit_svd.analysis.sad import causal_visibility
 from lit_svd.choices import check_choice
-from lit_svd.linalg import svd_dense, svd_factored
+from lit_svd.linalg import SVD, svd_dense, svd_factored
 from lit_svd.models.base import ModelView, augment_inputs
-from lit_svd.models.points import Point
+from lit_svd.models.points import ActivationCache, Point
 
 ReadPoint = Literal["attn", "mlp", "final"]
 Side = Literal["query", "key"]
@@ -234,7 +234,7 @@ class Decomposer:
             return self.offsets[layer, "mlp"]
         return self.offsets[layer, "attn"]
 
-    def coefficients(self, cache, batch: Tensor, position: Tensor, n_up: int | None = None) -> Tensor:
+    def coefficients(self, cache: ActivationCache, batch: Tensor, position: Tensor, n_up: int | None = None) -> Tensor:
         """``[R, n_up]``: each writer node's coefficient at rows ``(batch, position)`` (its write there is
         ``coefficient * writers[node]``): OV ``(z_h - b_V) W_O v_k``, MLP ``hidden W_out v_k``, 1 for a bias,
         times Gemma's post-norm factor of the row."""
@@ -259,7 +259,9 @@ class Decomposer:
 
     # --- the split ----------------------------------------------------------------------------
     @torch.no_grad()
-    def split(self, cache, reads: Reads, max_elements: int = 1 << 24, max_bytes: int = 1 << 31) -> Split:
+    def split(
+        self, cache: ActivationCache, reads: Reads, max_elements: int = 1 << 24, max_bytes: int = 1 << 31
+    ) -> Split:
         """Every upstream node's contribution to every reader of ``reads`` (module docstring), dense
         ``[n_readers, n_nodes]`` (at most ``max_bytes``; one-line error beyond). Rows are processed in chunks of
         at most ``max_elements`` products."""
@@ -313,7 +315,7 @@ class Decomposer:
         return Split(nodes, values, total, reads.addresses, reads.info)
 
     # --- read bases ---------------------------------------------------------------------------
-    def qk_basis(self, layer: int):
+    def qk_basis(self, layer: int) -> tuple[Tensor, Tensor, SVD, Tensor, Tensor]:
         """``(A_q, A_k, U, S, V, raw bias rows of A_q and A_k)`` of ``layer``'s heads: SAD's basis (the SVD of
         ``Omega(0) = A_q A_k^T``, float64)."""
         key = ("qk", layer)
@@ -324,7 +326,7 @@ class Decomposer:
             self._read_bases[key] = (A_q, A_k, svd, raw.A[:, 0].to(self.dtype), raw.B[:, 0].to(self.dtype))
         return self._read_bases[key]
 
-    def mlp_basis(self, layer: int, kind: str):
+    def mlp_basis(self, layer: int, kind: str) -> tuple[SVD, Tensor]:
         """``(SVD of the augmented mlp_in / mlp_gate map, its raw bias row)`` of ``layer``."""
         key = (kind, layer)
         if key not in self._read_bases:
@@ -344,21 +346,21 @@ def _norm_bias_node(point: ReadPoint, layer: int | None, n_layers: int) -> Addre
     return Address(layer, f"{point}_norm_bias")
 
 
-def _directions(directions: Sequence[int] | Tensor | None, K: int, device) -> Tensor:
+def _directions(directions: Sequence[int] | Tensor | None, K: int, device: torch.device) -> Tensor:
     d = torch.arange(K) if directions is None else torch.as_tensor(directions, dtype=torch.long).reshape(-1)
     if len(d) and (d.min() < 0 or d.max() >= K):
         raise IndexError(f"directions {d.tolist()} out of range 0..{K - 1}")
     return d.to(device)
 
 
-def _as_long(*ts) -> list[Tensor]:
+def _as_long(*ts: Tensor | Sequence[int]) -> list[Tensor]:
     return [torch.as_tensor(t, dtype=torch.long).reshape(-1) for t in ts]
 
 
 @torch.no_grad()
 def qk_reads(
     dec: Decomposer,
-    cache,
+    cache: ActivationCache,
     layer: int,
     head: int,
     batch: Int[Tensor, " P"],
@@ -469,7 +471,7 @@ def _query_own_bias(A_k: Tensor, U: Tensor, V: Tensor, S: Tensor, raw_row: Tenso
 @torch.no_grad()
 def ov_reads(
     dec: Decomposer,
-    cache,
+    cache: ActivationCache,
     layer: int,
     head: int,
     batch: Int[Tensor, " P"],
@@ -537,7 +539,7 @@ def ov_reads(
 @torch.no_grad()
 def mlp_reads(
     dec: Decomposer,
-    cache,
+    cache: ActivationCache,
     layer: int,
     batch: Int[Tensor, " P"],
     position: Int[Tensor, " P"],
@@ -575,7 +577,7 @@ def mlp_reads(
 @torch.no_grad()
 def logit_reads(
     dec: Decomposer,
-    cache,
+    cache: ActivationCache,
     batch: Int[Tensor, " P"],
     position: Int[Tensor, " P"],
     logit_weights: Float[Tensor, "P vocab"],

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 from lit_svd.addresses import Address
 from lit_svd.analysis.blocks import component_blocks, direction_block
@@ -145,7 +148,13 @@ def write_readings(
 
 @torch.no_grad()
 def logit_receptors(
-    view: ModelView, component: Component, keep: Tensor, tokenizer, top_k: int = 8, *, rel_gap: float = REL_GAP
+    view: ModelView,
+    component: Component,
+    keep: Tensor,
+    tokenizer: PreTrainedTokenizerBase,
+    top_k: int = 8,
+    *,
+    rel_gap: float = REL_GAP,
 ) -> list[dict]:
     """For each kept OV direction, its write direction ``v_k`` read through what follows it (``write_readings``:
     Gemma's post-attention norm, the final norm, the unembedding): the ``top_k`` tokens it promotes (``+v``)

@@ -404,7 +404,7 @@ def scaled_tile_width(site: str, d_in: int) -> int:
     return max(1, -(-d_in * PAPER_TILE_WIDTHS[site] // PAPER_D_IN[site]))
 
 
-def tile_widths_for(tile_widths, d_in: dict[str, int]) -> dict[str, int]:
+def tile_widths_for(tile_widths: str | dict[str, int], d_in: dict[str, int]) -> dict[str, int]:
     """Tile width per site of ``d_in`` (``{site: input size}``): ``"scaled"`` (``scaled_tile_width``: the paper's
     number of tiles), ``"fixed"`` (the paper's absolute widths) or a dict (sites it does not give: fixed)."""
     if tile_widths == "scaled":

@@ -45,8 +45,8 @@ import torch
 from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
-from lit_svd.linalg import REL_GAP, direction_blocks, haar_orthogonal, rolls_tovee_sparsity, svd_factored
-from lit_svd.models.base import augment_inputs, inverse_rms  # [1, x]; per-head norm factors
+from lit_svd.linalg import REL_GAP, SVD, direction_blocks, haar_orthogonal, rolls_tovee_sparsity, svd_factored
+from lit_svd.models.base import ModelView, augment_inputs, inverse_rms  # [1, x]; per-head norm factors
 from lit_svd.models.hooks import capture
 
 DEFAULT_RECON_TOL = 1e-4
@@ -159,7 +159,7 @@ class QKHeads:
         return svd_factored(self.A_q, self.A_k).U
 
 
-def qk_heads_from_view(view, layer: int) -> QKHeads:
+def qk_heads_from_view(view: ModelView, layer: int) -> QKHeads:
     """All heads of ``layer`` of a ``ModelView``; inputs are ``augment_inputs(view.normalized("attn", ...))``."""
     w = view.attn(view.check_layer(layer))
     A_q = torch.cat([w.b_Q.unsqueeze(1), w.W_Q], dim=1) * w.scale
@@ -193,7 +193,7 @@ def basis_blocks(qk: QKHeads, rel_gap: float = REL_GAP, top: int = 8) -> list[di
     ]
 
 
-def attention_window(view, layer: int) -> int | None:
+def attention_window(view: ModelView, layer: int) -> int | None:
     """The sliding window of ``layer`` (Gemma-2 / Gemma-3 sliding layers), None for full attention."""
     return view.window(layer)
 
@@ -225,7 +225,7 @@ def causal_visibility(attention_mask: Shaped[Tensor, "B T"], window: int | None 
     return causal[None] & m[:, :, None] & m[:, None, :]
 
 
-def _positions(T: int, device) -> Tensor:
+def _positions(T: int, device: torch.device) -> Tensor:
     # rope scores depend only on s - d, and real tokens are contiguous, so index positions suffice
     return torch.arange(T, device=device)
 
@@ -386,7 +386,9 @@ def _rows(t: Tensor, b: Tensor, h: Tensor, q: Tensor) -> Tensor:
     return t.reshape(*t.shape[:-4], B * H * T, c).index_select(-2, flat)
 
 
-def haar_frames(D: int, k: int, n: int, generator: torch.Generator, dtype=torch.float32) -> Float[Tensor, "n D k"]:
+def haar_frames(
+    D: int, k: int, n: int, generator: torch.Generator, dtype: torch.dtype = torch.float32
+) -> Float[Tensor, "n D k"]:
     """``n`` Haar-random orthonormal frames ``[n, D, k]`` (reduced QR of a Gaussian, sign-fixed)."""
     Q, R = torch.linalg.qr(torch.randn(n, D, k, generator=generator, dtype=torch.float64))
     return (Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)).to(dtype)
@@ -417,7 +419,7 @@ class NullHeads:
         return QKHeads(self.U[:, draw] @ self.C_q, self.V[:, draw] @ self.C_k, qk.rotate, qk.softcap, qk.head_norm)
 
 
-def null_heads(qk: QKHeads, svd, n_draws: int, seed: int, head_ids: list[int] | None = None) -> NullHeads:
+def null_heads(qk: QKHeads, svd: SVD, n_draws: int, seed: int, head_ids: list[int] | None = None) -> NullHeads:
     """``n_draws`` matched-spectrum null heads of every head in ``qk`` (``svd``: ``svd_factored(A_q, A_k)``);
     head ``i``'s frames come from ``(seed, head_ids[i])`` alone, the same on every rank and selection."""
     head_ids = list(range(qk.n_heads)) if head_ids is None else list(head_ids)
@@ -594,7 +596,7 @@ class LayerBases:
 
 
 def layer_bases(
-    view,
+    view: ModelView,
     layer: int,
     heads: list[int] | None = None,
     seed: int = 0,
@@ -621,7 +623,7 @@ def layer_bases(
 
 @torch.no_grad()
 def attention_inputs(
-    view,
+    view: ModelView,
     input_ids: Tensor,
     attention_mask: Tensor,
     layers: list[int],
@@ -720,7 +722,7 @@ def head_rows(names: list[str], st: PairStats, n_heads: int) -> dict[str, list]:
 
 @torch.no_grad()
 def lm_head_sparsity(
-    view,
+    view: ModelView,
     ids: Tensor,
     mask: Tensor,
     threshold: float | None,

@@ -33,9 +33,9 @@ Augmented matrices act on ``[1, x]`` (the leading 1 carries the biases):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from jaxtyping import Float, Int
@@ -43,6 +43,9 @@ from torch import Tensor, nn
 
 from lit_svd.choices import check_choice, choices
 from lit_svd.linalg import FactoredABt
+
+if TYPE_CHECKING:
+    from lit_svd.models.points import ActivationCache, Point
 
 Site = Literal["q", "k", "v", "o", "gate", "up", "down"]
 SITES: tuple[Site, ...] = choices(Site)
@@ -53,6 +56,8 @@ HeadNormSite = Literal["q", "k"]
 # A Hugging Face module (the model, a decoder block, its attention): its submodules and config keys are named per
 # architecture, and only the views read them, so the type checker takes them as they come.
 HFModule = Any
+# Where each site sits: its module and the part of that module's output that is the site (``_sites``).
+Sites = dict[str, tuple[HFModule, slice | tuple[int, int] | None]]
 
 
 @dataclass
@@ -350,7 +355,9 @@ class ModelView(ABC):
         """The same model's view with ``fold_norms=False`` (weights as the model holds them)."""
         return self if not self.fold_norms else type(self)(self.model, fold_norms=False)
 
-    def run_with_cache(self, points, input_ids: Tensor, attention_mask: Tensor | None = None):
+    def run_with_cache(
+        self, points: Iterable[str | tuple[str, int] | Point], input_ids: Tensor, attention_mask: Tensor | None = None
+    ) -> ActivationCache:
         """One forward of the model; the named activation points (``lit_svd.models.points``) as an
         ``ActivationCache``. ``points``: names (every layer) or ``(name, layer)`` pairs."""
         from lit_svd.models.points import run_with_cache
@@ -417,7 +424,7 @@ class ModelView(ABC):
         x_rot, x_pass = x[..., :r], x[..., r:]
         return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
 
-    def _cos_sin(self, rotary: nn.Module, x: Tensor, position_ids: Tensor, layer: int | None):
+    def _cos_sin(self, rotary: nn.Module, x: Tensor, position_ids: Tensor, layer: int | None) -> tuple[Tensor, Tensor]:
         """HF's rotary module called as the model calls it (one base for every layer by default)."""
         return rotary(x, position_ids)
 
@@ -557,7 +564,7 @@ class ModelView(ABC):
 
     # --- hook points (the only place HF module names live) ------------------------------------
     @abstractmethod
-    def _sites(self, layer: int) -> dict[str, tuple[nn.Module, slice | tuple[int, int] | None]]:
+    def _sites(self, layer: int) -> Sites:
         """Per site: the module that computes it and where its output sits in that module's output
         (None: the whole output; a slice of the last dim; ``(k, 3)``: part k of a per-head
         interleaved fused qkv, GPT-NeoX)."""
@@ -571,7 +578,7 @@ class ModelView(ABC):
         (fused qkv models: the same module for q, k and v; slice with ``site_output``)."""
         return self._sites(self.check_layer(layer))[self.check_site(site)][0]
 
-    def _site_index(self, output: Tensor, part) -> Tensor:
+    def _site_index(self, output: Tensor, part: slice | tuple[int, int] | None) -> Tensor:
         if part is None:
             return output
         if isinstance(part, slice):

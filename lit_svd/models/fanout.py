@@ -14,12 +14,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lit_svd.models.base import ModelView
+from lit_svd.models.base import HFModule, ModelView
 from lit_svd.models.hooks import Hook, capture, first_input, hooks
 
 
@@ -33,7 +34,7 @@ def prefix_cache(
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def _cache(view: ModelView, prefix: list[tuple[Tensor, Tensor]], layer: int, copies: int):
+def _cache(view: ModelView, prefix: list[tuple[Tensor, Tensor]], layer: int, copies: int) -> Any:  # a DynamicCache
     """A fresh cache holding ``prefix``, repeated ``copies`` times along the batch from ``layer`` on."""
     from transformers import DynamicCache
 
@@ -45,7 +46,7 @@ def _cache(view: ModelView, prefix: list[tuple[Tensor, Tensor]], layer: int, cop
     return cache
 
 
-def _cache_kwarg(model) -> str:
+def _cache_kwarg(model: HFModule) -> str:
     """The forward's name for the KV cache (``cache`` in newer transformers, ``past_key_values`` before)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 

@@ -40,13 +40,14 @@ direction removes its coefficient without renormalising the rest, so all-ones sc
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
-from torch import Tensor
+from torch import Tensor, nn
 
 from lit_svd.addresses import DIRECTION_KINDS, Address
 from lit_svd.choices import check_choice
@@ -139,7 +140,7 @@ def expand_kinds(view: ModelView, kinds: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _component(kind: str, layer: int, svd: SVD, **extra) -> Component:
+def _component(kind: str, layer: int, svd: SVD, **extra: Any) -> Component:
     """A component from its float64 SVD, kept in float32."""
     svd = svd.to(torch.float32)
     return Component(kind, layer, svd.U, svd.S, svd.V, **extra)
@@ -228,7 +229,7 @@ class Intervention:
                     f"scales[{name!r}] has shape {tuple(lam.shape)}; expected {self.components[name].shape}"
                 )
 
-    def _by_site(self, names) -> dict[tuple[int, str], list[Component]]:
+    def _by_site(self, names: Iterable[str]) -> dict[tuple[int, str], list[Component]]:
         out: dict[tuple[int, str], list[Component]] = {}
         for name in names:
             c = self.components[name]
@@ -263,7 +264,9 @@ class Intervention:
         finally:
             normalized.clear()
 
-    def _site_io(self, layer: int, site: str, comps: Sequence[Component]):
+    def _site_io(
+        self, layer: int, site: str, comps: Sequence[Component]
+    ) -> tuple[nn.Module, Callable[[Tensor], Tensor], Callable[[Tensor, Tensor], Tensor]]:
         """``(module, read, write)`` for the hook of ``site``: ``read(out)`` is the site's own output
         ``[batch, pos, d_out]`` inside the module's output, ``write(out, value)`` puts it back. Query / key
         components of models with head norms hook the norm (output ``[batch, heads, pos, d_head]``)."""
@@ -314,7 +317,7 @@ class Intervention:
             proj = torch.nn.functional.pad(proj, (0, d_head - proj.shape[-1]))
         return proj.flatten(-2).to(out.dtype)
 
-    def _stash_normalized(self, layer: int, store: dict[int, Tensor]):
+    def _stash_normalized(self, layer: int, store: dict[int, Tensor]) -> Callable[[nn.Module, tuple, dict], None]:
         """A pre-hook on ``layer``'s block keeping its attention input, normalized, in ``store[layer]``."""
         view = self.view
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lit_svd.models.base import AttnWeights, MLPWeights, ModelView, split_heads_out
+from lit_svd.models.base import AttnWeights, MLPWeights, ModelView, Sites, split_heads_out
 
 
 def _bias(linear: nn.Linear, shape: tuple[int, ...]) -> Tensor:
@@ -72,7 +72,7 @@ class LlamaView(ModelView):
         head = self.model.lm_head
         return head.weight.T, _bias(head, (self.vocab_size,))
 
-    def _sites(self, layer: int):
+    def _sites(self, layer: int) -> Sites:
         blk = self._layers[layer]
         at, m = blk.self_attn, blk.mlp
         return {

@@ -52,7 +52,7 @@ from jaxtyping import Int, Shaped
 from torch import Tensor, nn
 
 from lit_svd.choices import check_choice, choices
-from lit_svd.models.base import ModelView, NormPoint, PostNormPoint
+from lit_svd.models.base import HFModule, ModelView, NormPoint, PostNormPoint
 from lit_svd.models.hooks import HookKind, capture
 
 LayerPoint = Literal[
@@ -141,14 +141,16 @@ def resolve_points(view: ModelView, points: Iterable[str | tuple[str, int] | Poi
 class ActivationCache(dict):
     """``Point -> Tensor`` from one forward; also indexed by ``(name, layer)`` or a model point's name."""
 
-    def __getitem__(self, key) -> Tensor:
+    def __getitem__(self, key: str | tuple[str, int | None] | Point) -> Tensor:
         if isinstance(key, str):
             key = Point(key)
         elif isinstance(key, tuple):
             key = Point(*key)
         return super().__getitem__(key)
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, (str, tuple, Point)):
+            return False
         try:
             self[key]
         except KeyError:
@@ -214,7 +216,7 @@ def _module(view: ModelView, what: str, layer: int | None) -> tuple[nn.Module, H
 
 
 @contextmanager
-def eager_attention(model) -> Iterator[None]:
+def eager_attention(model: HFModule) -> Iterator[None]:
     """Within the block the model uses HF's eager attention (the implementation that returns the pattern)."""
     before = getattr(model.config, "_attn_implementation", "eager")
     if before == "eager":

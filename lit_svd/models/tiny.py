@@ -6,14 +6,14 @@ norm conventions) at a size that runs in milliseconds on a CPU.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from lit_svd.choices import check_choice, choices
 
 if TYPE_CHECKING:
-    from transformers import PretrainedConfig
+    from transformers import PretrainedConfig, PreTrainedModel
 
 Architecture = Literal["gpt2", "gpt_neox", "llama", "gemma2"]
 ARCHITECTURES: tuple[Architecture, ...] = choices(Architecture)
@@ -27,7 +27,7 @@ def _neox_rope(rotary_pct: float) -> dict:
     return {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": rotary_pct}
 
 
-def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
+def tiny_config(arch: str, vocab_size: int = 49152, **overrides: Any) -> PretrainedConfig:
     """A small HF config of ``arch`` (2 layers, d_model 64, 4 heads of 16). The default vocabulary
     size is SmolLM2's, so its offline tokenizer drives tiny models too."""
     from transformers import Gemma2Config, Gemma3TextConfig, GPT2Config, GPTNeoXConfig, LlamaConfig
@@ -108,7 +108,7 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
     return cfg
 
 
-def tiny_causal_lm(arch: str, seed: int = 0, vocab_size: int = 49152, **overrides):
+def tiny_causal_lm(arch: str, seed: int = 0, vocab_size: int = 49152, **overrides: Any) -> PreTrainedModel:
     """A random-initialised tiny causal LM of ``arch`` in eval mode, float32.
 
     Norm weights and biases are randomised too (HF initialises them to 1 / 0), so that tests of
@@ -136,7 +136,7 @@ def scratch_config(
     d_mlp: int,
     max_positions: int,
     rotary_pct: float,
-):
+) -> PretrainedConfig:
     """The HF config of a small dropout-free ``gpt2`` or ``gpt_neox`` model to train from scratch."""
     from transformers import GPT2Config, GPTNeoXConfig
 
@@ -187,7 +187,7 @@ def scratch_causal_lm(
     max_positions: int,
     rotary_pct: float,
     seed: int,
-):
+) -> PreTrainedModel:
     """A freshly initialised (HF default init, seeded without touching the global RNG) model to train."""
     from transformers import AutoModelForCausalLM
 
