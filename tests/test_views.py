@@ -144,6 +144,7 @@ def tiny_cases():
     cases = [(arch, {}) for arch in ARCHITECTURES]
     cases.append(("llama", {"attention_bias": True, "mlp_bias": True}))
     cases.append(("gpt_neox", {"use_parallel_residual": False}))
+    cases.append(("qwen3", {"attention_bias": True}))  # head norms after biased projections
     return cases
 
 
@@ -199,7 +200,7 @@ def test_factored_svd_reconstructs(arch):
         assert_close(svd.U.mT @ svd.U, eye, f"{arch} U orthonormal")
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt_neox", "gemma2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox", "gemma2", "qwen2", "qwen3"])
 def test_rotary_depends_on_offset_only(arch):
     """RoPE scores depend on j - i only: M computed at two different absolute positions agree, and
     R_p is a rotation on the rotary features and the identity elsewhere."""
@@ -267,17 +268,21 @@ def test_qk_unrotated_rotated_give_the_qk_scores(arch):
         assert_close((q[:, i] * k[:, j]).sum(-1), x[i] @ M @ x[j], f"{arch} score ({i}, {j})")
 
 
-@pytest.mark.parametrize("arch, window", [("gemma2", 3), ("llama", None), ("gpt2", None)])
-def test_visible_keys_are_the_keys_the_model_attends(arch, window):
+@pytest.mark.parametrize(
+    "arch, window, expected",
+    [("gemma2", 3, [3, None]), ("llama", None, [None, None]), ("gpt2", None, [None, None]), ("qwen2", 4, [None, 4])],
+)
+def test_visible_keys_are_the_keys_the_model_attends(arch, window, expected):
     """``visible_keys(layer, t)`` against the HF forward: the keys where the model's own attention weight
-    is nonzero (Gemma-2: sliding window on its first layer, full on the second)."""
+    is nonzero (Gemma-2: sliding window on its first layer, full on the second; tiny Qwen2: sliding from
+    ``max_window_layers`` = 1 on)."""
     model = tiny_causal_lm(arch, seed=2, **({"sliding_window": window} if window else {}))
     v = view(model)
     ids = torch.randint(0, v.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         attentions = model(ids, output_attentions=True).attentions
     windows = [v.window(layer) for layer in range(v.n_layers)]
-    assert windows == ([window, None] if window else [None, None])
+    assert windows == expected
     for layer, A in enumerate(attentions):
         seen = A[0].abs().amax(0) > 0  # [T_query, T_key], any head
         for t in range(ids.shape[1]):

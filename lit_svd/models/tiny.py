@@ -8,15 +8,25 @@ from __future__ import annotations
 
 import torch
 
-ARCHITECTURES = ("gpt2", "gpt_neox", "llama", "gemma2")
-# also built here, tested by tests/test_gemma3.py: per-head query / key norms, two rotary bases, sliding windows
-HEAD_NORM_ARCHITECTURES = ("gemma3",)
+ARCHITECTURES = ("gpt2", "gpt_neox", "llama", "gemma2", "qwen2")
+# also built here, tested by tests/test_gemma3.py and tests/test_qwen.py: per-head query / key norms (Gemma-3
+# also two rotary bases and sliding windows)
+HEAD_NORM_ARCHITECTURES = ("gemma3", "qwen3")
+BIAS_STD = {"qwen2": 0.5}  # Qwen2's q / k / v biases are large in the real models: let them weigh here too
 
 
 def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
     """A small HF config of ``arch`` (2 layers, d_model 64, 4 heads of 16). The default vocabulary
     size is SmolLM2's, so its offline tokenizer drives tiny models too."""
-    from transformers import Gemma2Config, Gemma3TextConfig, GPT2Config, GPTNeoXConfig, LlamaConfig
+    from transformers import (
+        Gemma2Config,
+        Gemma3TextConfig,
+        GPT2Config,
+        GPTNeoXConfig,
+        LlamaConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     if arch == "gpt2":
         cfg = GPT2Config(
@@ -86,6 +96,34 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
                 "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
             },
         )
+    elif arch == "qwen2":  # q / k / v biases; layer 1 slides over 4 keys (use_sliding_window from layer 1 on)
+        cfg = Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+        )
+    elif arch == "qwen3":  # per-head q / k RMSNorms (weight as gain), no biases, untied unembedding
+        cfg = Qwen3Config(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+        )
     else:
         raise ValueError(
             f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES + HEAD_NORM_ARCHITECTURES)}"
@@ -111,7 +149,7 @@ def tiny_causal_lm(arch: str, seed: int = 0, vocab_size: int = 49152, **override
             if "norm" in name or "ln" in name:
                 p.add_(0.2 * torch.randn_like(p))
             elif name.endswith("bias"):
-                p.normal_(0.0, 0.05)
+                p.normal_(0.0, BIAS_STD.get(arch, 0.05))
     return model.eval()
 
 
