@@ -53,7 +53,7 @@ def test_kept_counts_match_brute_force():
     assert report["without_qk"]["kept"] == sum(int((lambdas[c.name] >= threshold).sum()) for c in rest)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3"])
 def test_direction_count_matches_the_models_own_matrices(arch):
     """Directions per layer counted from the HF modules' weight shapes: one per singular value of each
     bias-augmented map (min of its two sides), per head / KV head / layer."""
@@ -61,7 +61,7 @@ def test_direction_count_matches_the_models_own_matrices(arch):
     cfg = model.config
     comps = build_components(make_view(model))
     total = 0
-    if arch == "llama":
+    if arch != "gpt2":  # the Llama layout (Qwen2 and Qwen3 too)
         for blk in model.model.layers:
             d = blk.self_attn.q_proj.weight.shape[1]
             dh = blk.self_attn.q_proj.weight.shape[0] // cfg.num_attention_heads

@@ -22,15 +22,18 @@ from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm
 from lit_svd.modules.mounts import MountsAnalysisModule, last_logits, steering, unembed_reading
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEERED = ARCHITECTURES + ("qwen3",)  # Gemma-3's post norms are Gemma-2's, checked there
 TINY_TILES = {"q": 32, "k": 16, "v": 16, "o": 32, "gate": 32, "up": 32, "down": 64}
 
 
 def _hf_parts(model, arch, layer):
     """(attention write module, MLP write module, final norm) by HF name, per architecture."""
-    if arch == "llama":
-        blk = model.model.layers[layer]
-        return blk.self_attn.o_proj, blk.mlp.down_proj, model.model.norm
-    if arch == "gemma2":  # the projections: their outputs pass through the post norms, as a steer does
+    if arch in (
+        "llama",
+        "qwen2",
+        "qwen3",
+        "gemma2",
+    ):  # Gemma-2: the outputs pass through the post norms, as a steer does
         blk = model.model.layers[layer]
         return blk.self_attn.o_proj, blk.mlp.down_proj, model.model.norm
     if arch == "gpt2":
@@ -44,7 +47,7 @@ def _add_output(module, add):
     return Hook(module, lambda mod, args, kwargs, out: out + add, "post")
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", STEERED)
 @pytest.mark.parametrize("site", ["o", "down"])
 def test_steering_adds_alpha_u_to_the_sublayers_write(arch, site):
     model = tiny_causal_lm(arch, seed=0)
@@ -72,7 +75,7 @@ def test_steering_adds_alpha_u_to_the_sublayers_write(arch, site):
         torch.testing.assert_close(after[0] - before[0], (alpha * u).expand_as(before[0]), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", STEERED)
 def test_last_position_steering_with_cached_prefix_matches_a_full_forward(arch):
     model = tiny_causal_lm(arch, seed=0)
     view = make_view(model)
@@ -104,7 +107,7 @@ def test_steering_refuses_non_residual_sites():
             pass
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", STEERED)
 def test_unembedding_reading_matches_the_models_own_final_norm(arch):
     model = tiny_causal_lm(arch, seed=0)
     view = make_view(model)  # folded norms, as the module uses
