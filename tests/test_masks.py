@@ -202,10 +202,13 @@ def _fit(model_dir, tokenizer, tmp_path, **kwargs):
     return module, Path(trainer.log_dir)
 
 
-@pytest.mark.parametrize("ablation,straight_through", [("zero", False), ("patch", True)])
-def test_fit_writes_results_masks_and_figures(tiny_dirs, tokenizer, tmp_path, ablation, straight_through):
+@pytest.mark.parametrize(
+    "arch,ablation,straight_through",
+    [("llama", "zero", False), ("llama", "patch", True), ("qwen2", "patch", True), ("qwen3", "zero", False)],
+)
+def test_fit_writes_results_masks_and_figures(tiny_dirs, tokenizer, tmp_path, arch, ablation, straight_through):
     module, out = _fit(
-        tiny_dirs["llama"], tokenizer, tmp_path, ablation=ablation, steps_per_batch=2, straight_through=straight_through
+        tiny_dirs[arch], tokenizer, tmp_path, ablation=ablation, steps_per_batch=2, straight_through=straight_through
     )
     res = json.loads((out / "results.json").read_text())
     for key in (

@@ -156,10 +156,11 @@ def _capture(model, batches, modules):
     return got
 
 
-def test_module_fits_effective_paths_on_held_out_batches_only(tiny_llama_dir):
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])  # Qwen2: biased q / k / v sites
+def test_module_fits_effective_paths_on_held_out_batches_only(tiny_dirs, arch):
     batches = _batches()
     module = MountsAnalysisModule(
-        model=tiny_llama_dir,
+        model=tiny_dirs[arch],
         tile_widths=TINY_TILES,
         modes_sweep=[1, 2, 4],
         layers=[1],

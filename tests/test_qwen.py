@@ -161,3 +161,39 @@ def test_qwen2_scores_are_the_sum_of_the_four_bias_blocks(qwen2):
             assert_close(got[:, seen], ref[:, seen], f"qwen2 L{layer} four blocks", EXACT)
             assert (no_bias[:, seen] - ref[:, seen]).abs().max() > 1e-2
     assert v.window(1) == 4 and v.window(0) is None
+
+
+# --- every method's module on tiny Qwen2 / Qwen3 saved to disk --------------------------------------------
+QWEN = ("qwen2", "qwen3")  # masks: tests/test_masks.py, mounts: tests/test_mounts_module.py run them too
+
+
+@pytest.mark.parametrize("arch", QWEN)
+def test_sad_module_runs(arch, tiny_dirs, tokenizer):
+    """The SAD module runs over two prompts, every head with pairs, its null and controls (the exactness of the
+    decomposition it sums is checked against HF in tests/test_sad_models.py, Qwen2, and tests/test_gemma3.py, Qwen3)."""
+    from lit_svd.modules.sad import SADAnalysisModule
+
+    module = SADAnalysisModule(model=tiny_dirs[arch], null_draws=2, null_stride=1, min_pairs=1)
+    module.on_test_start()
+    enc = tokenizer(["When Mary and John went to the store, John gave", "Then Anna and Tom went"], padding=True)
+    with torch.no_grad():
+        module.analyse_batch(torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"]), torch.tensor([0, 1]))
+    res = module.results()
+    summary = res["summary"]
+    assert res["model_type"] == arch and res["n_prompts"] == 2 and summary["n_heads_eligible"] == 8
+    assert summary["n_pairs"] == sum(h["n_pairs"] for h in res["heads"]) > 0
+    assert all(0 <= h["sparsity"] <= 1 and 0 <= h["sparsity_null"] <= 1 for h in res["heads"])
+
+
+@pytest.mark.parametrize("arch", QWEN)
+def test_direction_check_runs(arch, tiny_dirs, tmp_path):
+    """The causal check of kept OV / MLP directions (the directions config) on a mask run of the model."""
+    from test_direction_report import _mask_run, _test
+
+    run = _mask_run(tmp_path / "run", tiny_dirs[arch], {"L0.ov": [(0, 0), (2, 1)], "L1.mlp_out": [(0, 2)]}, arch=arch)
+    res = _test("smollm2_ioi_directions.yaml", run, tiny_dirs[arch], tmp_path / "out")
+    assert {(r["component"], r["head"], r["direction"]) for r in res["directions"]} == {
+        ("L0.ov", 0, 0),
+        ("L0.ov", 2, 1),
+    }
+    assert all(r["z"] == r["z"] for r in res["directions"])  # finite, not NaN
