@@ -390,11 +390,12 @@ def test_ddp_two_processes_give_the_same_table_as_one(tiny_llama_dir, tmp_path):
 # --- bounded memory: a group of layers per pass over the tokens ---------------------------------
 @pytest.fixture(scope="module")
 def deep_tiny_dirs(tmp_path_factory, tokenizer):
-    """4-layer tiny Llama and Gemma-3 (sliding-window and global layers) saved like any local model."""
+    """4-layer tiny Llama, Gemma-3 and Qwen2 (sliding-window and global layers) saved like any local model."""
     out = {}
     deeper = {
         "llama": dict(num_hidden_layers=4),
         "gemma3": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2),
+        "qwen2": dict(num_hidden_layers=4, layer_types=["full_attention"] + ["sliding_attention"] * 3),
     }
     for arch, overrides in deeper.items():
         folder = tmp_path_factory.mktemp(f"tiny4_{arch}")
@@ -407,7 +408,7 @@ def deep_tiny_dirs(tmp_path_factory, tokenizer):
 PASS_KW = dict(tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], steer_texts=2, steer_mounts=2, null_stride=2)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2"])
 @pytest.mark.parametrize("layers, per_pass", [(None, 1), ([0, 2, 3], 2), ([3, 1], 1)])
 def test_layers_per_pass_gives_exactly_the_table_of_one_pass(deep_tiny_dirs, arch, layers, per_pass):
     """Each later pass starts from the recorded residual stream and stops after its layers: every figure,
