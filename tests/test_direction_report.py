@@ -20,9 +20,11 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "masks"
 DATA = {"task": "ioi", "n_train": 8, "n_val": 4, "n_test": 6, "batch_size": 3, "seed": 0, "test_last": True}
 
 
-def _mask_run(folder: Path, model_dir: str, keep: dict[str, list[tuple[int, int]]], swap=None) -> Path:
+def _mask_run(
+    folder: Path, model_dir: str, keep: dict[str, list[tuple[int, int]]], swap=None, arch: str = "llama"
+) -> Path:
     """A finished mask run as DirectionMaskReport leaves it: masks.pt, config.yaml (and results.json)."""
-    view = make_view(tiny_causal_lm("llama"))
+    view = make_view(tiny_causal_lm(arch))
     lambdas = {c.name: torch.full(c.shape, 1e-4) for c in build_components(view, ["qk", "ov", "mlp"])}
     for name, pairs in keep.items():
         for g, k in pairs:

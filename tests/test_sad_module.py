@@ -231,7 +231,7 @@ def test_ddp_two_processes_equal_one(tiny_lm_dir, tmp_path):
     assert (folder / "sad_heatmap.png").is_file() and (folder / "sad_n_recon.png").is_file()
 
 
-@pytest.mark.parametrize("name", ["smollm2_ioi", "gpt2_ioi", "pythia160m_ioi", "train_tiny_lm"])
+@pytest.mark.parametrize("name", ["smollm2_ioi", "gpt2_ioi", "pythia160m_ioi", "qwen2_5_0_5b_ioi", "train_tiny_lm"])
 def test_configs_parse(name, capsys):
     """Every SAD config parses against the classes' signatures (nothing is loaded)."""
     from lit_svd.cli import main

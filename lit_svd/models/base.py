@@ -1,12 +1,12 @@
 """The architecture-independent view of a causal LM's weights: the contract every layer above uses.
 
 Nothing above ``lit_svd.models`` touches Hugging Face module names; it asks a view. One subclass per
-architecture family (``gpt2.py``, ``gpt_neox.py``, ``llama.py``, ``gemma2.py``) says where the weights
-live and how they are laid out; everything else (norm folding, bias augmentation, rotary matrices,
-factored QK / OV products) is done once, here. Shapes follow TransformerLens:
-``W_Q, W_K, W_V: [n_heads, d_model, d_head]``, ``W_O: [n_heads, d_head, d_model]``; grouped-query K/V
-heads are expanded per query head (query head ``h`` reads K/V head ``h // (n_heads // n_kv_heads)``,
-as HF's ``repeat_kv``).
+architecture family (``gpt2.py``, ``gpt_neox.py``, ``llama.py``, ``gemma2.py``, ``gemma3.py``, ``qwen2.py``,
+``qwen3.py``) says where the weights live and how they are laid out; everything else (norm folding, bias
+augmentation, rotary matrices, per-head query / key norms, factored QK / OV products) is done once, here.
+Shapes follow TransformerLens: ``W_Q, W_K, W_V: [n_heads, d_model, d_head]``, ``W_O: [n_heads, d_head,
+d_model]``; grouped-query K/V heads are expanded per query head (query head ``h`` reads K/V head
+``h // (n_heads // n_kv_heads)``, as HF's ``repeat_kv``).
 
 With ``fold_norms=True`` (default) the norm scales (Gemma: ``1 + w``) and LayerNorm biases are folded
 into the weights that read from them, so every weight acts on the *normalised* residual as returned by
@@ -20,7 +20,7 @@ Augmented matrices act on ``[1, x]`` (the leading 1 carries the biases):
   Rotary models: ``M(delta) = s [b_Q; W_Q] R_i R_j^T [b_K; W_K]^T`` in the model's own convention
   (HF ``rotate_half`` on the first ``rotary_dim`` features of each head). Gemma-2 scores are *pre*
   soft-cap: the model then applies ``attn_softcap * tanh(score / attn_softcap)``.
-  Gemma-3 (``q_norm`` / ``k_norm``, an RMSNorm on each head's query and key): the norms' gains are
+  Gemma-3 and Qwen3 (``q_norm`` / ``k_norm``, an RMSNorm on each head's query and key): the norms' gains are
   folded into ``M``, and the model's score is ``f_q(i) f_k(j) [1, x_i] M [1, x_j]^T`` with the per-token,
   per-head positive factors ``(f_q, f_k) = qk_factors(layer, x)`` (1 / RMS of the head's raw query and
   key); ``qk`` leaves them out because they depend on the token, not on the weights.
@@ -157,6 +157,10 @@ class ModelView(ABC):
     attn_softcap: float | None = None  # Gemma-2: scores pass through cap * tanh(score / cap)
     final_softcap: float | None = None  # Gemma-2: logits pass through cap * tanh(logit / cap)
     parallel_residual: bool = False  # GPT-NeoX: the MLP reads the block input, not input + attention
+    # per-head query / key RMSNorms (Gemma-3, Qwen3): their module names in the attention module, and the
+    # axis of the heads in their output (1: [batch, heads, pos, d_head], Gemma-3; 2: [batch, pos, heads, d_head], Qwen3)
+    head_norm_names: tuple[str, str] | None = None
+    head_norm_heads_dim: Literal[1, 2] = 1
 
     model: HFModule
     config: Any  # the model's PretrainedConfig: its keys differ per architecture
@@ -379,6 +383,9 @@ class ModelView(ABC):
         raw = self._raw_attn(self.check_layer(layer))
         W_Q, b_Q = self._fold("attn", layer, raw.W_Q, raw.b_Q)
         W_K, b_K = self._fold("attn", layer, raw.W_K, raw.b_K)
+        if self.head_norm_names is not None:  # the head norms' gains act on each head's features
+            g_q, g_k = (self._affine_of(self.head_norm_module(layer, s)).scale for s in ("q", "k"))
+            W_Q, b_Q, W_K, b_K = W_Q * g_q, b_Q * g_q, W_K * g_k, b_K * g_k
         W_V, b_V = self._fold("attn", layer, raw.W_V, raw.b_V)
         return AttnWeights(W_Q, b_Q, W_K, b_K, W_V, b_V, raw.W_O, raw.b_O, raw.scale)
 
@@ -457,16 +464,35 @@ class ModelView(ABC):
     def head_norm_maps(
         self, layer: int
     ) -> tuple[Float[Tensor, "n_heads d_model+1 d_head"], Float[Tensor, "n_heads d_model+1 d_head"], float] | None:
-        """Models with an RMSNorm on each head's query and key (Gemma-3 ``q_norm`` / ``k_norm``): the
+        """Models with an RMSNorm on each head's query and key (Gemma-3, Qwen3 ``q_norm`` / ``k_norm``): the
         augmented raw query and key maps ``[n_heads, d_model+1, d_head]`` (input norm folded like
         ``attn``, *without* the head norms' gains) whose per-token RMS divides the query / key, and the
         norms' eps. None for every other model."""
-        return None
+        if self.head_norm_names is None:
+            return None
+        plain = self._raw_attn(self.check_layer(layer))
+        W_Q, b_Q = self._fold("attn", layer, plain.W_Q, plain.b_Q)
+        W_K, b_K = self._fold("attn", layer, plain.W_K, plain.b_K)
+        eps = self._affine_of(self.head_norm_module(layer, "q")).eps
+        return augment(W_Q, b_Q).detach(), augment(W_K, b_K).detach(), eps
 
     def head_norm_module(self, layer: int, site: HeadNormSite) -> nn.Module | None:
-        """The module applying the per-head query (``q``) or key (``k``) norm, output ``[batch, heads, pos,
-        d_head]`` (K/V heads not expanded); None for models without one."""
-        return None
+        """The module applying the per-head query (``q``) or key (``k``) norm (K/V heads not expanded; its
+        output's head axis is ``head_norm_heads_dim``); None for models without one."""
+        check_choice("site", site, HeadNormSite)
+        if self.head_norm_names is None:
+            return None
+        return self.attention_module(layer).get_submodule(self.head_norm_names[0 if site == "q" else 1])
+
+    def head_norm_output(self, out: Tensor) -> Tensor:
+        """A head norm module's output as the site's own output ``[batch, pos, heads * d_head]``."""
+        return (out.transpose(1, 2) if self.head_norm_heads_dim == 1 else out).flatten(-2)
+
+    def with_head_norm_output(self, out: Tensor, value: Tensor) -> Tensor:
+        """``value: [batch, pos, heads * d_head]`` laid out as the head norm module's output ``out``."""
+        if self.head_norm_heads_dim == 1:
+            return value.reshape(*value.shape[:-1], out.shape[1], -1).transpose(1, 2)
+        return value.reshape(out.shape)
 
     @torch.no_grad()
     def qk_factors(

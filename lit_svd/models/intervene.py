@@ -269,17 +269,13 @@ class Intervention:
     ) -> tuple[nn.Module, Callable[[Tensor], Tensor], Callable[[Tensor, Tensor], Tensor]]:
         """``(module, read, write)`` for the hook of ``site``: ``read(out)`` is the site's own output
         ``[batch, pos, d_out]`` inside the module's output, ``write(out, value)`` puts it back. Query / key
-        components of models with head norms hook the norm (output ``[batch, heads, pos, d_head]``)."""
+        components of models with head norms hook the norm (``view.head_norm_output`` reads it)."""
         view = self.view
         norm = None
         if site in ("q", "k") and all(c.kind in ("q", "k") for c in comps):
             norm = view.head_norm_module(layer, "q" if site == "q" else "k")
         if norm is not None:
-            return (
-                norm,
-                lambda out: out.transpose(1, 2).flatten(-2),
-                lambda out, value: value.reshape(*value.shape[:-1], out.shape[1], -1).transpose(1, 2),
-            )
+            return norm, view.head_norm_output, view.with_head_norm_output
         return (
             view.site_module(layer, site),
             lambda out: view.site_output(layer, site, out),

@@ -15,11 +15,35 @@ from lit_svd.choices import check_choice, choices
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
-Architecture = Literal["gpt2", "gpt_neox", "llama", "gemma2"]
+Architecture = Literal["gpt2", "gpt_neox", "llama", "gemma2", "qwen2"]
 ARCHITECTURES: tuple[Architecture, ...] = choices(Architecture)
-# also built here, tested by tests/test_gemma3.py: per-head query / key norms, two rotary bases, sliding windows
-HeadNormArchitecture = Literal["gemma3"]
+# also built here, tested by tests/test_gemma3.py and tests/test_qwen.py: per-head query / key norms (Gemma-3
+# also two rotary bases and sliding windows)
+HeadNormArchitecture = Literal["gemma3", "qwen3"]
 HEAD_NORM_ARCHITECTURES: tuple[HeadNormArchitecture, ...] = choices(HeadNormArchitecture)
+BIAS_STD = {"qwen2": 0.5}
+# what each gated (Llama-layout) family sets beyond the shared tiny shape
+GATED: dict[str, dict] = {
+    "llama": dict(rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "gemma2": dict(query_pre_attn_scalar=16, sliding_window=64),
+    # layer 0 slides over 4 keys with the local rotary base, layer 1 is global
+    "gemma3": dict(
+        num_key_value_heads=1,
+        query_pre_attn_scalar=16,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    ),
+    # q / k / v biases; layer 1 slides over 4 keys (use_sliding_window from max_window_layers on)
+    "qwen2": dict(
+        rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=True, sliding_window=4, max_window_layers=1
+    ),
+    # per-head q / k RMSNorms (the weight as gain), no biases, untied unembedding
+    "qwen3": dict(rms_norm_eps=1e-6, tie_word_embeddings=False),
+}  # Qwen2's q / k / v biases are large in the real models: let them weigh here too
 
 
 def _neox_rope(rotary_pct: float) -> dict:
@@ -30,7 +54,15 @@ def _neox_rope(rotary_pct: float) -> dict:
 def tiny_config(arch: str, vocab_size: int = 49152, **overrides: Any) -> PretrainedConfig:
     """A small HF config of ``arch`` (2 layers, d_model 64, 4 heads of 16). The default vocabulary
     size is SmolLM2's, so its offline tokenizer drives tiny models too."""
-    from transformers import Gemma2Config, Gemma3TextConfig, GPT2Config, GPTNeoXConfig, LlamaConfig
+    from transformers import (
+        Gemma2Config,
+        Gemma3TextConfig,
+        GPT2Config,
+        GPTNeoXConfig,
+        LlamaConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     check_choice("arch", arch, ARCHITECTURES + HEAD_NORM_ARCHITECTURES)
     cfg: PretrainedConfig
@@ -59,20 +91,8 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides: Any) -> Pretrai
             use_parallel_residual=True,
             attention_bias=True,
         )
-    elif arch == "llama":
-        cfg = LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=128,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=True,
-        )
-    elif arch == "gemma2":
-        cfg = Gemma2Config(
+    elif arch in GATED:  # the Llama layout: 2 layers, d_model 64, 4 heads of 16, 2 KV heads, SwiGLU of 128
+        shape = dict(
             vocab_size=vocab_size,
             hidden_size=64,
             num_hidden_layers=2,
@@ -81,26 +101,18 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides: Any) -> Pretrai
             head_dim=16,
             intermediate_size=128,
             max_position_embeddings=128,
-            query_pre_attn_scalar=16,
-            sliding_window=64,
         )
-    elif arch == "gemma3":  # layer 0 slides over 4 keys with the local rotary base, layer 1 is global
-        cfg = Gemma3TextConfig(
-            vocab_size=vocab_size,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            head_dim=16,
-            intermediate_size=128,
-            max_position_embeddings=128,
-            query_pre_attn_scalar=16,
-            sliding_window=4,
-            layer_types=["sliding_attention", "full_attention"],
-            rope_parameters={
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
-                "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            },
+        cls = {
+            "llama": LlamaConfig,
+            "gemma2": Gemma2Config,
+            "gemma3": Gemma3TextConfig,
+            "qwen2": Qwen2Config,
+            "qwen3": Qwen3Config,
+        }[arch]
+        cfg = cls(**(shape | GATED[arch]))
+    else:
+        raise ValueError(
+            f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES + HEAD_NORM_ARCHITECTURES)}"
         )
     for key, value in overrides.items():
         setattr(cfg, key, value)
@@ -123,7 +135,7 @@ def tiny_causal_lm(arch: str, seed: int = 0, vocab_size: int = 49152, **override
             if "norm" in name or "ln" in name:
                 p.add_(0.2 * torch.randn_like(p))
             elif name.endswith("bias"):
-                p.normal_(0.0, 0.05)
+                p.normal_(0.0, BIAS_STD.get(arch, 0.05))
     return model.eval()
 
 
