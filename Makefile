@@ -27,12 +27,14 @@ demo: install
 	@ls -dt $(RUNS)/toy_single_pair/lightning_logs/version_* | head -n 1
 	@echo "watch with: $(VENV)/bin/tensorboard --logdir $(RUNS)"
 
-# Rules that check themselves: lint and format at the project's line length (pyproject's [tool.ruff]) and the
-# layer order of the package (pyproject's [tool.importlinter]).
+# Rules that check themselves: lint and format at the project's line length (pyproject's [tool.ruff]), the
+# layer order of the package (pyproject's [tool.importlinter]) and the types of linalg, models and analysis
+# (pyproject's [tool.mypy]).
 lint: install
 	$(VENV)/bin/ruff check lit_svd tests bench
 	$(VENV)/bin/ruff format --check lit_svd tests bench
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy
 
 test: install lint
 	$(PY) -m pytest -q -x --durations=15 tests

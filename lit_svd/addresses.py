@@ -25,9 +25,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
-DIRECTION_KINDS: tuple[str, ...] = ("qk", "q", "k", "ov", "mlp_in", "mlp_gate", "mlp_out")
-CONSTANT_KINDS: tuple[str, ...] = (
+from lit_svd.choices import check_choice, choices
+
+DirectionKind = Literal["qk", "q", "k", "ov", "mlp_in", "mlp_gate", "mlp_out"]
+DIRECTION_KINDS: tuple[DirectionKind, ...] = choices(DirectionKind)
+ConstantKind = Literal[
     "embed",  # the residual entering block 0
     "b_Q",  # a head's query bias row (the query side of its QK score)
     "b_K",  # a head's key bias row
@@ -40,7 +44,8 @@ CONSTANT_KINDS: tuple[str, ...] = (
     "attn_norm_bias",  # LayerNorm bias of the attention's input norm (folded into every reader's bias row)
     "mlp_norm_bias",
     "final_norm_bias",
-)
+]
+CONSTANT_KINDS: tuple[ConstantKind, ...] = choices(ConstantKind)
 PER_HEAD_CONSTANTS = ("b_Q", "b_K", "b_V")
 EMBED_LAYER = -1
 
@@ -56,9 +61,7 @@ class Address:
     size: int = 1
 
     def __post_init__(self) -> None:
-        if self.kind not in DIRECTION_KINDS + CONSTANT_KINDS:
-            allowed = ", ".join(DIRECTION_KINDS + CONSTANT_KINDS)
-            raise ValueError(f"address kind {self.kind!r} unknown; allowed: {allowed}")
+        check_choice("kind", self.kind, DIRECTION_KINDS + CONSTANT_KINDS, where=" for an address")
         if self.index < 0 or self.size < 1 or self.group < 0:
             raise ValueError(f"address {self!r}: group and index must be >= 0, size >= 1")
 

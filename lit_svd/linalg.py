@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 
@@ -17,11 +18,11 @@ from torch import Tensor
 class SVD:
     """Thin SVD ``M = U diag(S) V^T``; ``U: [..., m, k]``, ``S: [..., k]`` (descending), ``V: [..., n, k]``."""
 
-    U: Tensor
-    S: Tensor
-    V: Tensor
+    U: Float[Tensor, "*batch m k"]
+    S: Float[Tensor, "*batch k"]
+    V: Float[Tensor, "*batch n k"]
 
-    def dense(self) -> Tensor:
+    def dense(self) -> Float[Tensor, "*batch m n"]:
         return (self.U * self.S.unsqueeze(-2)) @ self.V.mT
 
     def truncate(self, k: int) -> SVD:
@@ -39,8 +40,8 @@ class FactoredABt:
     class's ``B^T``), so the two cannot be mistaken for one another.
     """
 
-    A: Tensor
-    B: Tensor
+    A: Float[Tensor, "*batch m r"]
+    B: Float[Tensor, "*batch n r"]
 
     def __post_init__(self) -> None:
         if self.A.shape[-1] != self.B.shape[-1] or self.A.shape[:-2] != self.B.shape[:-2]:
@@ -53,10 +54,10 @@ class FactoredABt:
     def shape(self) -> torch.Size:
         return torch.Size((*self.A.shape[:-1], self.B.shape[-2]))
 
-    def dense(self) -> Tensor:
+    def dense(self) -> Float[Tensor, "*batch m n"]:
         return self.A @ self.B.mT
 
-    def __getitem__(self, idx) -> FactoredABt:
+    def __getitem__(self, idx: int | slice | Tensor | tuple) -> FactoredABt:
         """Index the batch dimensions (e.g. one head)."""
         return FactoredABt(self.A[idx], self.B[idx])
 
@@ -68,7 +69,7 @@ class FactoredABt:
         return svd_factored(self.A, self.B)
 
 
-def svd_factored(A: Tensor, B: Tensor) -> SVD:
+def svd_factored(A: Float[Tensor, "*batch m r"], B: Float[Tensor, "*batch n r"]) -> SVD:
     """Exact thin SVD of ``A @ B^T`` via QR of the factors; keeps ``min(m, n, r)`` directions."""
     Qa, Ra = torch.linalg.qr(A)  # [.., m, r'], [.., r', r]
     Qb, Rb = torch.linalg.qr(B)
@@ -77,12 +78,12 @@ def svd_factored(A: Tensor, B: Tensor) -> SVD:
     return SVD((Qa @ Uc)[..., :k], S[..., :k], (Qb @ Vch.mT)[..., :k])
 
 
-def svd_dense(M: Tensor) -> SVD:
+def svd_dense(M: Float[Tensor, "*batch m n"]) -> SVD:
     U, S, Vh = torch.linalg.svd(M, full_matrices=False)
     return SVD(U, S, Vh.mT)
 
 
-def average_ranks(x: Tensor) -> Tensor:
+def average_ranks(x: Float[Tensor, "*shape"]) -> Float[Tensor, " n"]:
     """Ranks ``0..n-1`` of the entries of ``x`` (flattened, float64); tied entries share their mean rank."""
     x = x.flatten()
     values, order = torch.sort(x, stable=True)
@@ -93,7 +94,7 @@ def average_ranks(x: Tensor) -> Tensor:
     return ranks
 
 
-def spearman(x: Tensor, y: Tensor) -> float:
+def spearman(x: Float[Tensor, "*xs"], y: Float[Tensor, "*ys"]) -> float:
     """Spearman's rank correlation of ``x`` and ``y`` (same number of entries): the Pearson correlation of
     their average ranks (ties share a rank, as ``scipy.stats.spearmanr``). NaN where it is undefined: a
     constant side, or a NaN entry."""
@@ -107,14 +108,16 @@ def spearman(x: Tensor, y: Tensor) -> float:
     return float((rx @ ry) / denom) if denom > 0 else float("nan")
 
 
-def abs_cosine(X: Tensor, Y: Tensor, eps: float = 1e-12) -> Tensor:
+def abs_cosine(
+    X: Float[Tensor, "*batch d a"], Y: Float[Tensor, "*batch d b"], eps: float = 1e-12
+) -> Float[Tensor, "*batch a b"]:
     """``|cos|`` between the columns of ``X: [..., d, a]`` and ``Y: [..., d, b]`` -> ``[..., a, b]``."""
     Xn = X / X.norm(dim=-2, keepdim=True).clamp_min(eps)
     Yn = Y / Y.norm(dim=-2, keepdim=True).clamp_min(eps)
     return (Xn.mT @ Yn).abs()
 
 
-def rolls_tovee_sparsity(c: Tensor, dim: int = -1, eps: float = 1e-30) -> Tensor:
+def rolls_tovee_sparsity(c: Float[Tensor, "*shape"], dim: int = -1, eps: float = 1e-30) -> Float[Tensor, "*rest"]:
     """Rolls–Tovee sparsity ``(mean |c|)^2 / mean c^2`` along ``dim``: in ``[1/n, 1]``, lower is sparser."""
     return c.abs().mean(dim) ** 2 / (c.pow(2).mean(dim) + eps)
 
@@ -124,9 +127,9 @@ def haar_orthogonal(
     *batch: int,
     generator: torch.Generator | None = None,
     dtype: torch.dtype = torch.float32,
-    device=None,
+    device: torch.device | str | None = None,
     columns: int | None = None,
-) -> Tensor:
+) -> Float[Tensor, "*batch n r"]:
     """Haar-distributed random orthogonal matrices ``[*batch, n, n]`` (QR of a Gaussian, sign-fixed);
     ``columns=r`` gives only the first ``r`` columns ``[*batch, n, r]`` (Haar on the Stiefel manifold)."""
     G = torch.randn(
@@ -137,7 +140,9 @@ def haar_orthogonal(
     return Q.to(dtype)
 
 
-def orthogonality_to_others(W: Tensor, chosen: Tensor, eps: float = 1e-12) -> Tensor:
+def orthogonality_to_others(
+    W: Float[Tensor, "d N"], chosen: Int[Tensor, " c"], eps: float = 1e-12
+) -> Float[Tensor, " c"]:
     """Max ``|cos|`` between each chosen column of ``W: [d, N]`` and every non-chosen column -> ``[len(chosen)]``."""
     cos = abs_cosine(W[:, chosen], W)
     mask = torch.ones(W.shape[-1], dtype=torch.bool, device=W.device)
@@ -164,21 +169,21 @@ class DirectionBlocks:
     block of one, within the rank) and ``rank`` (numerical rank ``[...]``). Directions past the rank form one block of
     their own."""
 
-    block: Tensor
-    size: Tensor
-    first: Tensor
-    gap: Tensor
-    isolated: Tensor
-    rank: Tensor
+    block: Int[Tensor, "*batch k"]
+    size: Int[Tensor, "*batch k"]
+    first: Int[Tensor, "*batch k"]
+    gap: Float[Tensor, "*batch k"]
+    isolated: Bool[Tensor, "*batch k"]
+    rank: Int[Tensor, "*batch"]
 
 
-def relative_gaps(S: Tensor) -> Tensor:
+def relative_gaps(S: Float[Tensor, "*batch k"]) -> Float[Tensor, "*batch k-1"]:
     """``(S_i - S_{i+1}) / S_i`` between neighbours of a descending spectrum -> ``[..., k-1]`` (0 where S_i = 0)."""
     S = S.double()
     return torch.where(S[..., :-1] > 0, (S[..., :-1] - S[..., 1:]) / S[..., :-1].clamp_min(1e-300), 0.0)
 
 
-def numerical_rank(S: Tensor, size: int, rtol: float | None = None) -> Tensor:
+def numerical_rank(S: Float[Tensor, "*batch k"], size: int, rtol: float | None = None) -> Int[Tensor, "*batch"]:
     """Number of singular values above ``rtol * S_max`` (default ``rtol = size * eps(dtype)``, the usual
     ``matrix_rank`` rule; ``size = max(m, n)``) -> ``[...]``."""
     rtol = size * torch.finfo(S.dtype).eps if rtol is None else rtol
@@ -186,7 +191,7 @@ def numerical_rank(S: Tensor, size: int, rtol: float | None = None) -> Tensor:
 
 
 def direction_blocks(
-    S: Tensor, rel_gap: float = REL_GAP, size: int | None = None, rtol: float | None = None
+    S: Float[Tensor, "*batch k"], rel_gap: float = REL_GAP, size: int | None = None, rtol: float | None = None
 ) -> DirectionBlocks:
     """Group a descending spectrum ``S: [..., k]`` into blocks: neighbours whose relative gap is below ``rel_gap``
     share a block (chains join: a slowly decaying spectrum is one block). ``size`` is ``max(m, n)`` of the
@@ -229,13 +234,13 @@ class DirectionMatch:
     the identity check) and ``block_cos[i]`` (cosine of the largest principal angle between the reference block
     containing ``i`` and the span of its partners; 1 = the same subspace)."""
 
-    index: Tensor
-    sign: Tensor
-    cos: Tensor
-    block_cos: Tensor
+    index: Int[Tensor, " k"]
+    sign: Float[Tensor, " k"]
+    cos: Float[Tensor, " k"]
+    block_cos: Float[Tensor, " k"]
 
 
-def _joint(svd: SVD) -> Tensor:
+def _joint(svd: SVD) -> Float[Tensor, "m+n k"]:
     return torch.cat([svd.U, svd.V], -2).double() / 2**0.5  # orthonormal columns [m + n, k]
 
 

@@ -54,7 +54,7 @@ def tokenizer():
 def tiny_dirs(tmp_path_factory, tokenizer):
     """Tiny random models (seed 0) saved with that tokenizer, read by ``load_causal_lm`` like any local model."""
     out = {}
-    for arch in ("gpt2", "gpt_neox", "llama", "gemma3"):
+    for arch in ("gpt2", "gpt_neox", "llama", "gemma3", "qwen2", "qwen3"):
         folder = tmp_path_factory.mktemp(f"tiny_{arch}")
         tiny_causal_lm(arch).save_pretrained(folder)
         tokenizer.save_pretrained(folder)

@@ -34,7 +34,7 @@ def test_row_columns_and_errors():
     a = Address(4, "ov", 2, 7)
     assert a.row() == {"component": "L4.ov", "kind": "ov", "layer": 4, "head": 2, "direction": 7}
     assert a.row("group")["group"] == 2 and a.is_direction and not Address(4, "b_O").is_direction
-    with pytest.raises(ValueError, match="address kind 'o' unknown"):
+    with pytest.raises(ValueError, match="^kind='o' is unknown for an address; choose one of qk, q, k, ov, "):
         Address(0, "o")
     with pytest.raises(ValueError, match="not of the form"):
         Address.parse("layer3.ov")

@@ -51,7 +51,7 @@ def _answer_metric(model, batch, *specs):
     return logits[rows, batch["correct_id"]] - logits[rows, batch["wrong_id"]]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3"])
 def test_batched_patch_matches_a_hand_written_hook(arch):
     """Random OV directions: the fanned-out patch equals a post-hook on o_proj of the full forward that adds
     ``((z_corrupt - z) W_O,h . r) r`` at the answer position, with ``W_O`` read from the view."""

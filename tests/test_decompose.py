@@ -248,7 +248,7 @@ def test_bad_reads_fail_in_one_line():
     s = Setup(model, *tiny_batch(model.config.vocab_size))
     with pytest.raises(ValueError, match="not visible"):
         qk_reads(s.dec, s.cache, 0, 0, torch.tensor([0]), torch.tensor([1]), torch.tensor([3]), s.mask)
-    with pytest.raises(ValueError, match="side='value' unknown"):
+    with pytest.raises(ValueError, match="^side='value' is unknown; choose one of query, key$"):
         qk_reads(s.dec, s.cache, 0, 0, torch.tensor([0]), torch.tensor([3]), torch.tensor([1]), s.mask, side="value")
     with pytest.raises(IndexError, match="out of range"):
         ov_reads(s.dec, s.cache, 0, 0, torch.tensor([0]), torch.tensor([1]), directions=[99])

@@ -20,9 +20,11 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "masks"
 DATA = {"task": "ioi", "n_train": 8, "n_val": 4, "n_test": 6, "batch_size": 3, "seed": 0, "test_last": True}
 
 
-def _mask_run(folder: Path, model_dir: str, keep: dict[str, list[tuple[int, int]]], swap=None) -> Path:
+def _mask_run(
+    folder: Path, model_dir: str, keep: dict[str, list[tuple[int, int]]], swap=None, arch: str = "llama"
+) -> Path:
     """A finished mask run as DirectionMaskReport leaves it: masks.pt, config.yaml (and results.json)."""
-    view = make_view(tiny_causal_lm("llama"))
+    view = make_view(tiny_causal_lm(arch))
     lambdas = {c.name: torch.full(c.shape, 1e-4) for c in build_components(view, ["qk", "ov", "mlp"])}
     for name, pairs in keep.items():
         for g, k in pairs:
@@ -194,5 +196,7 @@ def test_a_different_test_split_fails_in_one_line(tiny_dirs, tmp_path):
         DirectionCheckModule(run=str(tmp_path))
     with pytest.raises(ValueError, match="no steering_swap"):
         DirectionCheckModule(run=str(run), claims="swap")
-    with pytest.raises(ValueError, match="'q' cannot be patched"):
+    patchable = "^kinds='q' is unknown among the kinds that can be patched; "
+    patchable += "choose one of ov, mlp_in, mlp_gate, mlp_out$"
+    with pytest.raises(ValueError, match=patchable):
         DirectionCheckModule(run=str(run), kinds=["q"])

@@ -21,7 +21,7 @@ from lit_svd.models import loading
 from lit_svd.models import view as make_view
 from lit_svd.models.intervene import Intervention, build_component, build_components
 from lit_svd.models.loading import ModelUnavailableError, load_causal_lm
-from lit_svd.models.tiny import tiny_causal_lm
+from lit_svd.models.tiny import HEAD_NORM_ARCHITECTURES, tiny_causal_lm
 
 IOI = [
     "When Mary and John went to the store, John gave a drink to",
@@ -29,9 +29,11 @@ IOI = [
 ]
 
 
-@pytest.fixture
-def tiny3():
-    return tiny_causal_lm("gemma3", seed=1)
+@pytest.fixture(params=HEAD_NORM_ARCHITECTURES)
+def tiny3(request):
+    """Each tiny model with per-head query / key norms: Gemma-3 (``1 + w`` gains, two rotary bases, a sliding
+    layer) and Qwen3 (the weight as gain, norms on ``[batch, pos, heads, d_head]``)."""
+    return tiny_causal_lm(request.param, seed=1)
 
 
 def _remove_head(view, layer, head):
@@ -73,23 +75,25 @@ def check_ones_and_head_removal(model, ids, layers, layer, head):
 @pytest.mark.parametrize("fold_norms", [True, False])
 def test_tiny_views_exact_with_head_norms_two_rotary_bases_and_window(tiny3, fold_norms):
     v = make_view(tiny3, fold_norms=fold_norms)
-    assert (v.window(0), v.window(1)) == (4, None)
+    gemma = v.model_type == "gemma3_text"
+    assert (v.window(0), v.window(1)) == ((4, None) if gemma else (None, None))
     ids = torch.randint(0, v.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
     rec = run_captured(v, ids)
     for layer in range(v.n_layers):
         check_layer_exact(v, rec, layer)
     W_U, b_U = v.unembed()
-    assert_close(v.final_norm(rec["final_in"]) @ v._raw_unembed()[0], rec["logits"], "tiny gemma3 logits")
+    assert_close(v.final_norm(rec["final_in"]) @ v._raw_unembed()[0], rec["logits"], f"tiny {v.model_type} logits")
     if fold_norms:
-        assert_close(v.normalized("final", None, rec["final_in"]) @ W_U + b_U, rec["logits"], "tiny gemma3 unembed")
+        got = v.normalized("final", None, rec["final_in"]) @ W_U + b_U
+        assert_close(got, rec["logits"], f"tiny {v.model_type} unembed")
     # the factors are not optional: without them the scores are off
     x = v.normalized("attn", 0, rec[("attn_in", 0)][0])
     fq, fk = v.qk_factors(0, x)
     assert (fq - 1).abs().max() > 0.1 and (fk - 1).abs().max() > 0.1
-    # the two layers' rotations differ (local base 10 vs global 10,000)
-    assert (v.rotary_matrix(3, 0) - v.rotary_matrix(3, 1)).abs().max() > 0.1
-    with pytest.raises(ValueError, match="layer=None: gemma3_text uses a different rotary base"):
-        v.rotary_matrix(3)
+    if gemma:  # the two layers' rotations differ (local base 10 vs global 10,000)
+        assert (v.rotary_matrix(3, 0) - v.rotary_matrix(3, 1)).abs().max() > 0.1
+        with pytest.raises(ValueError, match="layer=None: gemma3_text uses a different rotary base"):
+            v.rotary_matrix(3)
 
 
 def test_tiny_sad_sums_exactly_to_the_models_scores_and_window_matches_its_mask(tiny3):

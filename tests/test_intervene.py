@@ -230,7 +230,9 @@ def test_gradients_reach_every_scale(tiny_model):
 def test_bad_inputs_fail_in_one_line():
     model = tiny_causal_lm("llama")
     view = make_view(model)
-    with pytest.raises(ValueError, match="unknown component type 'attn'"):
+    with pytest.raises(
+        ValueError, match=r"^components='attn' is unknown; choose one of qk, q, k, ov, mlp_in, mlp_gate, mlp_out, mlp$"
+    ):
         build_components(view, ["attn"])
     with pytest.raises(ValueError, match="joint 'qk' cannot be masked on rotary"):
         build_component(view, "qk", 0)

@@ -53,7 +53,7 @@ def test_kept_counts_match_brute_force():
     assert report["without_qk"]["kept"] == sum(int((lambdas[c.name] >= threshold).sum()) for c in rest)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3"])
 def test_direction_count_matches_the_models_own_matrices(arch):
     """Directions per layer counted from the HF modules' weight shapes: one per singular value of each
     bias-augmented map (min of its two sides), per head / KV head / layer."""
@@ -61,7 +61,7 @@ def test_direction_count_matches_the_models_own_matrices(arch):
     cfg = model.config
     comps = build_components(make_view(model))
     total = 0
-    if arch == "llama":
+    if arch != "gpt2":  # the Llama layout (Qwen2 and Qwen3 too)
         for blk in model.model.layers:
             d = blk.self_attn.q_proj.weight.shape[1]
             dh = blk.self_attn.q_proj.weight.shape[0] // cfg.num_attention_heads
@@ -202,10 +202,13 @@ def _fit(model_dir, tokenizer, tmp_path, **kwargs):
     return module, Path(trainer.log_dir)
 
 
-@pytest.mark.parametrize("ablation,straight_through", [("zero", False), ("patch", True)])
-def test_fit_writes_results_masks_and_figures(tiny_dirs, tokenizer, tmp_path, ablation, straight_through):
+@pytest.mark.parametrize(
+    "arch,ablation,straight_through",
+    [("llama", "zero", False), ("llama", "patch", True), ("qwen2", "patch", True), ("qwen3", "zero", False)],
+)
+def test_fit_writes_results_masks_and_figures(tiny_dirs, tokenizer, tmp_path, arch, ablation, straight_through):
     module, out = _fit(
-        tiny_dirs["llama"], tokenizer, tmp_path, ablation=ablation, steps_per_batch=2, straight_through=straight_through
+        tiny_dirs[arch], tokenizer, tmp_path, ablation=ablation, steps_per_batch=2, straight_through=straight_through
     )
     res = json.loads((out / "results.json").read_text())
     for key in (
@@ -528,7 +531,7 @@ def test_bad_inputs_fail_in_one_line(tiny_dirs, tokenizer):
 
     with pytest.raises(ValueError, match=r"alpha=-0.1 is invalid"):
         DirectionMaskModule(model=tiny_dirs["llama"], alpha=-0.1)
-    with pytest.raises(ValueError, match="unknown component type 'heads'"):
+    with pytest.raises(ValueError, match="components='heads' is unknown; choose one of "):
         DirectionMaskModule(model=tiny_dirs["llama"], components=["heads"])
     with pytest.raises(ValueError, match="ablation='mean' is unknown"):
         DirectionMaskModule(model=tiny_dirs["llama"], ablation="mean")

@@ -22,15 +22,18 @@ from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm
 from lit_svd.modules.mounts import MountsAnalysisModule, last_logits, steering, unembed_reading
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEERED = ARCHITECTURES + ("qwen3",)  # Gemma-3's post norms are Gemma-2's, checked there
 TINY_TILES = {"q": 32, "k": 16, "v": 16, "o": 32, "gate": 32, "up": 32, "down": 64}
 
 
 def _hf_parts(model, arch, layer):
     """(attention write module, MLP write module, final norm) by HF name, per architecture."""
-    if arch == "llama":
-        blk = model.model.layers[layer]
-        return blk.self_attn.o_proj, blk.mlp.down_proj, model.model.norm
-    if arch == "gemma2":  # the projections: their outputs pass through the post norms, as a steer does
+    if arch in (
+        "llama",
+        "qwen2",
+        "qwen3",
+        "gemma2",
+    ):  # Gemma-2: the outputs pass through the post norms, as a steer does
         blk = model.model.layers[layer]
         return blk.self_attn.o_proj, blk.mlp.down_proj, model.model.norm
     if arch == "gpt2":
@@ -44,7 +47,7 @@ def _add_output(module, add):
     return Hook(module, lambda mod, args, kwargs, out: out + add, "post")
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", STEERED)
 @pytest.mark.parametrize("site", ["o", "down"])
 def test_steering_adds_alpha_u_to_the_sublayers_write(arch, site):
     model = tiny_causal_lm(arch, seed=0)
@@ -72,7 +75,7 @@ def test_steering_adds_alpha_u_to_the_sublayers_write(arch, site):
         torch.testing.assert_close(after[0] - before[0], (alpha * u).expand_as(before[0]), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", STEERED)
 def test_last_position_steering_with_cached_prefix_matches_a_full_forward(arch):
     model = tiny_causal_lm(arch, seed=0)
     view = make_view(model)
@@ -99,12 +102,14 @@ def test_last_position_steering_with_cached_prefix_matches_a_full_forward(arch):
 
 def test_steering_refuses_non_residual_sites():
     view = make_view(tiny_causal_lm("llama"))
-    with pytest.raises(ValueError, match="steering site 'q' is not a residual write"):
+    with pytest.raises(
+        ValueError, match="^site='q' is unknown as a residual write \\(steering\\); choose one of o, down$"
+    ):
         with steering(view, 0, "q", torch.zeros(view.d_model)):
             pass
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", STEERED)
 def test_unembedding_reading_matches_the_models_own_final_norm(arch):
     model = tiny_causal_lm(arch, seed=0)
     view = make_view(model)  # folded norms, as the module uses
@@ -153,10 +158,11 @@ def _capture(model, batches, modules):
     return got
 
 
-def test_module_fits_effective_paths_on_held_out_batches_only(tiny_llama_dir):
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])  # Qwen2: biased q / k / v sites
+def test_module_fits_effective_paths_on_held_out_batches_only(tiny_dirs, arch):
     batches = _batches()
     module = MountsAnalysisModule(
-        model=tiny_llama_dir,
+        model=tiny_dirs[arch],
         tile_widths=TINY_TILES,
         modes_sweep=[1, 2, 4],
         layers=[1],
@@ -386,11 +392,12 @@ def test_ddp_two_processes_give_the_same_table_as_one(tiny_llama_dir, tmp_path):
 # --- bounded memory: a group of layers per pass over the tokens ---------------------------------
 @pytest.fixture(scope="module")
 def deep_tiny_dirs(tmp_path_factory, tokenizer):
-    """4-layer tiny Llama and Gemma-3 (sliding-window and global layers) saved like any local model."""
+    """4-layer tiny Llama, Gemma-3 and Qwen2 (sliding-window and global layers) saved like any local model."""
     out = {}
     deeper = {
         "llama": dict(num_hidden_layers=4),
         "gemma3": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2),
+        "qwen2": dict(num_hidden_layers=4, layer_types=["full_attention"] + ["sliding_attention"] * 3),
     }
     for arch, overrides in deeper.items():
         folder = tmp_path_factory.mktemp(f"tiny4_{arch}")
@@ -403,7 +410,7 @@ def deep_tiny_dirs(tmp_path_factory, tokenizer):
 PASS_KW = dict(tile_widths=TINY_TILES, modes_sweep=[1, 2, 4], steer_texts=2, steer_mounts=2, null_stride=2)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2"])
 @pytest.mark.parametrize("layers, per_pass", [(None, 1), ([0, 2, 3], 2), ([3, 1], 1)])
 def test_layers_per_pass_gives_exactly_the_table_of_one_pass(deep_tiny_dirs, arch, layers, per_pass):
     """Each later pass starts from the recorded residual stream and stops after its layers: every figure,

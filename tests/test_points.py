@@ -118,7 +118,7 @@ def test_points_resolve_and_fail_in_one_line():
         resolve_points(v, ["resid_mid"])
     with pytest.raises(ValueError, match="without a post norm"):
         resolve_points(v, [("attn_post_factor", 0)])
-    with pytest.raises(ValueError, match="unknown; allowed"):
+    with pytest.raises(ValueError, match=r"^point='resid' is unknown; choose one of resid_pre, "):
         resolve_points(v, ["resid"])
     with pytest.raises(IndexError, match="out of range"):
         resolve_points(v, [("z", 5)])

@@ -131,7 +131,7 @@ def test_null_stride_scores_the_null_on_every_kth_prompt_only(tiny_lm_dir):
         (dict(heads=[[0, 4]]), IndexError, r"head 4 out of range: llama has heads 0..3"),
         (dict(heads=[[-1, 0]]), IndexError, r"layer -1 out of range"),
         (dict(recon_tol=2.0), ValueError, r"model.recon_tol=2.0 is outside \[0, 1\)"),
-        (dict(dtype="float16"), ValueError, r"model.dtype='float16' is not supported"),
+        (dict(dtype="float16"), ValueError, r"^model.dtype='float16' is unknown; choose one of float32, float64$"),
         (dict(layers=[0], heads=[[0, 0]]), ValueError, r"give model.layers or model.heads, not both"),
         (dict(null_draws=1), ValueError, r"model.null_draws=1: must be 0 \(no matched null\) or an integer >= 2"),
         (dict(null_stride=0), ValueError, r"model.null_stride=0: must be a positive integer"),
@@ -231,7 +231,7 @@ def test_ddp_two_processes_equal_one(tiny_lm_dir, tmp_path):
     assert (folder / "sad_heatmap.png").is_file() and (folder / "sad_n_recon.png").is_file()
 
 
-@pytest.mark.parametrize("name", ["smollm2_ioi", "gpt2_ioi", "pythia160m_ioi", "train_tiny_lm"])
+@pytest.mark.parametrize("name", ["smollm2_ioi", "gpt2_ioi", "pythia160m_ioi", "qwen2_5_0_5b_ioi", "train_tiny_lm"])
 def test_configs_parse(name, capsys):
     """Every SAD config parses against the classes' signatures (nothing is loaded)."""
     from lit_svd.cli import main

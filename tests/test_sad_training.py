@@ -115,7 +115,7 @@ def test_top_k_id_map_matches_counter():
 
 
 def test_language_model_rejects_bad_config():
-    with pytest.raises(ValueError, match="model.arch='llama' is not supported"):
+    with pytest.raises(ValueError, match="^model.arch='llama' is unknown; choose one of gpt2, gpt_neox$"):
         LanguageModelModule(arch="llama")
     with pytest.raises(ValueError, match="model.d_model=30 is not divisible by model.n_heads=4"):
         LanguageModelModule(d_model=30)

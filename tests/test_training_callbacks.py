@@ -278,18 +278,19 @@ def test_ddp_two_processes_give_one_process_values(tmp_path, wikitext_valid):
     assert two["spectrum"][-1]["values"] == pytest.approx(two["recomputed"]["spectrum"], rel=1e-6, abs=1e-9)
 
 
-def test_finetune_trains_only_the_chosen_maps_on_the_answer(tiny_dirs):
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])  # Qwen2: the q / k / v biases train with their maps
+def test_finetune_trains_only_the_chosen_maps_on_the_answer(tiny_dirs, arch):
     """Only layer 1's attention maps move; the loss is the cross-entropy of the answer token alone."""
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.metrics import answer_logits
     from lit_svd.modules.language_model import FineTuneLMModule
 
-    module = FineTuneLMModule(model=tiny_dirs["llama"], trainable="attention", layers=[1], lr=1e-2, warmup_steps=0)
+    module = FineTuneLMModule(model=tiny_dirs[arch], trainable="attention", layers=[1], lr=1e-2, warmup_steps=0)
     before = {n: p.detach().clone() for n, p in module.lm.named_parameters()}
     view = module.view
     expected = {id(p) for s in ("q", "k", "v", "o") for p in view.site_module(1, s).parameters()}
     assert {id(p) for p in module.lm.parameters() if p.requires_grad} == expected
-    dm = TaskDataModule("ioi", tiny_dirs["llama"], n_train=16, n_val=8, n_test=8, batch_size=8)
+    dm = TaskDataModule("ioi", tiny_dirs[arch], n_train=16, n_val=8, n_test=8, batch_size=8)
     batch = next(iter(dm.val_dataloader()))
     with torch.no_grad():
         logits = answer_logits(
@@ -314,7 +315,7 @@ def test_finetune_trains_only_the_chosen_maps_on_the_answer(tiny_dirs):
     moved = {n for n, p in module.lm.named_parameters() if not torch.equal(p.detach(), before[n])}
     assert moved == {n for n, p in module.lm.named_parameters() if id(p) in expected}
     with pytest.raises(ValueError, match="model.trainable='heads'"):
-        FineTuneLMModule(model=tiny_dirs["llama"], trainable="heads")
+        FineTuneLMModule(model=tiny_dirs[arch], trainable="heads")
 
 
 @pytest.mark.parametrize("name", ["tiny_lm_mechanisms", "smollm2_finetune_ioi"])

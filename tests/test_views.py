@@ -29,9 +29,9 @@ from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm
 TOL = 1e-4
 
 
-def assert_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+def assert_close(ours: torch.Tensor, ref: torch.Tensor, what: str, tol: float = TOL) -> None:
     err = (ours - ref).abs().max().item()
-    bound = TOL * max(1.0, ref.abs().max().item())
+    bound = tol * max(1.0, ref.abs().max().item())
     assert err <= bound, f"{what}: max abs diff {err:.3g} > {bound:.3g}"
 
 
@@ -87,8 +87,8 @@ def run_captured(v, ids: torch.Tensor):
 def scores_from_view(v, layer: int, x: torch.Tensor) -> torch.Tensor:
     """``[n_heads, T, T]`` scores ``[1, x_i] M(j - i) [1, x_j]^T`` at causal pairs j <= i (0 elsewhere)."""
     T = x.shape[0]
-    xa = torch.cat([torch.ones(T, 1), x], dim=-1)
-    out = torch.zeros(v.n_heads, T, T)
+    xa = torch.cat([torch.ones(T, 1, dtype=x.dtype), x], dim=-1)
+    out = torch.zeros(v.n_heads, T, T, dtype=x.dtype)
     if not v.rotary_dim:
         fm = v.qk(layer)
         return torch.tril((xa @ fm.A) @ (xa @ fm.B).mT)  # the factors, never the dense matrix
@@ -101,7 +101,7 @@ def scores_from_view(v, layer: int, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def check_layer_exact(v, rec, layer: int) -> None:
+def check_layer_exact(v, rec, layer: int, tol: float = TOL) -> None:
     x = v.normalized("attn", layer, rec[("attn_in", layer)][0])
     T = x.shape[0]
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
@@ -114,29 +114,29 @@ def check_layer_exact(v, rec, layer: int) -> None:
     if v.attn_softcap:
         ours = v.attn_softcap * torch.tanh(ours / v.attn_softcap)
     ref = rec["softmax_in"][layer][0]
-    assert_close(ours[:, causal], ref[:, causal], f"{v.model_type} L{layer} scores")
+    assert_close(ours[:, causal], ref[:, causal], f"{v.model_type} L{layer} scores", tol)
 
     # OV: per head and summed with the shared b_O, against the o projection
-    A = rec["softmax_out"][layer][0]  # [h, T, T]
-    xa = torch.cat([torch.ones(T, 1), x], dim=-1)
+    A = rec["softmax_out"][layer][0].to(x.dtype)  # [h, T, T] (HF eager: softmax in float32 for any dtype)
+    xa = torch.cat([torch.ones(T, 1, dtype=x.dtype), x], dim=-1)
     ov = v.ov(layer)
     per_head = A @ ((xa @ ov.A) @ ov.B.mT)  # [h, T, d_model]
     W_O, _ = v.site_weight(layer, "o")
     z = rec[("z", layer)][0].reshape(T, v.n_heads, v.d_head).transpose(0, 1)
     ref_heads = z @ W_O.reshape(v.n_heads, v.d_head, v.d_model)
-    assert_close(per_head, ref_heads, f"{v.model_type} L{layer} per-head OV")
-    assert_close(per_head.sum(0) + v.attn(layer).b_O, rec[("attn_out", layer)][0], f"{v.model_type} L{layer} attn")
+    assert_close(per_head, ref_heads, f"{v.model_type} L{layer} per-head OV", tol)
+    assert_close(per_head.sum(0) + v.attn(layer).b_O, rec[("attn_out", layer)][0], f"{v.model_type} L{layer} attn", tol)
 
     # MLP on the normalised residual at the MLP's norm
     xm = v.normalized("mlp", layer, rec[("mlp_in", layer)][0])
-    assert_close(v.mlp(layer)(xm), rec[("mlp_out", layer)][0], f"{v.model_type} L{layer} MLP")
+    assert_close(v.mlp(layer)(xm), rec[("mlp_out", layer)][0], f"{v.model_type} L{layer} MLP", tol)
     # the augmented maps are the same weights
     mw = v.mlp(layer)
-    xma = torch.cat([torch.ones(T, 1), xm], dim=-1)
+    xma = torch.cat([torch.ones(T, 1, dtype=x.dtype), xm], dim=-1)
     pre = xma @ v.mlp_in(layer)
     hidden = mw.act(xma @ v.mlp_gate(layer)) * pre if v.gated_mlp else mw.act(pre)
-    hidden_a = torch.cat([torch.ones(T, 1), hidden], dim=-1)
-    assert_close(hidden_a @ v.mlp_out(layer), rec[("mlp_out", layer)][0], f"{v.model_type} L{layer} MLP maps")
+    hidden_a = torch.cat([torch.ones(T, 1, dtype=x.dtype), hidden], dim=-1)
+    assert_close(hidden_a @ v.mlp_out(layer), rec[("mlp_out", layer)][0], f"{v.model_type} L{layer} MLP maps", tol)
 
 
 def tiny_cases():
@@ -144,6 +144,7 @@ def tiny_cases():
     cases = [(arch, {}) for arch in ARCHITECTURES]
     cases.append(("llama", {"attention_bias": True, "mlp_bias": True}))
     cases.append(("gpt_neox", {"use_parallel_residual": False}))
+    cases.append(("qwen3", {"attention_bias": True}))  # head norms after biased projections
     return cases
 
 
@@ -199,7 +200,7 @@ def test_factored_svd_reconstructs(arch):
         assert_close(svd.U.mT @ svd.U, eye, f"{arch} U orthonormal")
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt_neox", "gemma2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox", "gemma2", "qwen2", "qwen3"])
 def test_rotary_depends_on_offset_only(arch):
     """RoPE scores depend on j - i only: M computed at two different absolute positions agree, and
     R_p is a rotation on the rotary features and the identity elsewhere."""
@@ -267,17 +268,21 @@ def test_qk_unrotated_rotated_give_the_qk_scores(arch):
         assert_close((q[:, i] * k[:, j]).sum(-1), x[i] @ M @ x[j], f"{arch} score ({i}, {j})")
 
 
-@pytest.mark.parametrize("arch, window", [("gemma2", 3), ("llama", None), ("gpt2", None)])
-def test_visible_keys_are_the_keys_the_model_attends(arch, window):
+@pytest.mark.parametrize(
+    "arch, window, expected",
+    [("gemma2", 3, [3, None]), ("llama", None, [None, None]), ("gpt2", None, [None, None]), ("qwen2", 4, [None, 4])],
+)
+def test_visible_keys_are_the_keys_the_model_attends(arch, window, expected):
     """``visible_keys(layer, t)`` against the HF forward: the keys where the model's own attention weight
-    is nonzero (Gemma-2: sliding window on its first layer, full on the second)."""
+    is nonzero (Gemma-2: sliding window on its first layer, full on the second; tiny Qwen2: sliding from
+    ``max_window_layers`` = 1 on)."""
     model = tiny_causal_lm(arch, seed=2, **({"sliding_window": window} if window else {}))
     v = view(model)
     ids = torch.randint(0, v.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         attentions = model(ids, output_attentions=True).attentions
     windows = [v.window(layer) for layer in range(v.n_layers)]
-    assert windows == ([window, None] if window else [None, None])
+    assert windows == expected
     for layer, A in enumerate(attentions):
         seen = A[0].abs().amax(0) > 0  # [T_query, T_key], any head
         for t in range(ids.shape[1]):
@@ -296,9 +301,9 @@ def test_bad_input_one_clear_line():
         v.check_head(4)
     with pytest.raises(ValueError, match=r"delta=None: llama uses rotary"):
         v.qk(0)
-    with pytest.raises(ValueError, match=r"site 'gate' unknown for gpt2; allowed: q, k, v, o, up, down"):
+    with pytest.raises(ValueError, match=r"^site='gate' is unknown for gpt2; choose one of q, k, v, o, up, down$"):
         view(tiny_causal_lm("gpt2")).site_module(0, "gate")
-    with pytest.raises(ValueError, match=r"norm point 'pre' unknown"):
+    with pytest.raises(ValueError, match=r"^point='pre' is unknown; choose one of attn, mlp, final$"):
         v.normalized("pre", 0, torch.zeros(3, 64))
     with pytest.raises(ModelUnavailableError, match=r"GGUF file '/no/such/model.gguf' does not exist"):
         load_causal_lm("/no/such/model.gguf")

@@ -8,16 +8,17 @@ A template pair ``(i, j, target)`` asks the head to attend from query feature i 
 from __future__ import annotations
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from lit_svd.linalg import SVD, abs_cosine, orthogonality_to_others, spearman, svd_dense, svd_factored
 
 
-def unit_columns(X: Tensor, eps: float = 1e-12) -> Tensor:
+def unit_columns(X: Float[Tensor, "*batch D N"], eps: float = 1e-12) -> Float[Tensor, "*batch D N"]:
     return X / X.norm(dim=-2, keepdim=True).clamp_min(eps)
 
 
-def interference(W: Tensor) -> Tensor:
+def interference(W: Float[Tensor, "*batch D N"]) -> Float[Tensor, "*batch"]:
     """``||E_X||_2``: spectral norm of the off-diagonal Gram matrix of the unit feature vectors.
 
     ``E_X = W_hat^T W_hat - I`` with ``W_hat`` the columns of ``W: [..., D, N]`` scaled to unit norm;
@@ -28,17 +29,21 @@ def interference(W: Tensor) -> Tensor:
     return torch.linalg.matrix_norm(E, ord=2).to(W.dtype)
 
 
-def omega_svd(W_Q: Tensor, W_K: Tensor) -> SVD:
+def omega_svd(W_Q: Float[Tensor, "*batch H D"], W_K: Float[Tensor, "*batch H D"]) -> SVD:
     """SVD of ``Omega = W_Q^T W_K`` from the factors (never formed densely): ``U, V: [..., D, k]``."""
     return svd_factored(W_Q.mT, W_K.mT)
 
 
-def feature_singular_cosines(W: Tensor, svd: SVD) -> tuple[Tensor, Tensor]:
+def feature_singular_cosines(
+    W: Float[Tensor, "*batch D N"], svd: SVD
+) -> tuple[Float[Tensor, "*batch N k"], Float[Tensor, "*batch N k"]]:
     """``|cos(w_i, u_k)|`` and ``|cos(w_j, v_k)|``, each ``[..., N, k]``."""
     return abs_cosine(W, svd.U), abs_cosine(W, svd.V)
 
 
-def match_pairs(cos_u: Tensor, cos_v: Tensor, pairs: list[tuple[int, int, float]]) -> list[dict]:
+def match_pairs(
+    cos_u: Float[Tensor, "N k"], cos_v: Float[Tensor, "N k"], pairs: list[tuple[int, int, float]]
+) -> list[dict]:
     """For each pair (i, j, target) of one instance, the singular index k maximising
     ``|cos(w_i, u_k)| * |cos(w_j, v_k)|`` (each pair on its own, so two pairs may claim the same k)."""
     out = []
@@ -58,7 +63,7 @@ def match_pairs(cos_u: Tensor, cos_v: Tensor, pairs: list[tuple[int, int, float]
     return out
 
 
-def pair_summary(matched: list[dict], S: Tensor) -> dict:
+def pair_summary(matched: list[dict], S: Float[Tensor, " k"]) -> dict:
     """Mean |cos| over pairs (query and key sides), whether the indices are distinct, the highest index
     used, and the Spearman correlation between the occupied singular values and the targets."""
     idx = [m["singular_index"] for m in matched]
@@ -73,17 +78,17 @@ def pair_summary(matched: list[dict], S: Tensor) -> dict:
     return summary
 
 
-def whitened_feature(X: Tensor, i: int) -> Tensor:
+def whitened_feature(X: Float[Tensor, "D N"], i: int) -> Float[Tensor, " D"]:
     """Theorem 1's direction ``Sigma_X^{-1} x_i`` with ``Sigma_X = X X^T`` (pseudo-inverse when singular)."""
     Xd = X.double()
     return (torch.linalg.pinv(Xd @ Xd.mT, hermitian=True) @ Xd[:, i]).to(X.dtype)
 
 
-def cosine(a: Tensor, b: Tensor) -> float:
+def cosine(a: Float[Tensor, " D"], b: Float[Tensor, " D"]) -> float:
     return float((a @ b).abs() / (a.norm() * b.norm()).clamp_min(1e-30))
 
 
-def theorem1_report(svd: SVD, X: Tensor, Y: Tensor, i: int, j: int) -> dict:
+def theorem1_report(svd: SVD, X: Float[Tensor, "D N"], Y: Float[Tensor, "D N"], i: int, j: int) -> dict:
     """Top singular vectors of one instance against Theorem 1's prediction and against the raw features.
 
     ``svd`` is one instance's Omega SVD, ``X`` / ``Y`` the query / key feature matrices ``[D, N]``. Every
@@ -101,14 +106,18 @@ def theorem1_report(svd: SVD, X: Tensor, Y: Tensor, i: int, j: int) -> dict:
     }
 
 
-def least_squares_omega(X: Tensor, Y: Tensor, T: Tensor) -> Tensor:
+def least_squares_omega(
+    X: Float[Tensor, "D N"], Y: Float[Tensor, "D N"], T: Float[Tensor, "N N"]
+) -> Float[Tensor, "D D"]:
     """The Omega minimising ``sum (f^T X^T Omega Y g - f^T T g)^2`` over all feature vectors f, g:
     ``pinv(X)^T T pinv(Y)``; for one pair its singular vectors are Theorem 1's whitened features."""
     Xd, Yd = X.double(), Y.double()
     return (torch.linalg.pinv(Xd).mT @ T.double() @ torch.linalg.pinv(Yd)).to(X.dtype)
 
 
-def prediction_cosines(svd: SVD, X: Tensor, Y: Tensor, T: Tensor, matched: list[dict]) -> list[dict]:
+def prediction_cosines(
+    svd: SVD, X: Float[Tensor, "D N"], Y: Float[Tensor, "D N"], T: Float[Tensor, "N N"], matched: list[dict]
+) -> list[dict]:
     """Per matched pair: the least-squares optimum's own index for the pair (``prediction_index``, the same
     matching rule on the optimum's SVD, restricted to its rank(T) non-zero directions) and |cos| of the learnt
     ``u_k, v_k`` at the pair's recorded ``singular_index`` k with the optimum's at ``prediction_index``.
@@ -129,7 +138,7 @@ def prediction_cosines(svd: SVD, X: Tensor, Y: Tensor, T: Tensor, matched: list[
     return out
 
 
-def attended_orthogonality(W: Tensor, attended: list[int]) -> dict:
+def attended_orthogonality(W: Float[Tensor, "D N"], attended: list[int]) -> dict:
     """Theorem 3: attended features orthogonalise against the rest.
 
     Returns the mean over attended features of their max |cos| with any non-attended feature, and for
@@ -147,7 +156,12 @@ def attended_orthogonality(W: Tensor, attended: list[int]) -> dict:
 
 
 def alignment_report(
-    W: Tensor, W_Q: Tensor, W_K: Tensor, T: Tensor, pairs: list[tuple[int, int, float]], frozen: bool = False
+    W: Float[Tensor, "I D N"],
+    W_Q: Float[Tensor, "I H D"],
+    W_K: Float[Tensor, "I H D"],
+    T: Float[Tensor, "N N"],
+    pairs: list[tuple[int, int, float]],
+    frozen: bool = False,
 ) -> list[dict]:
     """Everything the toy experiment reports, per instance of ``W: [I, D, N]``, ``W_Q, W_K: [I, H, D]``.
 

@@ -18,11 +18,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from lit_svd.choices import check_choice
 from lit_svd.linalg import REL_GAP, DirectionBlocks, direction_blocks
 from lit_svd.models.intervene import Component
 
 MaskUnit = Literal["direction", "block"]
-MASK_UNITS = ("direction", "block")
 
 
 def check_rel_gap(rel_gap: float, key: str = "rel_gap") -> float:
@@ -31,10 +31,8 @@ def check_rel_gap(rel_gap: float, key: str = "rel_gap") -> float:
     return float(rel_gap)
 
 
-def check_mask_unit(mask_unit: str) -> str:
-    if mask_unit not in MASK_UNITS:
-        raise ValueError(f"mask_unit={mask_unit!r} is unknown; choose one of {', '.join(MASK_UNITS)}")
-    return mask_unit
+def check_mask_unit(mask_unit: str) -> MaskUnit:
+    return check_choice("mask_unit", mask_unit, MaskUnit)
 
 
 def component_blocks(component: Component, rel_gap: float = REL_GAP) -> DirectionBlocks:
@@ -62,7 +60,8 @@ def block_report(components: Sequence[Component], rel_gap: float = REL_GAP) -> d
     """Per component (``components``): its groups' numerical ranks, blocks (``[first, last, size, gap]``
     per group) and each direction's isolation gap; ``per_kind``: directions, isolated, in blocks of
     more than one (within the rank), past the rank, number of blocks and the largest block."""
-    records, per_kind = [], {}
+    records: list[dict] = []
+    per_kind: dict[str, dict] = {}
     for c in components:
         b = component_blocks(c, rel_gap)
         first = b.first
@@ -110,7 +109,9 @@ def kept_blocks(components: Sequence[Component], keep: dict[str, Tensor], rel_ga
     subspace is) or ``"null"`` (past the numerical rank). ``blocks``: one row per block of more than one
     direction with a kept direction. ``per_kind``: kept, kept isolated / in blocks / past the rank, blocks
     touched and blocks kept whole. Indices are 0-based, as ``direction`` everywhere in the mask reports."""
-    rows, block_rows, per_kind = [], [], {}
+    rows: list[dict] = []
+    block_rows: list[dict] = []
+    per_kind: dict[str, dict] = {}
     for c in components:
         b = component_blocks(c, rel_gap)
         kept = keep[c.name].detach().cpu().bool()

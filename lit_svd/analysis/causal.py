@@ -27,11 +27,13 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 from lit_svd.addresses import Address
+from lit_svd.choices import choices
 from lit_svd.metrics import TaskScorer, task_scorer
 from lit_svd.models.base import ModelView
 from lit_svd.models.fanout import last_token_copies, prefix_cache
@@ -41,7 +43,8 @@ from lit_svd.models.intervene import Component, Intervention
 LEVEL = 0.01  # one-sided level of the check, fixed before any run
 Z_PASS = 2.3263478740408408  # the standard normal's 1 - LEVEL quantile
 N_RANDOM = 32  # random directions per group (head) in the null, fixed before any run
-PATCHABLE = ("ov", "mlp_in", "mlp_gate", "mlp_out")
+Patchable = Literal["ov", "mlp_in", "mlp_gate", "mlp_out"]
+PATCHABLE: tuple[Patchable, ...] = choices(Patchable)
 
 
 @dataclass

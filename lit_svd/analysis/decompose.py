@@ -49,16 +49,18 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+from jaxtyping import Float, Int, Shaped
 from torch import Tensor
 
 from lit_svd.addresses import EMBED_LAYER, Address
 from lit_svd.analysis.sad import causal_visibility
-from lit_svd.linalg import svd_dense, svd_factored
+from lit_svd.choices import check_choice
+from lit_svd.linalg import SVD, svd_dense, svd_factored
 from lit_svd.models.base import ModelView, augment_inputs
-from lit_svd.models.points import Point
+from lit_svd.models.points import ActivationCache, Point
 
 ReadPoint = Literal["attn", "mlp", "final"]
-SIDES = ("query", "key")
+Side = Literal["query", "key"]
 
 
 @dataclass
@@ -76,17 +78,17 @@ class Reads:
 
     point: ReadPoint
     layer: int | None
-    batch: Tensor  # [R] long
-    position: Tensor  # [R] long
-    vector: Tensor  # [R, d_model + 1]
-    weight: Tensor  # [R]
-    reader: Tensor  # [R] long, 0 .. n_readers - 1
-    own_bias: Tensor  # [R]
+    batch: Int[Tensor, " R"]
+    position: Int[Tensor, " R"]
+    vector: Float[Tensor, "R d_model+1"]
+    weight: Float[Tensor, " R"]
+    reader: Int[Tensor, " R"]  # 0 .. n_readers - 1
+    own_bias: Float[Tensor, " R"]
     bias: list[Address]  # [n_readers]
     addresses: list[Address] | None = None  # [n_readers]
     info: dict[str, Tensor] = field(default_factory=dict)
-    basis: Tensor | None = None  # [d_model + 1, c]: when every vector is ``coords @ basis.T`` (a head's map)
-    coords: Tensor | None = None  # [R, c]
+    basis: Float[Tensor, "d_model+1 c"] | None = None  # when every vector is ``coords @ basis.T`` (a head's map)
+    coords: Float[Tensor, "R c"] | None = None
 
     @property
     def n_readers(self) -> int:
@@ -99,12 +101,12 @@ class Split:
     (``values.sum(-1) == total`` up to float rounding). ``readers`` / ``info`` as the ``Reads``'."""
 
     nodes: list[Address]
-    values: Tensor  # [n_readers, n_nodes]
-    total: Tensor  # [n_readers]
+    values: Float[Tensor, "n_readers n_nodes"]
+    total: Float[Tensor, " n_readers"]
     readers: list[Address] | None = None
     info: dict[str, Tensor] = field(default_factory=dict)
 
-    def residual(self) -> Tensor:
+    def residual(self) -> Float[Tensor, " n_readers"]:
         """``total - sum of the pieces`` per reader (float rounding only)."""
         return self.total - self.values.sum(-1)
 
@@ -225,12 +227,14 @@ class Decomposer:
         if point == "final":
             return self.writers.shape[0]
         v = self.view
+        if layer is None:
+            raise ValueError(f"point={point!r} is read inside a block: give its layer")
         v.check_layer(layer)
         if point == "mlp" and not v.parallel_residual:
             return self.offsets[layer, "mlp"]
         return self.offsets[layer, "attn"]
 
-    def coefficients(self, cache, batch: Tensor, position: Tensor, n_up: int | None = None) -> Tensor:
+    def coefficients(self, cache: ActivationCache, batch: Tensor, position: Tensor, n_up: int | None = None) -> Tensor:
         """``[R, n_up]``: each writer node's coefficient at rows ``(batch, position)`` (its write there is
         ``coefficient * writers[node]``): OV ``(z_h - b_V) W_O v_k``, MLP ``hidden W_out v_k``, 1 for a bias,
         times Gemma's post-norm factor of the row."""
@@ -255,7 +259,9 @@ class Decomposer:
 
     # --- the split ----------------------------------------------------------------------------
     @torch.no_grad()
-    def split(self, cache, reads: Reads, max_elements: int = 1 << 24, max_bytes: int = 1 << 31) -> Split:
+    def split(
+        self, cache: ActivationCache, reads: Reads, max_elements: int = 1 << 24, max_bytes: int = 1 << 31
+    ) -> Split:
         """Every upstream node's contribution to every reader of ``reads`` (module docstring), dense
         ``[n_readers, n_nodes]`` (at most ``max_bytes``; one-line error beyond). Rows are processed in chunks of
         at most ``max_elements`` products."""
@@ -283,7 +289,9 @@ class Decomposer:
         values = torch.zeros(reads.n_readers, len(nodes), dtype=dt, device=r.device)
         W = self.writers[:n_up]
         lhs, G = r, W.T  # [R, k] @ [k, n_up]: every row's read of every writer
-        if reads.basis is not None and reads.basis.shape[1] < r.shape[1]:  # factored: project the writers once
+        if (
+            reads.basis is not None and reads.coords is not None and reads.basis.shape[1] < r.shape[1]
+        ):  # factored: project the writers once
             cb = reads.basis[1:].to(dt)
             cb = cb - cb.mean(0, keepdim=True) if v.norm_kind == "layernorm" else cb
             lhs, G = reads.coords.to(dt), cb.T @ W.T
@@ -307,7 +315,7 @@ class Decomposer:
         return Split(nodes, values, total, reads.addresses, reads.info)
 
     # --- read bases ---------------------------------------------------------------------------
-    def qk_basis(self, layer: int):
+    def qk_basis(self, layer: int) -> tuple[Tensor, Tensor, SVD, Tensor, Tensor]:
         """``(A_q, A_k, U, S, V, raw bias rows of A_q and A_k)`` of ``layer``'s heads: SAD's basis (the SVD of
         ``Omega(0) = A_q A_k^T``, float64)."""
         key = ("qk", layer)
@@ -318,7 +326,7 @@ class Decomposer:
             self._read_bases[key] = (A_q, A_k, svd, raw.A[:, 0].to(self.dtype), raw.B[:, 0].to(self.dtype))
         return self._read_bases[key]
 
-    def mlp_basis(self, layer: int, kind: str):
+    def mlp_basis(self, layer: int, kind: str) -> tuple[SVD, Tensor]:
         """``(SVD of the augmented mlp_in / mlp_gate map, its raw bias row)`` of ``layer``."""
         key = (kind, layer)
         if key not in self._read_bases:
@@ -331,32 +339,36 @@ class Decomposer:
 
 
 def _norm_bias_node(point: ReadPoint, layer: int | None, n_layers: int) -> Address:
-    return Address(n_layers if point == "final" else layer, f"{point}_norm_bias")
+    if point == "final":
+        return Address(n_layers, "final_norm_bias")
+    if layer is None:
+        raise ValueError(f"point={point!r} is read inside a block: give its layer")
+    return Address(layer, f"{point}_norm_bias")
 
 
-def _directions(directions: Sequence[int] | Tensor | None, K: int, device) -> Tensor:
+def _directions(directions: Sequence[int] | Tensor | None, K: int, device: torch.device) -> Tensor:
     d = torch.arange(K) if directions is None else torch.as_tensor(directions, dtype=torch.long).reshape(-1)
     if len(d) and (d.min() < 0 or d.max() >= K):
         raise IndexError(f"directions {d.tolist()} out of range 0..{K - 1}")
     return d.to(device)
 
 
-def _as_long(*ts) -> list[Tensor]:
+def _as_long(*ts: Tensor | Sequence[int]) -> list[Tensor]:
     return [torch.as_tensor(t, dtype=torch.long).reshape(-1) for t in ts]
 
 
 @torch.no_grad()
 def qk_reads(
     dec: Decomposer,
-    cache,
+    cache: ActivationCache,
     layer: int,
     head: int,
-    batch: Tensor,
-    dest: Tensor,
-    src: Tensor,
-    attention_mask: Tensor,
+    batch: Int[Tensor, " P"],
+    dest: Int[Tensor, " P"],
+    src: Int[Tensor, " P"],
+    attention_mask: Shaped[Tensor, "B T"],
     directions: Sequence[int] | Tensor | None = None,
-    side: Literal["query", "key"] = "query",
+    side: Side = "query",
     relative: bool = False,
 ) -> Reads:
     """The QK score terms of ``head`` of ``layer`` for the pairs ``(batch[p], dest[p], src[p])``, one reader per
@@ -365,8 +377,7 @@ def qk_reads(
     reader's coefficient is ``t_k(d, s)`` (``relative``: ``c_k(d, s)``), as ``analysis.sad.direction_terms``.
     ``attention_mask``: the batch's ``[B, T]`` mask (the visible sources of ``relative``)."""
     v, dt = dec.view, dec.dtype
-    if side not in SIDES:
-        raise ValueError(f"side={side!r} unknown; allowed: {', '.join(SIDES)}")
+    check_choice("side", side, Side)
     v.check_head(head)
     batch, dest, src = _as_long(batch, dest, src)
     A_q, A_k, svd, raw_q, raw_k = dec.qk_basis(layer)
@@ -460,11 +471,11 @@ def _query_own_bias(A_k: Tensor, U: Tensor, V: Tensor, S: Tensor, raw_row: Tenso
 @torch.no_grad()
 def ov_reads(
     dec: Decomposer,
-    cache,
+    cache: ActivationCache,
     layer: int,
     head: int,
-    batch: Tensor,
-    position: Tensor,
+    batch: Int[Tensor, " P"],
+    position: Int[Tensor, " P"],
     directions: Sequence[int] | Tensor | None = None,
     mix: bool = False,
 ) -> Reads:
@@ -528,10 +539,10 @@ def ov_reads(
 @torch.no_grad()
 def mlp_reads(
     dec: Decomposer,
-    cache,
+    cache: ActivationCache,
     layer: int,
-    batch: Tensor,
-    position: Tensor,
+    batch: Int[Tensor, " P"],
+    position: Int[Tensor, " P"],
     directions: Sequence[int] | Tensor | None = None,
     kind: Literal["mlp_in", "mlp_gate"] = "mlp_in",
 ) -> Reads:
@@ -564,7 +575,13 @@ def mlp_reads(
 
 
 @torch.no_grad()
-def logit_reads(dec: Decomposer, cache, batch: Tensor, position: Tensor, logit_weights: Tensor) -> Reads:
+def logit_reads(
+    dec: Decomposer,
+    cache: ActivationCache,
+    batch: Int[Tensor, " P"],
+    position: Int[Tensor, " P"],
+    logit_weights: Float[Tensor, "P vocab"],
+) -> Reads:
     """One reader per row: ``sum_v logit_weights[p, v] * logit_v`` at ``(batch[p], position[p])`` (logits before
     Gemma-2's final soft-cap), read through the final norm; e.g. ``TaskScorer.logit_weights`` (the logit
     difference: +1 on the answer, -1 on the wrong token)."""

@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 from lit_svd.addresses import Address
 from lit_svd.analysis.blocks import component_blocks, direction_block
+from lit_svd.choices import check_choice
 from lit_svd.linalg import REL_GAP
 from lit_svd.metrics import TaskScorer, kl_divergence, task_scorer
-from lit_svd.models.base import ModelView
+from lit_svd.models.base import ModelView, PostNormPoint
 from lit_svd.models.intervene import Component, Intervention
 
-ABLATIONS = ("zero", "patch")
-POSITIONS = ("answer", "all")
+Ablation = Literal["zero", "patch"]
+Positions = Literal["answer", "all"]
 QK_KINDS = ("qk", "q", "k")  # the attention-pattern maps; "without_qk" counts the rest (OV, MLP)
 
 
@@ -34,10 +40,8 @@ def check_mask_config(alpha: float, init: float, threshold: float, ablation: str
         raise ValueError(f"init={init!r} is invalid; the initial mask value lambda = sigmoid(theta) must be in (0, 1)")
     if not 0 < threshold < 1:
         raise ValueError(f"threshold={threshold!r} is invalid; the kept threshold must be in (0, 1)")
-    if ablation not in ABLATIONS:
-        raise ValueError(f"ablation={ablation!r} is unknown; choose one of {', '.join(ABLATIONS)}")
-    if positions not in POSITIONS:
-        raise ValueError(f"positions={positions!r} is unknown; choose one of {', '.join(POSITIONS)}")
+    check_choice("ablation", ablation, Ablation)
+    check_choice("positions", positions, Positions)
 
 
 def initial_logits(components: Sequence[Component], init: float) -> dict[str, Tensor]:
@@ -51,13 +55,16 @@ def hard_masks(lambdas: dict[str, Tensor], threshold: float) -> dict[str, Tensor
     return {n: (lam >= threshold).to(lam.dtype) for n, lam in lambdas.items()}
 
 
-def l1(lambdas: dict[str, Tensor]) -> Tensor:
-    return sum(lam.sum() for lam in lambdas.values())
+def l1(lambdas: dict[str, Tensor]) -> Float[Tensor, ""]:
+    return sum((lam.sum() for lam in lambdas.values()), torch.zeros(()))
 
 
 def mask_loss(
-    masked_logits: Tensor, full_logits: Tensor, lambdas: dict[str, Tensor], alpha: float
-) -> tuple[Tensor, Tensor, Tensor]:
+    masked_logits: Float[Tensor, "batch vocab"],
+    full_logits: Float[Tensor, "batch vocab"],
+    lambdas: dict[str, Tensor],
+    alpha: float,
+) -> tuple[Float[Tensor, ""], Float[Tensor, ""], Float[Tensor, ""]]:
     """``(loss, kl, l1)``: KL(p_full || p_masked) at the answer position (mean over the batch, full
     vocabulary) + ``alpha * sum(lambda)``."""
     kl = kl_divergence(masked_logits, full_logits).mean()
@@ -68,7 +75,7 @@ def mask_loss(
 def kept_report(components: Sequence[Component], lambdas: dict[str, Tensor], threshold: float) -> dict:
     """Kept counts overall, per component type, per component (per group: head, KV head, layer), and
     ``without_qk``: over OV and MLP directions only (the q / k or qk maps left out)."""
-    per_kind: dict[str, dict[str, int]] = {}
+    per_kind: dict[str, dict[str, float]] = {}
     records = []
     n_total = kept_total = 0
     for c in components:
@@ -128,7 +135,9 @@ def most_effective_direction(
 
 
 @torch.no_grad()
-def write_readings(view: ModelView, point: str, layer: int, V: Tensor) -> Tensor:
+def write_readings(
+    view: ModelView, point: PostNormPoint, layer: int, V: Float[Tensor, "n d_model"]
+) -> Float[Tensor, "n vocab"]:
     """``[n, vocab]``: how the unembedding reads directions ``V: [n, d_model]`` written by the attention
     (``point="attn"``) or MLP (``"mlp"``) of ``layer``: through what follows the write in the model (Gemma's
     post-attention / post-feed-forward norm, ``view.post_norm``), then the final norm and ``W_U``."""
@@ -139,7 +148,13 @@ def write_readings(view: ModelView, point: str, layer: int, V: Tensor) -> Tensor
 
 @torch.no_grad()
 def logit_receptors(
-    view: ModelView, component: Component, keep: Tensor, tokenizer, top_k: int = 8, *, rel_gap: float = REL_GAP
+    view: ModelView,
+    component: Component,
+    keep: Tensor,
+    tokenizer: PreTrainedTokenizerBase,
+    top_k: int = 8,
+    *,
+    rel_gap: float = REL_GAP,
 ) -> list[dict]:
     """For each kept OV direction, its write direction ``v_k`` read through what follows it (``write_readings``:
     Gemma's post-attention norm, the final norm, the unembedding): the ``top_k`` tokens it promotes (``+v``)
@@ -148,7 +163,7 @@ def logit_receptors(
     (``analysis.blocks.direction_block``): inside a block the single ``v_k`` is arbitrary."""
     if component.kind != "ov":
         raise ValueError(f"logit receptors are read from OV components; got {component.kind!r}")
-    out = []
+    out: list[dict] = []
     heads, dirs = torch.nonzero(keep, as_tuple=True)
     if len(heads) == 0:
         return out
@@ -252,8 +267,8 @@ def swap_steer(
     rows = []
     for n in [n for n in counts if n <= len(ranked)]:
         scales, reference = {}, {}
-        for _, a in ranked[:n]:
-            name, g, k = a.component, a.group, a.index
+        for _, addr in ranked[:n]:
+            name, g, k = addr.component, addr.group, addr.index
             coef = coefficients[name]
             if name not in scales:
                 scales[name] = torch.ones(coef.shape[1:], device=coef.device)

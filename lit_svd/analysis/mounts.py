@@ -18,17 +18,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from lit_svd import linalg
+from lit_svd.choices import choices
 from lit_svd.linalg import SVD, haar_orthogonal, svd_dense
 from lit_svd.models.base import SITES
 
-STRATEGIES: tuple[str, ...] = ("tiled", "whole", "columns", "random")
+Strategy = Literal["tiled", "whole", "columns", "random"]
+STRATEGIES: tuple[Strategy, ...] = choices(Strategy)
 EPS = 1e-12
-RESIDUAL_SITES = ("o", "down")  # the sites that write to the residual stream
+ResidualSite = Literal["o", "down"]  # the sites that write to the residual stream
+RESIDUAL_SITES: tuple[ResidualSite, ...] = choices(ResidualSite)
 REF_SEED, REF_STRIDE = 10007, 997  # per-mount random reference direction j uses seed 10007 + 997 j
 
 
@@ -37,10 +42,10 @@ class Mounts:
     """``n`` mounts: writes ``U: [d_out, n]`` (unit), triggers ``V: [d_in, n]`` (unit, zero outside
     the mount's tile), strengths ``S: [n]``, tile index ``tile: [n]`` (-1 when not tiled)."""
 
-    U: Tensor
-    V: Tensor
-    S: Tensor
-    tile: Tensor
+    U: Float[Tensor, "d_out n"]
+    V: Float[Tensor, "d_in n"]
+    S: Float[Tensor, " n"]
+    tile: Int[Tensor, " n"]
 
     def __len__(self) -> int:
         return self.U.shape[1]
@@ -65,7 +70,7 @@ def check_modes(modes: int, tile_width: int, d_out: int, key: str = "modes_per_t
     return modes
 
 
-def top_svd(B: Tensor, k: int) -> SVD:
+def top_svd(B: Float[Tensor, "m n"], k: int) -> SVD:
     """The top ``k`` singular triples (``U [m, k]``, ``S [k]``, ``V [n, k]``) of ``B`` (float64), from the
     eigen-decomposition of the Gram matrix of its smaller side: exact for the leading triples and far
     cheaper than a full SVD (``k`` is at most ``min(B.shape)``)."""
@@ -80,7 +85,7 @@ def top_svd(B: Tensor, k: int) -> SVD:
     return SVD(U, S, V)
 
 
-def tile_svds(W: Tensor, bounds: list[tuple[int, int]], k: int) -> list[SVD]:
+def tile_svds(W: Float[Tensor, "d_out d_in"], bounds: list[tuple[int, int]], k: int) -> list[SVD]:
     """Top ``k`` singular triples of each column tile ``W[:, s:e]`` (float64)."""
     return [top_svd(W[:, s:e], k) for s, e in bounds]
 
@@ -92,12 +97,14 @@ def mounts_from_tiles(svds: list[SVD], bounds: list[tuple[int, int]], d_in: int,
         k = min(modes, svd.S.numel())
         V = torch.zeros(d_in, k, dtype=torch.float64, device=svd.V.device)
         V[s:e] = svd.V[:, :k]
-        Us.append(svd.U[:, :k]), Vs.append(V), Ss.append(svd.S[:k])
+        Us.append(svd.U[:, :k])
+        Vs.append(V)
+        Ss.append(svd.S[:k])
         tiles.append(torch.full((k,), t, device=svd.V.device))
     return Mounts(torch.cat(Us, 1), torch.cat(Vs, 1), torch.cat(Ss), torch.cat(tiles))
 
 
-def tiled_svd_mounts(W: Tensor, tile_width: int, modes: int) -> Mounts:
+def tiled_svd_mounts(W: Float[Tensor, "d_out d_in"], tile_width: int, modes: int) -> Mounts:
     """Top ``modes`` singular triples of each column tile of ``W: [d_out, d_in]``."""
     d_out, d_in = W.shape
     bounds = tile_bounds(d_in, tile_width)
@@ -105,7 +112,7 @@ def tiled_svd_mounts(W: Tensor, tile_width: int, modes: int) -> Mounts:
     return mounts_from_tiles(tile_svds(W, bounds, modes), bounds, d_in, modes)
 
 
-def whole_svd_mounts(W: Tensor, n: int) -> Mounts:
+def whole_svd_mounts(W: Float[Tensor, "d_out d_in"], n: int) -> Mounts:
     """The top ``n`` singular triples of the whole matrix."""
     if n > min(W.shape):
         raise ValueError(
@@ -116,7 +123,7 @@ def whole_svd_mounts(W: Tensor, n: int) -> Mounts:
     return Mounts(svd.U, svd.V, svd.S, torch.full((n,), -1, device=W.device))
 
 
-def column_sample_mounts(W: Tensor, n: int, seed: int = 0) -> Mounts:
+def column_sample_mounts(W: Float[Tensor, "d_out d_in"], n: int, seed: int = 0) -> Mounts:
     """Draw ``min(4n, d_in)`` columns without replacement with probability proportional to their
     norm, keep the ``n`` of highest norm; write = the normalised column, trigger = that input axis.
     The draw is made on the CPU (the same columns on every device)."""
@@ -131,7 +138,7 @@ def column_sample_mounts(W: Tensor, n: int, seed: int = 0) -> Mounts:
     return Mounts(W[:, cols] / norms[cols].clamp_min(EPS), V, norms[cols], torch.full((n,), -1, device=W.device))
 
 
-def random_units(d: int, n: int, seed: int) -> Tensor:
+def random_units(d: int, n: int, seed: int) -> Float[Tensor, "d n"]:
     """``n`` Gaussian unit vectors ``[d, n]`` from one seeded generator."""
     X = torch.randn(d, n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return X / X.norm(dim=0, keepdim=True)
@@ -143,14 +150,14 @@ def random_mounts(d_out: int, d_in: int, n: int, seed: int = 0) -> Mounts:
     return Mounts(U, V, torch.ones(n, dtype=torch.float64, device=U.device), torch.full((n,), -1, device=U.device))
 
 
-def reference_directions(d_out: int, n: int) -> Tensor:
+def reference_directions(d_out: int, n: int) -> Float[Tensor, "d_out n"]:
     """The per-mount random references ``[d_out, n]``: column j from its own seed ``10007 + 997 j``, so
     mount j of every strategy is compared with the same random direction."""
     return torch.cat([random_units(d_out, 1, REF_SEED + REF_STRIDE * j) for j in range(n)], dim=1)
 
 
 def strategy_mounts(
-    W: Tensor, tile_width: int, modes: int, seed: int = 0, tiled: Mounts | None = None
+    W: Float[Tensor, "d_out d_in"], tile_width: int, modes: int, seed: int = 0, tiled: Mounts | None = None
 ) -> dict[str, Mounts]:
     """The four strategies at the tiled budget ``n`` (the number of tiled mounts)."""
     tiled = tiled if tiled is not None else tiled_svd_mounts(W, tile_width, modes)
@@ -164,12 +171,12 @@ def strategy_mounts(
 
 
 # --- effective paths ------------------------------------------------------------------------------
-def gate_weighted(W_up: Tensor, mean_gate: Tensor) -> Tensor:
+def gate_weighted(W_up: Float[Tensor, "d_mlp d_in"], mean_gate: Float[Tensor, " d_mlp"]) -> Float[Tensor, "d_mlp d_in"]:
     """``W* = diag(mean gate activation) W_up``: the up map as seen through the average gate."""
     return mean_gate.to(W_up.dtype).unsqueeze(1) * W_up
 
 
-def ridge_map(XtX: Tensor, XtZ: Tensor, ridge: float) -> Tensor:
+def ridge_map(XtX: Float[Tensor, "d_x d_x"], XtZ: Float[Tensor, "d_x d_z"], ridge: float) -> Float[Tensor, "d_z d_x"]:
     """``W: [d_z, d_x]`` minimising ``sum_t ||z_t - W x_t||^2 + lam ||W||^2`` from the sufficient
     statistics ``X^T X`` and ``X^T Z``; ``lam = ridge * trace(X^T X) / d_x`` (scale-free)."""
     if ridge < 0:
@@ -181,7 +188,7 @@ def ridge_map(XtX: Tensor, XtZ: Tensor, ridge: float) -> Tensor:
 
 
 # --- streaming statistics -------------------------------------------------------------------------
-def orthonormal_span(U: Tensor, rtol: float = 1e-8) -> Tensor:
+def orthonormal_span(U: Float[Tensor, "d n"], rtol: float = 1e-8) -> Float[Tensor, "d r"]:
     """Orthonormal basis of the column span of ``U`` (numerical rank kept)."""
     svd = svd_dense(U)
     return svd.U[:, svd.S > rtol * svd.S.max()]
@@ -191,8 +198,8 @@ def orthonormal_span(U: Tensor, rtol: float = 1e-8) -> Tensor:
 class CoverageDict:
     """A dictionary ``D: [d_out, n]`` (unit columns) and its Gram matrix, for sparse coverage."""
 
-    D: Tensor
-    G: Tensor
+    D: Float[Tensor, "d_out n"]
+    G: Float[Tensor, "n n"]
 
     @classmethod
     def of(cls, D: Tensor) -> CoverageDict:
@@ -200,7 +207,7 @@ class CoverageDict:
         return cls(D, D.mT @ D)
 
 
-def sparse_explained(c: Tensor, G: Tensor, k_active: int) -> Tensor:
+def sparse_explained(c: Float[Tensor, "T n"], G: Float[Tensor, "n n"], k_active: int) -> Float[Tensor, ""]:
     """``sum_t ||P_t dh_t||^2``: energy of each ``dh_t`` explained by the least-squares fit on its
     ``k_active`` dictionary atoms of largest ``|<dh_t, d>|``, from the projections ``c = dh D: [T, n]``
     and the dictionary's Gram matrix ``G = D^T D``. The fit is solved on the atoms' Gram block
@@ -221,7 +228,7 @@ def sparse_explained_many(pairs: list[tuple[Tensor, Tensor]], k_active: int) -> 
         owner.append(torch.full((c.shape[0],), i, device=c.device))
     if len({ck.shape[1] for ck in cks}) > 1:  # a dictionary smaller than k_active: solve separately
         return torch.cat([sparse_explained_many([p], k_active) for p in pairs])
-    ck, Gk, owner = torch.cat(cks), torch.cat(Gks), torch.cat(owner)
+    ck, Gk, owners = torch.cat(cks), torch.cat(Gks), torch.cat(owner)
     L, info = torch.linalg.cholesky_ex(Gk)
     ok = info == 0
     per_token = torch.zeros(len(ck), dtype=torch.float64, device=ck.device)
@@ -231,7 +238,7 @@ def sparse_explained_many(pairs: list[tuple[Tensor, Tensor]], k_active: int) -> 
         proj = (evecs.mT @ ck[~ok]).squeeze(2)
         keep = evals > 1e-10 * evals[:, -1:].clamp_min(EPS)
         per_token[~ok] = (proj**2 / torch.where(keep, evals, torch.ones_like(evals)) * keep).sum(1)
-    return torch.zeros(len(pairs), dtype=torch.float64, device=ck.device).index_add_(0, owner, per_token)
+    return torch.zeros(len(pairs), dtype=torch.float64, device=ck.device).index_add_(0, owners, per_token)
 
 
 @dataclass(frozen=True)
@@ -397,7 +404,7 @@ def scaled_tile_width(site: str, d_in: int) -> int:
     return max(1, -(-d_in * PAPER_TILE_WIDTHS[site] // PAPER_D_IN[site]))
 
 
-def tile_widths_for(tile_widths, d_in: dict[str, int]) -> dict[str, int]:
+def tile_widths_for(tile_widths: str | dict[str, int], d_in: dict[str, int]) -> dict[str, int]:
     """Tile width per site of ``d_in`` (``{site: input size}``): ``"scaled"`` (``scaled_tile_width``: the paper's
     number of tiles), ``"fixed"`` (the paper's absolute widths) or a dict (sites it does not give: fixed)."""
     if tile_widths == "scaled":
@@ -428,7 +435,7 @@ def null_seed(layer: int, site: str) -> int:
     return NULL_SEED + NULL_LAYER_STRIDE * layer + SITES.index(site)
 
 
-def haar_null(W: Tensor, seed: int) -> Tensor:
+def haar_null(W: Float[Tensor, "d_out d_in"], seed: int) -> Float[Tensor, "d_out d_in"]:
     """A matrix with ``W``'s singular values and Haar-random singular vectors (float64):
     ``U0 diag(S) V0^T`` with ``U0``, ``V0`` the first ``r`` columns of Haar-random orthogonal matrices."""
     W = W.detach().double().cpu()
@@ -483,13 +490,14 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor | None, ceiling: bool = True
         j = (tiled.tile == t).nonzero().squeeze(1)
         tw = x[:, s:e] @ plan.W[:, s:e].mT
         if own:  # the tiles' writes add up to x W^T
-            dh = tw if t == 0 else dh.add_(tw)
+            dh = tw if dh is None else dh.add_(tw)
         tn2 = (tw * tw).sum(1).double().unsqueeze(1) + EPS
         proj, rp = (tw @ U32[:, j]).double(), (tw @ ref32[:, j]).double()
         tm[j] = (proj**2 / tn2).sum(0)
         tr[j] = (rp**2 / tn2).sum(0)
         ie[j] = ((proj - trig[:, j]) ** 2).sum(0)
         inn[j] = (proj**2).sum(0)
+    assert dh is not None  # a plan has at least one tile
     dh = dh.float()
     P = dh @ plan.proj  # [T, N]: every projection at once
     norm2 = (dh.double() ** 2).sum(1)
@@ -498,7 +506,7 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor | None, ceiling: bool = True
         [
             (P[:, b[f"cov_{kind}{i}"]], d.G)
             for kind in "tr"
-            for i, d in enumerate(c[1 if kind == "t" else 2] for c in plan.coverage)
+            for i, d in enumerate(c[1] if kind == "t" else c[2] for c in plan.coverage)
         ],
         plan.k_active,
     )
@@ -521,7 +529,7 @@ def site_sums(plan: SitePlan, x: Tensor, dh: Tensor | None, ceiling: bool = True
     return out
 
 
-def ceiling_sum(dh: Tensor, x: Tensor | None = None) -> Tensor:
+def ceiling_sum(dh: Float[Tensor, "T d_out"], x: Float[Tensor, "T d_in"] | None = None) -> Float[Tensor, "d d"]:
     """The ceiling's statistic (float64): ``sum_t dh_t dh_t^T / (||dh_t||^2 + eps)`` ``[d_out, d_out]``,
     or, with the inputs ``x`` of a linear site ``dh = W x + b``, the same sum on the input side,
     ``sum_t x~_t x~_t^T / (||dh_t||^2 + eps)`` with ``x~ = [x, 1]`` (``[W | b]`` maps it back: ``summarize``)."""
@@ -557,7 +565,7 @@ def summarize(plan: SitePlan, sums: dict[str, Tensor]) -> dict:
     cov_t = p["cover_tiled"] / p["energy"]
     cov_r = p["cover_random"] / p["energy"]
     tile_lift = (p["tile_mode"] - p["tile_ref"]) / T
-    row = {"n_tokens": int(T), "n_mounts": n}
+    row: dict[str, Any] = {"n_tokens": int(T), "n_mounts": n}
     for i, s in enumerate(STRATEGIES):
         row[f"lift_{s}"] = per_mount[i].mean().item()
     for i, s in enumerate(STRATEGIES):
@@ -580,7 +588,7 @@ def summarize(plan: SitePlan, sums: dict[str, Tensor]) -> dict:
 
 
 # --- steering and the unembedding reading -------------------------------------------------------
-def spearman(a: Tensor, b: Tensor) -> float:
+def spearman(a: Float[Tensor, "*a"], b: Float[Tensor, "*b"]) -> float:
     """``linalg.spearman`` for the steering rule C1: a constant side (a steer that moves no logit) has no
     rank correlation and counts as rho = 0, which fails C1 as it should, and keeps results.json NaN-free."""
     rho = linalg.spearman(a, b)
@@ -646,7 +654,9 @@ def judge(row: dict, rules: MountRules, *, residual: bool, effective: bool) -> d
     )
     if residual and row["layer"] >= rules.c1_min_layer:
         rho, jac = row.get("steer_rho"), row.get("steer_jaccard")
-        checks["C1"] = rho is not None and (rho >= rules.c1_min_rho or jac >= rules.c1_min_jaccard)
+        checks["C1"] = rho is not None and (
+            rho >= rules.c1_min_rho or (jac is not None and jac >= rules.c1_min_jaccard)
+        )
     else:
         checks["C1"] = None
     checks["pass"] = all(v for v in checks.values() if v is not None)

@@ -14,26 +14,39 @@ The sign of a singular direction is arbitrary (``linalg.sign_fixed`` picks one);
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 from lit_svd.addresses import Address
 from lit_svd.analysis.masks import logit_receptors, write_readings
-from lit_svd.models.base import ModelView
+from lit_svd.models.base import ModelView, NormPoint
 from lit_svd.models.intervene import Component
 
 WRITE_KINDS = ("ov", "mlp_out")
-NORM_OF = {"q": "attn", "k": "attn", "qk": "attn", "mlp_in": "mlp", "mlp_gate": "mlp"}
+NORM_OF: dict[str, NormPoint] = {"q": "attn", "k": "attn", "qk": "attn", "mlp_in": "mlp", "mlp_gate": "mlp"}
 
 
-def _top(scores: Tensor, tokenizer, top_k: int) -> tuple[list[str], list[str]]:
+def _top(scores: Tensor, tokenizer: PreTrainedTokenizerBase, top_k: int) -> tuple[list[str], list[str]]:
     pos, neg = scores.topk(top_k).indices.tolist(), (-scores).topk(top_k).indices.tolist()
-    return [tokenizer.decode([t]) for t in pos], [tokenizer.decode([t]) for t in neg]
+    return [_decode(tokenizer, t) for t in pos], [_decode(tokenizer, t) for t in neg]
+
+
+def _decode(tokenizer: PreTrainedTokenizerBase, token: int) -> str:
+    text = tokenizer.decode([token])
+    assert isinstance(text, str)  # one sequence of ids decodes to one string
+    return text
 
 
 @torch.no_grad()
-def read_scores(emb: Tensor, component: Component, group: int, direction: int, key_side: bool = False) -> Tensor:
+def read_scores(
+    emb: Float[Tensor, "vocab d_model"], component: Component, group: int, direction: int, key_side: bool = False
+) -> Float[Tensor, " vocab"]:
     """``[vocab]``: each token's embedding as the site reads it (``emb``: ``W_E`` through the site's norm),
     projected on ``u_k`` (``key_side``: the ``qk`` key side ``v_k``)."""
     basis = component.V if key_side else component.U
@@ -42,7 +55,9 @@ def read_scores(emb: Tensor, component: Component, group: int, direction: int, k
 
 
 @torch.no_grad()
-def readouts(view: ModelView, component: Component, claims: Sequence[Address], tokenizer, top_k: int = 8) -> list[dict]:
+def readouts(
+    view: ModelView, component: Component, claims: Sequence[Address], tokenizer: PreTrainedTokenizerBase, top_k: int = 8
+) -> list[dict]:
     """For each claimed direction of ``component``: ``side`` ("write" or "read"), ``plus`` and ``minus``
     (top tokens of ``+`` and ``-`` the direction), in the order of ``claims``."""
     if not claims:

@@ -38,13 +38,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
+from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
-from lit_svd.linalg import REL_GAP, direction_blocks, haar_orthogonal, rolls_tovee_sparsity, svd_factored
-from lit_svd.models.base import augment_inputs, inverse_rms  # [1, x]; per-head norm factors
+from lit_svd.linalg import REL_GAP, SVD, direction_blocks, haar_orthogonal, rolls_tovee_sparsity, svd_factored
+from lit_svd.models.base import ModelView, augment_inputs, inverse_rms  # [1, x]; per-head norm factors
 from lit_svd.models.hooks import capture
 
 DEFAULT_RECON_TOL = 1e-4
@@ -105,8 +107,8 @@ class QKHeads:
     per-token RMS divides every score (``factors``).
     """
 
-    A_q: Tensor
-    A_k: Tensor
+    A_q: Float[Tensor, "h D d_head"]
+    A_k: Float[Tensor, "h D d_head"]
     rotate: Rotate | None = None
     softcap: float | None = None
     head_norm: tuple[Tensor, Tensor, float] | None = None
@@ -135,7 +137,9 @@ class QKHeads:
         )
         return QKHeads(self.A_q.to(dtype), self.A_k.to(dtype), self.rotate, self.softcap, hn)
 
-    def token_factors(self, xq: Tensor, xk: Tensor) -> tuple[Tensor, Tensor] | None:
+    def token_factors(
+        self, xq: Float[Tensor, "B T_d D"], xk: Float[Tensor, "B T_s D"]
+    ) -> tuple[Float[Tensor, "B h T_d"], Float[Tensor, "B h T_s"]] | None:
         """``(f_q [B, h, T_d], f_k [B, h, T_s])``: 1 / RMS of each head's raw query and key (None without
         head norms)."""
         if self.head_norm is None:
@@ -143,17 +147,19 @@ class QKHeads:
         B_q, B_k, eps = self.head_norm
         return inverse_rms(xq, B_q, eps), inverse_rms(xk, B_k, eps)
 
-    def pair_factors(self, xq: Tensor, xk: Tensor) -> Tensor | None:
+    def pair_factors(
+        self, xq: Float[Tensor, "B T_d D"], xk: Float[Tensor, "B T_s D"]
+    ) -> Float[Tensor, "B h T_d T_s"] | None:
         """``f_q(d) f_k(s)`` as ``[B, h, T_d, T_s]`` (None without head norms)."""
         f = self.token_factors(xq, xk)
         return None if f is None else f[0].unsqueeze(-1) * f[1].unsqueeze(-2)
 
-    def basis(self) -> Tensor:
+    def basis(self) -> Float[Tensor, "h D k"]:
         """``U: [h, D, k]``, left singular vectors of ``Omega(0) = A_q A_k^T`` (descending sigma)."""
         return svd_factored(self.A_q, self.A_k).U
 
 
-def qk_heads_from_view(view, layer: int) -> QKHeads:
+def qk_heads_from_view(view: ModelView, layer: int) -> QKHeads:
     """All heads of ``layer`` of a ``ModelView``; inputs are ``augment_inputs(view.normalized("attn", ...))``."""
     w = view.attn(view.check_layer(layer))
     A_q = torch.cat([w.b_Q.unsqueeze(1), w.W_Q], dim=1) * w.scale
@@ -187,12 +193,14 @@ def basis_blocks(qk: QKHeads, rel_gap: float = REL_GAP, top: int = 8) -> list[di
     ]
 
 
-def attention_window(view, layer: int) -> int | None:
+def attention_window(view: ModelView, layer: int) -> int | None:
     """The sliding window of ``layer`` (Gemma-2 / Gemma-3 sliding layers), None for full attention."""
     return view.window(layer)
 
 
-def rotated_bases(U: Tensor, seed: int = 0, head_ids: list[int] | None = None) -> Tensor:
+def rotated_bases(
+    U: Float[Tensor, "h D k"], seed: int = 0, head_ids: list[int] | None = None
+) -> Float[Tensor, "h D k"]:
     """The control basis ``U Q`` per head, ``Q`` Haar-random ``[k, k]``, drawn for each head from
     ``(seed, head id)`` alone: the same on every rank, whichever other heads are analysed."""
     head_ids = list(range(U.shape[0])) if head_ids is None else list(head_ids)
@@ -205,7 +213,7 @@ def rotated_bases(U: Tensor, seed: int = 0, head_ids: list[int] | None = None) -
     return U @ Q
 
 
-def causal_visibility(attention_mask: Tensor, window: int | None = None) -> Tensor:
+def causal_visibility(attention_mask: Shaped[Tensor, "B T"], window: int | None = None) -> Bool[Tensor, "B T T"]:
     """``[B, T] -> [B, T_d, T_s]``: source ``s`` visible from ``d`` when ``s <= d``, both are real tokens,
     and ``d - s < window`` (sliding-window layers)."""
     T = attention_mask.shape[-1]
@@ -217,12 +225,12 @@ def causal_visibility(attention_mask: Tensor, window: int | None = None) -> Tens
     return causal[None] & m[:, :, None] & m[:, None, :]
 
 
-def _positions(T: int, device) -> Tensor:
+def _positions(T: int, device: torch.device) -> Tensor:
     # rope scores depend only on s - d, and real tokens are contiguous, so index positions suffice
     return torch.arange(T, device=device)
 
 
-def scores(xq: Tensor, xk: Tensor, qk: QKHeads) -> Tensor:
+def scores(xq: Float[Tensor, "B T_d D"], xk: Float[Tensor, "B T_s D"], qk: QKHeads) -> Float[Tensor, "B h T_d T_s"]:
     """Pre-softmax scores ``[B, h, T_d, T_s]`` computed as the model does (queries . keys)."""
     q = torch.einsum("bqD,hDc->bhqc", xq, qk.A_q)
     k = torch.einsum("bsD,hDc->bhsc", xk, qk.A_k)
@@ -233,7 +241,9 @@ def scores(xq: Tensor, xk: Tensor, qk: QKHeads) -> Tensor:
     return q @ k.mT if f is None else (q @ k.mT) * f
 
 
-def direction_terms(xq: Tensor, xk: Tensor, qk: QKHeads, U: Tensor) -> Tensor:
+def direction_terms(
+    xq: Float[Tensor, "B T_d D"], xk: Float[Tensor, "B T_s D"], qk: QKHeads, U: Float[Tensor, "h D k"]
+) -> Float[Tensor, "B h T_d k T_s"]:
     """``t_k(d, s) = (x~_d . u_k)(u_k^T Omega(s - d) x~_s)`` as ``[B, h, T_d, k, T_s]``; sums over k to the scores."""
     a = torch.einsum("bqD,hDk->bhqk", xq, U)  # query coordinates
     P = torch.einsum("hDk,hDc->hkc", U, qk.A_q)  # U^T A_q: each direction seen as a query vector
@@ -250,7 +260,9 @@ def direction_terms(xq: Tensor, xk: Tensor, qk: QKHeads, U: Tensor) -> Tensor:
     return terms if f is None else terms * f.unsqueeze(-2)
 
 
-def relative(x: Tensor, visible: Tensor) -> Tensor:
+def relative(
+    x: Float[Tensor, "B h T_d *mid T_s"], visible: Bool[Tensor, "B T_d T_s"]
+) -> Float[Tensor, "B h T_d *mid T_s"]:
     """``x(s) - mean_{s' != s visible} x(s')`` along the last (source) axis; zero where undefined.
 
     ``x: [B, h, T_d, ..., T_s]`` (scores or terms), ``visible: [B, T_d, T_s]``; destinations with fewer
@@ -266,7 +278,9 @@ def relative(x: Tensor, visible: Tensor) -> Tensor:
     return torch.where(vis & (n >= 2), rel, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def attention_probs(score: Tensor, visible: Tensor, softcap: float | None = None) -> Tensor:
+def attention_probs(
+    score: Float[Tensor, "B h T_d T_s"], visible: Bool[Tensor, "B T_d T_s"], softcap: float | None = None
+) -> Float[Tensor, "B h T_d T_s"]:
     """The head's attention weights ``[B, h, T_d, T_s]`` (zero rows for padding destinations)."""
     if softcap:
         score = softcap * torch.tanh(score / softcap)
@@ -276,7 +290,12 @@ def attention_probs(score: Tensor, visible: Tensor, softcap: float | None = None
     return torch.nan_to_num(p, nan=0.0)
 
 
-def select_pairs(probs: Tensor, rel: Tensor, visible: Tensor, threshold: float | None = None) -> Tensor:
+def select_pairs(
+    probs: Float[Tensor, "B h T_d T_s"],
+    rel: Float[Tensor, "B h T_d T_s"],
+    visible: Bool[Tensor, "B T_d T_s"],
+    threshold: float | None = None,
+) -> Bool[Tensor, "B h T_d T_s"]:
     """Analysed pairs ``[B, h, T_d, T_s]`` (bool): >= 2 visible sources, ``l~ > 0``, weight >= threshold
     (``None``: the uniform level ``1 / n_visible``)."""
     n = visible.sum(-1)[:, None, :, None]  # [B, 1, T_d, 1]
@@ -284,7 +303,7 @@ def select_pairs(probs: Tensor, rel: Tensor, visible: Tensor, threshold: float |
     return visible[:, None] & (n >= 2) & (rel > 0) & (probs >= level)
 
 
-def sort_descending(c: Tensor) -> Tensor:
+def sort_descending(c: Float[Tensor, "*batch k"]) -> Float[Tensor, "*batch k"]:
     """Values of ``c`` sorted in decreasing order along the last axis (numpy's vectorised sort on CPU,
     ~15x faster than torch's for many short rows)."""
     if c.device.type != "cpu" or c.requires_grad:
@@ -292,7 +311,9 @@ def sort_descending(c: Tensor) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.sort(c.contiguous().numpy(), axis=-1)[..., ::-1]))
 
 
-def n_recon(c: Tensor, rel: Tensor, tol: float = DEFAULT_RECON_TOL) -> Tensor:
+def n_recon(
+    c: Float[Tensor, "*batch k"], rel: Float[Tensor, "*batch"], tol: float = DEFAULT_RECON_TOL
+) -> Int[Tensor, "*batch"]:
     """Fewest directions, largest contribution first, whose running sum reaches ``rel - tol * sum|c|``.
 
     ``c: [..., k]``, ``rel: [...]`` -> integer ``[...]`` in ``1..k``.
@@ -303,7 +324,14 @@ def n_recon(c: Tensor, rel: Tensor, tol: float = DEFAULT_RECON_TOL) -> Tensor:
     return torch.where(reach.any(-1), first, torch.full_like(first, c.shape[-1]))
 
 
-def contributions_at(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Tensor, pairs: Tensor) -> Tensor:
+def contributions_at(
+    xq: Float[Tensor, "B T_d D"],
+    xk: Float[Tensor, "B T_s D"],
+    visible: Bool[Tensor, "B T_d T_s"],
+    qk: QKHeads,
+    U: Float[Tensor, "h D k"],
+    pairs: Bool[Tensor, "B h T_d T_s"],
+) -> Float[Tensor, "P k"]:
     """Relative contributions ``c_k`` of the selected ``pairs [B, h, T_d, T_s]`` -> ``[P, k]``, from the full
     term tensor (the reference for ``pair_contributions``)."""
     c = relative(direction_terms(xq, xk, qk, U), visible)  # [B, h, T_d, k, T_s]
@@ -311,6 +339,12 @@ def contributions_at(xq: Tensor, xk: Tensor, visible: Tensor, qk: QKHeads, U: Te
 
 
 Pairs = tuple[Tensor, Tensor, Tensor, Tensor]  # (batch, head, dest, src) indices, each [P]
+
+
+def _pairs_of(mask: Tensor) -> Pairs:
+    """The ``(batch, head, dest, src)`` indices of a ``[B, h, T_d, T_s]`` mask's true entries."""
+    b, h, d, s = mask.nonzero(as_tuple=True)
+    return b, h, d, s
 
 
 def pair_contributions(
@@ -352,7 +386,9 @@ def _rows(t: Tensor, b: Tensor, h: Tensor, q: Tensor) -> Tensor:
     return t.reshape(*t.shape[:-4], B * H * T, c).index_select(-2, flat)
 
 
-def haar_frames(D: int, k: int, n: int, generator: torch.Generator, dtype=torch.float32) -> Tensor:
+def haar_frames(
+    D: int, k: int, n: int, generator: torch.Generator, dtype: torch.dtype = torch.float32
+) -> Float[Tensor, "n D k"]:
     """``n`` Haar-random orthonormal frames ``[n, D, k]`` (reduced QR of a Gaussian, sign-fixed)."""
     Q, R = torch.linalg.qr(torch.randn(n, D, k, generator=generator, dtype=torch.float64))
     return (Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)).to(dtype)
@@ -383,7 +419,7 @@ class NullHeads:
         return QKHeads(self.U[:, draw] @ self.C_q, self.V[:, draw] @ self.C_k, qk.rotate, qk.softcap, qk.head_norm)
 
 
-def null_heads(qk: QKHeads, svd, n_draws: int, seed: int, head_ids: list[int] | None = None) -> NullHeads:
+def null_heads(qk: QKHeads, svd: SVD, n_draws: int, seed: int, head_ids: list[int] | None = None) -> NullHeads:
     """``n_draws`` matched-spectrum null heads of every head in ``qk`` (``svd``: ``svd_factored(A_q, A_k)``);
     head ``i``'s frames come from ``(seed, head_ids[i])`` alone, the same on every rank and selection."""
     head_ids = list(range(qk.n_heads)) if head_ids is None else list(head_ids)
@@ -397,7 +433,9 @@ def null_heads(qk: QKHeads, svd, n_draws: int, seed: int, head_ids: list[int] | 
     return NullHeads(F[:, :n_draws], F[:, n_draws:], svd.U.mT @ qk.A_q, svd.V.mT @ qk.A_k)
 
 
-def signed(c: Tensor, rel: Tensor) -> tuple[Tensor, Tensor]:
+def signed(
+    c: Float[Tensor, "*batch k"], rel: Float[Tensor, "*batch"]
+) -> tuple[Float[Tensor, "*batch k"], Float[Tensor, "*batch"]]:
     """Flip pairs with ``l~ < 0`` so that the total to rebuild is positive (N_recon of ``-c`` reaching ``-l~``:
     the directions that carry the *avoidance*); Rolls–Tovee sparsity is unchanged by the sign."""
     sgn = torch.where(rel < 0, -1.0, 1.0).to(c.dtype)
@@ -473,7 +511,7 @@ def null_pairs(
     l = q @ kr.mT
     rel = relative(l, vis)
     pairs = select_pairs(attention_probs(l, vis, qk.softcap), rel, vis, threshold)
-    idx = pairs.nonzero(as_tuple=True)
+    idx = _pairs_of(pairs)
     a = a.flatten(0, 1)
     c = pair_contributions(a, null.C_q, keys, vis, idx, qk.rotate)
     r = rel[pairs]
@@ -509,7 +547,7 @@ def sad_pairs(
     rel = relative(l, visible)
     probs = attention_probs(l, visible, qk.softcap)
     pairs = select_pairs(probs, rel, visible, threshold)
-    idx = pairs.nonzero(as_tuple=True)
+    idx = _pairs_of(pairs)
     r = rel[pairs]
     keys = torch.einsum("bsD,hDc->bhsc", xk, qk.A_k)
 
@@ -534,7 +572,7 @@ def sad_pairs(
         n_vis = visible.sum(-1)[:, None, :, None]
         level = 1.0 / n_vis.clamp_min(1) if threshold is None else torch.full_like(probs, threshold)
         other = visible[:, None] & (n_vis >= 2) & (rel != 0) & (probs < level)
-        oidx = other.nonzero(as_tuple=True)
+        oidx = _pairs_of(other)
         cu, ru = signed(decompose(U, oidx), rel[other])
         stats.unattended = UnattendedStats(oidx[1], ru, rolls_tovee_sparsity(cu), n_recon(cu, ru, tol))
     return stats
@@ -558,7 +596,7 @@ class LayerBases:
 
 
 def layer_bases(
-    view,
+    view: ModelView,
     layer: int,
     heads: list[int] | None = None,
     seed: int = 0,
@@ -585,7 +623,7 @@ def layer_bases(
 
 @torch.no_grad()
 def attention_inputs(
-    view,
+    view: ModelView,
     input_ids: Tensor,
     attention_mask: Tensor,
     layers: list[int],
@@ -641,7 +679,9 @@ def decompose_layer(
     return stats
 
 
-def head_means(head: Tensor, values: Tensor, n_heads: int) -> Tensor:
+def head_means(
+    head: Int[Tensor, " P"], values: Float[Tensor, "*batch P"], n_heads: int
+) -> Float[Tensor, "*batch n_heads"]:
     """Mean of ``values [..., P]`` per head index ``head [P]`` -> ``[..., n_heads]`` (NaN for heads without pairs)."""
     v = values.double().cpu()
     total = torch.zeros(*v.shape[:-1], n_heads, dtype=torch.float64).index_add_(-1, head.cpu(), v)
@@ -658,7 +698,7 @@ def null_head_means(null: NullStats, n_heads: int, n_draws: int | None = None) -
     return head_means(key, null.sparsity, n_heads * n_draws).reshape(n_heads, n_draws)
 
 
-def null_quantile(null_means: Tensor, q: float = 0.05) -> Tensor:
+def null_quantile(null_means: Float[Tensor, "*batch n_draws"], q: float = 0.05) -> Float[Tensor, "*batch"]:
     """The ``q`` quantile of the null draws ``[..., n_draws]`` (linear interpolation, as ``numpy.quantile``)."""
     return torch.quantile(null_means.double(), q, dim=-1)
 
@@ -682,7 +722,7 @@ def head_rows(names: list[str], st: PairStats, n_heads: int) -> dict[str, list]:
 
 @torch.no_grad()
 def lm_head_sparsity(
-    view,
+    view: ModelView,
     ids: Tensor,
     mask: Tensor,
     threshold: float | None,
@@ -784,13 +824,13 @@ def summarise_heads(
         for h in heads[i]:
             n = int(sums["n_pairs"][i, h].item())
             sp, rot = _mean(sums["sparsity"][i, h].item(), n), _mean(sums["sparsity_rotated"][i, h].item(), n)
-            row = {
+            row: dict[str, Any] = {
                 "layer": layer,
                 "head": h,
                 "n_pairs": n,
                 "sparsity": sp,
                 "sparsity_rotated": rot,
-                "sparser_than_rotated": bool(n and sp < rot),
+                "sparser_than_rotated": sp is not None and rot is not None and sp < rot,
                 "n_recon_median": histogram_median(sums["recon_hist"][i, h]) if n else None,
                 "n_recon_median_rotated": histogram_median(sums["recon_hist_rotated"][i, h]) if n else None,
                 "n_recon_hist": [int(v) for v in sums["recon_hist"][i, h].tolist()],
@@ -802,8 +842,8 @@ def summarise_heads(
                     sparsity_null=draws.mean().item() if n else None,
                     sparsity_null_p05=p05 if n else None,
                     sparsity_null_draws=draws.tolist() if n else None,
-                    sparser_than_null=bool(n and sp < p05),
-                    null_fraction_below=(draws < sp).double().mean().item() if n else None,
+                    sparser_than_null=sp is not None and sp < p05,
+                    null_fraction_below=(draws < sp).double().mean().item() if sp is not None else None,
                     n_recon_median_null=histogram_median(sums["recon_hist_null"][i, h]) if n else None,
                 )
             if has_un:
@@ -813,7 +853,7 @@ def summarise_heads(
                     _welch_z(
                         sp, sums["sparsity_sq"][i, h].item(), n, su, sums["sparsity_unattended_sq"][i, h].item(), m
                     )
-                    if n and m
+                    if sp is not None and su is not None
                     else None
                 )
                 row.update(
@@ -829,7 +869,7 @@ def summarise_heads(
     for i, _ in enumerate(layers):
         for h in heads[i]:
             mask[i, h] = sums["n_pairs"][i, h] >= min_pairs
-    summary = {"min_pairs": min_pairs, "n_heads": len(rows), **_counts(eligible, has_null, has_un)}
+    summary: dict[str, Any] = {"min_pairs": min_pairs, "n_heads": len(rows), **_counts(eligible, has_null, has_un)}
     for suffix, key in (
         [("", "recon_hist"), ("_rotated", "recon_hist_rotated")]
         + ([("_null", "recon_hist_null")] if has_null else [])
@@ -850,7 +890,7 @@ def summarise_heads(
 def _counts(eligible: list[dict], has_null: bool, has_un: bool) -> dict:
     """Head counts sparser than each control and mean sparsities over ``eligible`` rows."""
     n = len(eligible)
-    out = {"n_heads_eligible": n}
+    out: dict[str, Any] = {"n_heads_eligible": n}
     kinds = (
         [("rotated", "sparsity_rotated")]
         + ([("null", "sparsity_null")] if has_null else [])

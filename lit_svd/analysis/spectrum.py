@@ -13,14 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from lit_svd.linalg import SVD, FactoredABt, svd_dense
+from lit_svd.models.base import ModelView
 
 EPS = 1e-30
 
 
-def effective_rank(S: Tensor) -> Tensor:
+def effective_rank(S: Float[Tensor, "*batch k"]) -> Float[Tensor, "*batch"]:
     """Roy & Vetterli's effective rank ``exp(H(p))``, ``p_i = s_i / sum s`` (over the last dim);
     between 1 (one direction) and the number of singular values (a flat spectrum)."""
     S = S.double().clamp_min(0)
@@ -28,7 +30,7 @@ def effective_rank(S: Tensor) -> Tensor:
     return torch.exp(-(p * torch.log(p.clamp_min(EPS))).sum(-1))
 
 
-def top_k_energy(S: Tensor, k: int) -> Tensor:
+def top_k_energy(S: Float[Tensor, "*batch n"], k: int) -> Float[Tensor, "*batch"]:
     """Fraction ``sum_{i<=k} s_i^2 / sum_i s_i^2`` of the squared Frobenius norm in the top ``k`` values."""
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"top_k={k!r}: must be a positive integer")
@@ -36,12 +38,12 @@ def top_k_energy(S: Tensor, k: int) -> Tensor:
     return E[..., :k].sum(-1) / E.sum(-1).clamp_min(EPS)
 
 
-def layer_kinds(view) -> list[str]:
+def layer_kinds(view: ModelView) -> list[str]:
     """The matrices ``layer_svds`` gives for this model, in its order."""
     return ["qk", "ov", "mlp_in", *(["mlp_gate"] if view.gated_mlp else []), "mlp_out"]
 
 
-def layer_svds(view, layer: int, kinds: Sequence[str] | None = None) -> dict[str, SVD]:
+def layer_svds(view: ModelView, layer: int, kinds: Sequence[str] | None = None) -> dict[str, SVD]:
     """Thin SVDs (descending, float64) of one layer's maps (``kinds``, default all of ``layer_kinds``):
     ``qk`` and ``ov`` batched over heads (``S: [n_heads, k]``); ``mlp_in``, ``mlp_gate`` (gated MLPs only) and
     ``mlp_out`` unbatched."""
@@ -55,7 +57,7 @@ def layer_svds(view, layer: int, kinds: Sequence[str] | None = None) -> dict[str
     return {k: build[k]() for k in (layer_kinds(view) if kinds is None else kinds)}
 
 
-def layer_spectra(view, layer: int) -> dict[str, Tensor]:
+def layer_spectra(view: ModelView, layer: int) -> dict[str, Tensor]:
     """Singular values (descending, float64) of one layer's maps: ``qk`` and ``ov`` ``[n_heads, k]``;
     ``mlp_in``, ``mlp_gate`` (gated MLPs only) and ``mlp_out`` ``[k]``."""
     return {k: svd.S for k, svd in layer_svds(view, layer).items()}
@@ -70,7 +72,7 @@ def row_key(row: dict) -> tuple:
     return row["matrix"], row["layer"], row["head"]
 
 
-def spectrum_rows(view, layers: list[int], top_k: int, svds: dict | None = None) -> list[dict]:
+def spectrum_rows(view: ModelView, layers: list[int], top_k: int, svds: dict | None = None) -> list[dict]:
     """One row per (matrix, layer, head): ``matrix`` (qk, ov, mlp_in, mlp_gate, mlp_out), ``layer``,
     ``head`` (None for MLP maps), ``name`` (``L<l>H<h>`` / ``L<l>``), ``S`` (list), ``effective_rank``,
     ``top_k_energy``. ``svds``: a dict that receives each row's unbatched SVD under ``row_key(row)``."""

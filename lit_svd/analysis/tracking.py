@@ -23,14 +23,17 @@ value, its sign relative to the first step, and whether its identity held since 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from lit_svd.linalg import REL_GAP, SVD, direction_blocks, match_directions
+from lit_svd.choices import choices
+from lit_svd.linalg import REL_GAP, SVD, DirectionBlocks, direction_blocks, match_directions
 
 MIN_COS = 0.9  # below this |cos| to its predecessor a direction counts as a new one
-STATES = ("kept", "block", "lost")
+State = Literal["kept", "block", "lost"]
+STATES: tuple[State, ...] = choices(State)
 
 
 @dataclass
@@ -79,17 +82,18 @@ class DirectionTrack:
             raise ValueError(f"min_cos={min_cos!r}: must be in (0, 1]")
         self.n_track, self.rel_gap, self.min_cos = n_track, rel_gap, min_cos
         self.prev: SVD | None = None
-        self.prev_blocks = None  # the previous step's DirectionBlocks
-        self.position: Tensor | None = None  # [k] slot -> index in prev (sorted)
-        self.sign: Tensor | None = None
-        self.since: Tensor | None = None
+        self.prev_blocks: DirectionBlocks | None = None  # the previous step's blocks
+        # per slot (empty before the first step): index in prev (sorted), sign, step it was last (re)started
+        self.position: Tensor = torch.zeros(0, dtype=torch.long)
+        self.sign: Tensor = torch.zeros(0, dtype=torch.float64)
+        self.since: Tensor = torch.zeros(0, dtype=torch.long)
 
     def update(self, step: int, svd: SVD) -> TrackStep:
         """Match ``svd`` (descending, unbatched) to the previous logged one and advance every direction."""
         svd = SVD(svd.U.detach().double().cpu(), svd.S.detach().double().cpu(), svd.V.detach().double().cpu())
         k = svd.S.shape[-1]
         n = k if self.n_track is None else min(self.n_track, k)
-        if self.prev is None:
+        if self.prev is None or self.prev_blocks is None:
             self.position = torch.arange(k)
             self.sign = torch.ones(k, dtype=torch.float64)
             self.since = torch.full((k,), step)
@@ -110,7 +114,7 @@ class DirectionTrack:
             ]
             self.position = match.index[old]
             self.sign = self.sign * match.sign.double()[old]
-            self.since = torch.where(torch.tensor([s == "lost" for s in state]), step, self.since)
+            self.since = torch.where(torch.tensor([s == "lost" for s in state]), torch.tensor(step), self.since)
             self._restart([i for i in range(n) if state[i] == "lost"], n)
         blocks = direction_blocks(svd.S, self.rel_gap, size=max(svd.U.shape[-2], svd.V.shape[-2]))
         self.prev, self.prev_blocks = svd, blocks
@@ -138,7 +142,7 @@ class DirectionTrack:
         held = {int(self.position[i]) for i in range(n) if i not in lost}
         for i in lost:
             p = next(q for q in range(len(self.position)) if q not in held)
-            j = int((self.position == p).nonzero()[0, 0])
+            j = int(self.position.eq(p).nonzero()[0, 0])
             self.position[i], self.position[j] = p, self.position[i].clone()
             self.sign[i], self.sign[j] = 1.0, self.sign[i].clone()
             held.add(p)
@@ -147,6 +151,8 @@ class DirectionTrack:
         """The last SVD (or ``svd``, of the same step) with its columns in tracked order and the first step's
         signs (tracked direction ``d<i+1>`` in column ``i``)."""
         svd = self.prev if svd is None else svd
+        if svd is None:
+            raise ValueError("aligned(): no step tracked yet (call update first)")
         p, s = self.position.to(svd.U.device), self.sign.to(svd.U.device, svd.U.dtype)
         return SVD(svd.U[..., p] * s, svd.S[..., p], svd.V[..., p] * s)
 

@@ -37,14 +37,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Literal
 
 import lightning.pytorch as pl
 import torch
 
 from lit_svd.callbacks.provenance import provenance
+from lit_svd.choices import check_choice
 from lit_svd.figures import masks as figs
-from lit_svd.modules.mask_measures import MaskReportPlan
+from lit_svd.modules.mask_measures import MaskReportPlan, Split
 from lit_svd.output import run_dir, save_figures, write_result, write_results
 from lit_svd.results.masks import MaskResult
 
@@ -87,12 +87,11 @@ class DirectionMaskReport(pl.Callback):
         steer_component: str | None = None,
         steer_head: int | None = None,
         steer_direction: int | None = None,
-        eval_split: Literal["val", "test"] = "val",
+        eval_split: Split = "val",
         trajectory_every: int = 10,
         swap_counts: Sequence[int] = (1, 2, 4, 8, 16),
     ):
-        if eval_split not in ("val", "test"):
-            raise ValueError(f"eval_split={eval_split!r} is unknown; choose val or test")
+        check_choice("eval_split", eval_split, Split)
         self.log_every, self.eval_split = log_every, eval_split
         self.plan = MaskReportPlan(
             receptors_top=receptors_top,

@@ -14,6 +14,8 @@ def _registry() -> dict[str, type[ModelView]]:
     from lit_svd.models.gpt2 import GPT2View
     from lit_svd.models.gpt_neox import GPTNeoXView
     from lit_svd.models.llama import LlamaView
+    from lit_svd.models.qwen2 import Qwen2View
+    from lit_svd.models.qwen3 import Qwen3View
 
     return {
         "gpt2": GPT2View,
@@ -21,6 +23,8 @@ def _registry() -> dict[str, type[ModelView]]:
         "llama": LlamaView,
         "gemma2": Gemma2View,
         "gemma3_text": Gemma3View,
+        "qwen2": Qwen2View,
+        "qwen3": Qwen3View,
     }
 
 

@@ -1,12 +1,12 @@
 """The architecture-independent view of a causal LM's weights: the contract every layer above uses.
 
 Nothing above ``lit_svd.models`` touches Hugging Face module names; it asks a view. One subclass per
-architecture family (``gpt2.py``, ``gpt_neox.py``, ``llama.py``, ``gemma2.py``) says where the weights
-live and how they are laid out; everything else (norm folding, bias augmentation, rotary matrices,
-factored QK / OV products) is done once, here. Shapes follow TransformerLens:
-``W_Q, W_K, W_V: [n_heads, d_model, d_head]``, ``W_O: [n_heads, d_head, d_model]``; grouped-query K/V
-heads are expanded per query head (query head ``h`` reads K/V head ``h // (n_heads // n_kv_heads)``,
-as HF's ``repeat_kv``).
+architecture family (``gpt2.py``, ``gpt_neox.py``, ``llama.py``, ``gemma2.py``, ``gemma3.py``, ``qwen2.py``,
+``qwen3.py``) says where the weights live and how they are laid out; everything else (norm folding, bias
+augmentation, rotary matrices, per-head query / key norms, factored QK / OV products) is done once, here.
+Shapes follow TransformerLens: ``W_Q, W_K, W_V: [n_heads, d_model, d_head]``, ``W_O: [n_heads, d_head,
+d_model]``; grouped-query K/V heads are expanded per query head (query head ``h`` reads K/V head
+``h // (n_heads // n_kv_heads)``, as HF's ``repeat_kv``).
 
 With ``fold_norms=True`` (default) the norm scales (Gemma: ``1 + w``) and LayerNorm biases are folded
 into the weights that read from them, so every weight acts on the *normalised* residual as returned by
@@ -20,7 +20,7 @@ Augmented matrices act on ``[1, x]`` (the leading 1 carries the biases):
   Rotary models: ``M(delta) = s [b_Q; W_Q] R_i R_j^T [b_K; W_K]^T`` in the model's own convention
   (HF ``rotate_half`` on the first ``rotary_dim`` features of each head). Gemma-2 scores are *pre*
   soft-cap: the model then applies ``attn_softcap * tanh(score / attn_softcap)``.
-  Gemma-3 (``q_norm`` / ``k_norm``, an RMSNorm on each head's query and key): the norms' gains are
+  Gemma-3 and Qwen3 (``q_norm`` / ``k_norm``, an RMSNorm on each head's query and key): the norms' gains are
   folded into ``M``, and the model's score is ``f_q(i) f_k(j) [1, x_i] M [1, x_j]^T`` with the per-token,
   per-head positive factors ``(f_q, f_k) = qk_factors(layer, x)`` (1 / RMS of the head's raw query and
   key); ``qk`` leaves them out because they depend on the token, not on the weights.
@@ -33,33 +33,45 @@ Augmented matrices act on ``[1, x]`` (the leading 1 carries the biases):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from lit_svd.choices import check_choice, choices
 from lit_svd.linalg import FactoredABt
 
+if TYPE_CHECKING:
+    from lit_svd.models.points import ActivationCache, Point
+
 Site = Literal["q", "k", "v", "o", "gate", "up", "down"]
-SITES: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+SITES: tuple[Site, ...] = choices(Site)
 NormPoint = Literal["attn", "mlp", "final"]
-NORM_POINTS: tuple[str, ...] = ("attn", "mlp", "final")
+NORM_POINTS: tuple[NormPoint, ...] = choices(NormPoint)
+PostNormPoint = Literal["attn", "mlp"]
+HeadNormSite = Literal["q", "k"]
+# A Hugging Face module (the model, a decoder block, its attention): its submodules and config keys are named per
+# architecture, and only the views read them, so the type checker takes them as they come.
+HFModule = Any
+# Where each site sits: its module and the part of that module's output that is the site (``_sites``).
+Sites = dict[str, tuple[HFModule, slice | tuple[int, int] | None]]
 
 
 @dataclass
 class AttnWeights:
     """One layer's attention, per query head (GQA expanded). Biases are zeros where the model has none."""
 
-    W_Q: Tensor  # [n_heads, d_model, d_head]
-    b_Q: Tensor  # [n_heads, d_head]
-    W_K: Tensor  # [n_heads, d_model, d_head]
-    b_K: Tensor  # [n_heads, d_head]
-    W_V: Tensor  # [n_heads, d_model, d_head]
-    b_V: Tensor  # [n_heads, d_head]
-    W_O: Tensor  # [n_heads, d_head, d_model]
-    b_O: Tensor  # [d_model]
+    W_Q: Float[Tensor, "n_heads d_model d_head"]
+    b_Q: Float[Tensor, "n_heads d_head"]
+    W_K: Float[Tensor, "n_heads d_model d_head"]
+    b_K: Float[Tensor, "n_heads d_head"]
+    W_V: Float[Tensor, "n_heads d_model d_head"]
+    b_V: Float[Tensor, "n_heads d_head"]
+    W_O: Float[Tensor, "n_heads d_head d_model"]
+    b_O: Float[Tensor, " d_model"]
     scale: float  # pre-softmax scores are (q . k) * scale
 
 
@@ -68,18 +80,20 @@ class MLPWeights:
     """One layer's MLP: ``out = act(x W_gate + b_gate) * (x W_in + b_in) W_out + b_out`` when gated,
     ``act(x W_in + b_in) W_out + b_out`` otherwise. Biases are zeros where the model has none."""
 
-    W_in: Tensor  # [d_model, d_mlp]
-    b_in: Tensor  # [d_mlp]
-    W_out: Tensor  # [d_mlp, d_model]
-    b_out: Tensor  # [d_model]
+    W_in: Float[Tensor, "d_model d_mlp"]
+    b_in: Float[Tensor, " d_mlp"]
+    W_out: Float[Tensor, "d_mlp d_model"]
+    b_out: Float[Tensor, " d_model"]
     act: Callable[[Tensor], Tensor]
-    W_gate: Tensor | None = None  # [d_model, d_mlp]
-    b_gate: Tensor | None = None  # [d_mlp]
+    W_gate: Float[Tensor, "d_model d_mlp"] | None = None
+    b_gate: Float[Tensor, " d_mlp"] | None = None
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """The MLP applied to ``x: [..., d_model]`` (the input these weights read)."""
         pre = x @ self.W_in + self.b_in
-        hidden = self.act(pre) if self.W_gate is None else self.act(x @ self.W_gate + self.b_gate) * pre
+        if self.W_gate is None or self.b_gate is None:  # the views set both or neither
+            return self.act(pre) @ self.W_out + self.b_out
+        hidden = self.act(x @ self.W_gate + self.b_gate) * pre
         return hidden @ self.W_out + self.b_out
 
 
@@ -87,30 +101,34 @@ class MLPWeights:
 class NormAffine:
     """A norm's effective elementwise affine part: ``out = normalised * scale + bias``."""
 
-    scale: Tensor  # [d_model]; Gemma's (1 + w) already applied
-    bias: Tensor | None  # [d_model] for LayerNorm, None for RMSNorm
+    scale: Float[Tensor, " d_model"]  # Gemma's (1 + w) already applied
+    bias: Float[Tensor, " d_model"] | None  # LayerNorm's; None for RMSNorm
     eps: float
 
 
-def augment(W: Tensor, b: Tensor) -> Tensor:
+def augment(
+    W: Float[Tensor, "*batch d_in d_out"], b: Float[Tensor, "*batch d_out"]
+) -> Float[Tensor, "*batch d_in+1 d_out"]:
     """``[b; W]``: prepend the bias as row 0.
 
     ``W: [..., d_in, d_out]``, ``b: [..., d_out]`` -> ``[..., d_in+1, d_out]``."""
     return torch.cat([b.unsqueeze(-2), W], dim=-2)
 
 
-def split_heads_out(weight: Tensor, n: int) -> Tensor:
+def split_heads_out(weight: Float[Tensor, "out d_in"], n: int) -> Float[Tensor, "n d_in d_head"]:
     """An ``nn.Linear`` weight ``[n * d_head, d_in]`` -> per head ``[n, d_in, d_head]``."""
     out, d_in = weight.shape
     return weight.reshape(n, out // n, d_in).transpose(1, 2)
 
 
-def augment_inputs(x: Tensor) -> Tensor:
+def augment_inputs(x: Float[Tensor, "*batch d"]) -> Float[Tensor, "*batch d+1"]:
     """``[..., d] -> [1, x]``: ``[..., 1 + d]`` with a leading constant 1 (the bias coordinate)."""
     return torch.cat([torch.ones_like(x[..., :1]), x], dim=-1)
 
 
-def inverse_rms(xa: Tensor, maps: Tensor, eps: float) -> Tensor:
+def inverse_rms(
+    xa: Float[Tensor, "*batch T D"], maps: Float[Tensor, "h D c"], eps: float
+) -> Float[Tensor, "*batch h T"]:
     """``1 / RMS`` of each head's map of ``xa: [..., T, D]`` through ``maps: [h, D, c]`` -> ``[..., h, T]``
     (the per-token factor of a per-head query / key RMSNorm)."""
     return torch.rsqrt(torch.einsum("...tD,hDc->...htc", xa, maps.to(xa.dtype)).pow(2).mean(-1) + eps)
@@ -121,7 +139,7 @@ def _upcast(x: Tensor) -> Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
-def rotate_half(x: Tensor) -> Tensor:
+def rotate_half(x: Float[Tensor, "*batch d"]) -> Float[Tensor, "*batch d"]:
     """HF's rotary pairing: features ``(i, i + d/2)`` rotate together."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -139,6 +157,13 @@ class ModelView(ABC):
     attn_softcap: float | None = None  # Gemma-2: scores pass through cap * tanh(score / cap)
     final_softcap: float | None = None  # Gemma-2: logits pass through cap * tanh(logit / cap)
     parallel_residual: bool = False  # GPT-NeoX: the MLP reads the block input, not input + attention
+    # per-head query / key RMSNorms (Gemma-3, Qwen3): their module names in the attention module, and the
+    # axis of the heads in their output (1: [batch, heads, pos, d_head], Gemma-3; 2: [batch, pos, heads, d_head], Qwen3)
+    head_norm_names: tuple[str, str] | None = None
+    head_norm_heads_dim: Literal[1, 2] = 1
+
+    model: HFModule
+    config: Any  # the model's PretrainedConfig: its keys differ per architecture
 
     def __init__(self, model: nn.Module, fold_norms: bool = True):
         self.model = model
@@ -203,15 +228,12 @@ class ModelView(ABC):
             raise IndexError(f"head {head} out of range: {self.model_type} has heads 0..{self.n_heads - 1}")
         return head
 
-    def check_site(self, site: str) -> str:
+    def check_site(self, site: str) -> Site:
         allowed = SITES if self.gated_mlp else tuple(s for s in SITES if s != "gate")
-        if site not in allowed:
-            raise ValueError(f"site {site!r} unknown for {self.model_type}; allowed: {', '.join(allowed)}")
-        return site
+        return check_choice("site", site, allowed, where=f" for {self.model_type}")
 
     def _check_point(self, point: str, layer: int | None) -> None:
-        if point not in NORM_POINTS:
-            raise ValueError(f"norm point {point!r} unknown; allowed: {', '.join(NORM_POINTS)}")
+        check_choice("point", point, NormPoint)
         if point != "final":
             if layer is None:
                 raise ValueError(f"norm point {point!r} needs a layer (got None)")
@@ -231,7 +253,7 @@ class ModelView(ABC):
         """``(W_U [d_model, vocab], b_U [vocab])`` acting on the final norm's output."""
 
     @property
-    def _layers(self) -> nn.ModuleList:
+    def _layers(self) -> HFModule:  # the nn.ModuleList of decoder blocks
         return self.model.get_submodule(self.layers_path)
 
     def norm_module(self, point: NormPoint, layer: int | None) -> nn.Module:
@@ -247,7 +269,7 @@ class ModelView(ABC):
         """HF's rotary embedding module (``forward(x, position_ids) -> (cos, sin)``), None if no rotary."""
 
     @abstractmethod
-    def embed(self, input_ids: Tensor) -> Tensor:
+    def embed(self, input_ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
         """The residual stream entering layer 0 for ``input_ids: [batch, pos]`` (token embeddings, scaled
         by ``sqrt(d_model)`` for Gemma, plus learned positions for GPT-2)."""
 
@@ -257,7 +279,7 @@ class ModelView(ABC):
         self._check_point(point, layer)
         return self._affine_of(self.norm_module(point, layer))
 
-    def _affine_of(self, mod: nn.Module) -> NormAffine:
+    def _affine_of(self, mod: HFModule) -> NormAffine:
         eps = getattr(mod, "eps", None)
         if eps is None:
             eps = mod.variance_epsilon
@@ -269,7 +291,9 @@ class ModelView(ABC):
     def _norm_scale(self, weight: Tensor) -> Tensor:
         return weight
 
-    def normalized(self, point: NormPoint, layer: int | None, resid: Tensor) -> Tensor:
+    def normalized(
+        self, point: NormPoint, layer: int | None, resid: Float[Tensor, "*batch d_model"]
+    ) -> Float[Tensor, "*batch d_model"]:
         """The input the view's weights read: the norm at ``point`` applied to ``resid`` without its
         affine part when ``fold_norms`` (exactly the model's norm output otherwise)."""
         self._check_point(point, layer)
@@ -284,7 +308,9 @@ class ModelView(ABC):
     def _factor(centred: Tensor, eps: float) -> Tensor:
         return torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
 
-    def norm_factor(self, point: NormPoint, layer: int | None, resid: Tensor) -> Tensor:
+    def norm_factor(
+        self, point: NormPoint, layer: int | None, resid: Float[Tensor, "*batch d_model"]
+    ) -> Float[Tensor, "*batch 1"]:
         """``[..., 1]``: the per-token factor ``1 / sqrt(mean square + eps)`` (of the centred residual for
         LayerNorm) by which the norm at ``point`` divides; ``normalized = centred(resid) * norm_factor``. The
         one non-linear step between the residual and a reader: frozen at its clean value, the read is linear."""
@@ -294,29 +320,32 @@ class ModelView(ABC):
             x = x - x.mean(-1, keepdim=True)
         return self._factor(x, self.norm_affine(point, layer).eps)
 
-    def final_norm(self, resid: Tensor) -> Tensor:
+    def final_norm(self, resid: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """The model's own final norm, exactly as its forward applies it (Gemma: ``* (1 + w)``)."""
         return self.norm_module("final", None)(resid)
 
-    def post_norm(self, point: Literal["attn", "mlp"], layer: int, out: Tensor) -> Tensor:
+    def post_norm(
+        self, point: PostNormPoint, layer: int, out: Float[Tensor, "*batch d_model"]
+    ) -> Float[Tensor, "*batch d_model"]:
         """What the block adds to the residual from a sub-layer's output: identity except Gemma-2 / Gemma-3,
         which normalise attention and MLP outputs (``post_attention`` / ``post_feedforward`` norms)."""
         mod = self.post_norm_module(point, layer)
         return out if mod is None else mod(out)
 
-    def post_norm_module(self, point: Literal["attn", "mlp"], layer: int) -> nn.Module | None:
+    def post_norm_module(self, point: PostNormPoint, layer: int) -> nn.Module | None:
         """The RMSNorm a sub-layer's output passes before the residual add (Gemma's sandwich norms), None
         where the output is added as it is."""
-        if point not in ("attn", "mlp"):
-            raise ValueError(f"post_norm point {point!r} unknown; allowed: attn, mlp")
+        check_choice("point", point, PostNormPoint)
         return None
 
-    def post_norm_affine(self, point: Literal["attn", "mlp"], layer: int) -> NormAffine | None:
+    def post_norm_affine(self, point: PostNormPoint, layer: int) -> NormAffine | None:
         """The post norm's gain (``1 + w``) and eps; None without post norms."""
         mod = self.post_norm_module(point, self.check_layer(layer))
         return None if mod is None else self._affine_of(mod)
 
-    def post_norm_factor(self, point: Literal["attn", "mlp"], layer: int, out: Tensor) -> Tensor | None:
+    def post_norm_factor(
+        self, point: PostNormPoint, layer: int, out: Float[Tensor, "*batch d_model"]
+    ) -> Float[Tensor, "*batch 1"] | None:
         """``[..., 1]``: the post norm's per-token factor ``1 / rms(out)``, so that ``post_norm(out) =
         out * post_norm_factor * gain``: linear in ``out`` once the factor is frozen. None without post norms."""
         aff = self.post_norm_affine(point, layer)
@@ -330,7 +359,9 @@ class ModelView(ABC):
         """The same model's view with ``fold_norms=False`` (weights as the model holds them)."""
         return self if not self.fold_norms else type(self)(self.model, fold_norms=False)
 
-    def run_with_cache(self, points, input_ids: Tensor, attention_mask: Tensor | None = None):
+    def run_with_cache(
+        self, points: Iterable[str | tuple[str, int] | Point], input_ids: Tensor, attention_mask: Tensor | None = None
+    ) -> ActivationCache:
         """One forward of the model; the named activation points (``lit_svd.models.points``) as an
         ``ActivationCache``. ``points``: names (every layer) or ``(name, layer)`` pairs."""
         from lit_svd.models.points import run_with_cache
@@ -352,6 +383,9 @@ class ModelView(ABC):
         raw = self._raw_attn(self.check_layer(layer))
         W_Q, b_Q = self._fold("attn", layer, raw.W_Q, raw.b_Q)
         W_K, b_K = self._fold("attn", layer, raw.W_K, raw.b_K)
+        if self.head_norm_names is not None:  # the head norms' gains act on each head's features
+            g_q, g_k = (self._affine_of(self.head_norm_module(layer, s)).scale for s in ("q", "k"))
+            W_Q, b_Q, W_K, b_K = W_Q * g_q, b_Q * g_q, W_K * g_k, b_K * g_k
         W_V, b_V = self._fold("attn", layer, raw.W_V, raw.b_V)
         return AttnWeights(W_Q, b_Q, W_K, b_K, W_V, b_V, raw.W_O, raw.b_O, raw.scale)
 
@@ -361,18 +395,18 @@ class ModelView(ABC):
         raw = self._raw_mlp(self.check_layer(layer))
         W_in, b_in = self._fold("mlp", layer, raw.W_in, raw.b_in)
         W_gate, b_gate = raw.W_gate, raw.b_gate
-        if W_gate is not None:
+        if W_gate is not None and b_gate is not None:  # the views set both or neither
             W_gate, b_gate = self._fold("mlp", layer, W_gate, b_gate)
         return MLPWeights(W_in, b_in, raw.W_out, raw.b_out, raw.act, W_gate, b_gate)
 
     @torch.no_grad()
-    def unembed(self) -> tuple[Tensor, Tensor]:
+    def unembed(self) -> tuple[Float[Tensor, "d_model vocab"], Float[Tensor, " vocab"]]:
         """``(W_U [d_model, vocab], b_U [vocab])`` acting on ``normalized("final", None, resid)``;
         the logits before Gemma-2's final soft-cap."""
         return self._fold("final", None, *self._raw_unembed())
 
     @property
-    def W_E(self) -> Tensor:
+    def W_E(self) -> Float[Tensor, "vocab d_model"]:
         """Token embedding matrix ``[vocab, d_model]`` as the residual receives it (Gemma: scaled)."""
         emb = self.model.get_input_embeddings()
         return emb.weight * getattr(emb, "embed_scale", torch.tensor(1.0)).to(emb.weight.dtype)
@@ -382,7 +416,9 @@ class ModelView(ABC):
         return next(self.model.parameters()).device
 
     # --- rotary ------------------------------------------------------------------------------
-    def rotate(self, x: Tensor, positions: Tensor, layer: int | None = None) -> Tensor:
+    def rotate(
+        self, x: Float[Tensor, "*batch pos d_head"], positions: Int[Tensor, " pos"], layer: int | None = None
+    ) -> Float[Tensor, "*batch pos d_head"]:
         """Apply the architecture's rotary embedding to queries or keys ``x: [..., pos, d_head]``
         at integer ``positions: [pos]`` (identity when ``rotary_dim == 0``). ``layer`` matters where
         layers differ in their rotary base (Gemma-3: local on sliding-window layers, global on full ones)."""
@@ -395,15 +431,17 @@ class ModelView(ABC):
         x_rot, x_pass = x[..., :r], x[..., r:]
         return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
 
-    def _cos_sin(self, rotary: nn.Module, x: Tensor, position_ids: Tensor, layer: int | None):
+    def _cos_sin(self, rotary: nn.Module, x: Tensor, position_ids: Tensor, layer: int | None) -> tuple[Tensor, Tensor]:
         """HF's rotary module called as the model calls it (one base for every layer by default)."""
         return rotary(x, position_ids)
 
-    def rotary_matrix(self, position: int, layer: int | None = None) -> Tensor:
+    def rotary_matrix(self, position: int, layer: int | None = None) -> Float[Tensor, "d_head d_head"]:
         """``R_p: [d_head, d_head]`` with ``rotate(x, [p], layer) = x @ R_p`` (identity without rotary)."""
         return self.rotary_matrices(torch.tensor([position]), layer)[0]
 
-    def rotary_matrices(self, positions: Tensor, layer: int | None = None) -> Tensor:
+    def rotary_matrices(
+        self, positions: Int[Tensor, " P"], layer: int | None = None
+    ) -> Float[Tensor, "P d_head d_head"]:
         """``[len(positions), d_head, d_head]``: ``R_p`` for each position."""
         eye = torch.eye(self.d_head, device=self._device, dtype=self._dtype)
         rows = self.rotate(eye[:, None, :].expand(-1, len(positions), -1), positions, layer)  # [d_head, P, d_head]
@@ -423,20 +461,43 @@ class ModelView(ABC):
         window = self.window(layer)
         return range(0 if window is None else max(0, position - window + 1), position + 1)
 
-    def head_norm_maps(self, layer: int) -> tuple[Tensor, Tensor, float] | None:
-        """Models with an RMSNorm on each head's query and key (Gemma-3 ``q_norm`` / ``k_norm``): the
+    def head_norm_maps(
+        self, layer: int
+    ) -> tuple[Float[Tensor, "n_heads d_model+1 d_head"], Float[Tensor, "n_heads d_model+1 d_head"], float] | None:
+        """Models with an RMSNorm on each head's query and key (Gemma-3, Qwen3 ``q_norm`` / ``k_norm``): the
         augmented raw query and key maps ``[n_heads, d_model+1, d_head]`` (input norm folded like
         ``attn``, *without* the head norms' gains) whose per-token RMS divides the query / key, and the
         norms' eps. None for every other model."""
-        return None
+        if self.head_norm_names is None:
+            return None
+        plain = self._raw_attn(self.check_layer(layer))
+        W_Q, b_Q = self._fold("attn", layer, plain.W_Q, plain.b_Q)
+        W_K, b_K = self._fold("attn", layer, plain.W_K, plain.b_K)
+        eps = self._affine_of(self.head_norm_module(layer, "q")).eps
+        return augment(W_Q, b_Q).detach(), augment(W_K, b_K).detach(), eps
 
-    def head_norm_module(self, layer: int, site: Literal["q", "k"]) -> nn.Module | None:
-        """The module applying the per-head query (``q``) or key (``k``) norm, output ``[batch, heads, pos,
-        d_head]`` (K/V heads not expanded); None for models without one."""
-        return None
+    def head_norm_module(self, layer: int, site: HeadNormSite) -> nn.Module | None:
+        """The module applying the per-head query (``q``) or key (``k``) norm (K/V heads not expanded; its
+        output's head axis is ``head_norm_heads_dim``); None for models without one."""
+        check_choice("site", site, HeadNormSite)
+        if self.head_norm_names is None:
+            return None
+        return self.attention_module(layer).get_submodule(self.head_norm_names[0 if site == "q" else 1])
+
+    def head_norm_output(self, out: Tensor) -> Tensor:
+        """A head norm module's output as the site's own output ``[batch, pos, heads * d_head]``."""
+        return (out.transpose(1, 2) if self.head_norm_heads_dim == 1 else out).flatten(-2)
+
+    def with_head_norm_output(self, out: Tensor, value: Tensor) -> Tensor:
+        """``value: [batch, pos, heads * d_head]`` laid out as the head norm module's output ``out``."""
+        if self.head_norm_heads_dim == 1:
+            return value.reshape(*value.shape[:-1], out.shape[1], -1).transpose(1, 2)
+        return value.reshape(out.shape)
 
     @torch.no_grad()
-    def qk_factors(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor] | None:
+    def qk_factors(
+        self, layer: int, x: Float[Tensor, "*batch pos d_model"]
+    ) -> tuple[Float[Tensor, "*batch n_heads pos"], Float[Tensor, "*batch n_heads pos"]] | None:
         """The per-token, per-head positive factors ``(f_q, f_k)``, each ``[..., n_heads, pos]``, of inputs
         ``x: [..., pos, d_model]`` (``normalized("attn", layer, resid)``): the score of heads with query /
         key norms is ``f_q(i) f_k(j) [1, x_i] qk(layer, j - i) [1, x_j]^T``. None without head norms."""
@@ -493,7 +554,7 @@ class ModelView(ABC):
         return FactoredABt(augment(w.W_V, w.b_V), w.W_O.mT)
 
     @torch.no_grad()
-    def q_map(self, layer: int) -> Tensor:
+    def q_map(self, layer: int) -> Float[Tensor, "n_heads d_model+1 d_head"]:
         """Per head augmented query map ``[n_heads, d_model+1, d_head]``: ``[1, x] @ it`` = the query
         before rotary and scale (the map to mask where a rotary QK product cannot be; Gemma-3: the
         normalised query up to the per-token factor ``f_q``, the ``q_norm`` gain folded)."""
@@ -501,34 +562,35 @@ class ModelView(ABC):
         return augment(w.W_Q, w.b_Q)
 
     @torch.no_grad()
-    def k_map(self, layer: int) -> Tensor:
+    def k_map(self, layer: int) -> Float[Tensor, "n_heads d_model+1 d_head"]:
         """Per head augmented key map ``[n_heads, d_model+1, d_head]`` (GQA expanded), before rotary."""
         w = self.attn(layer)
         return augment(w.W_K, w.b_K)
 
     @torch.no_grad()
-    def mlp_in(self, layer: int) -> Tensor:
+    def mlp_in(self, layer: int) -> Float[Tensor, "d_model+1 d_mlp"]:
         """Augmented MLP input map ``[d_model+1, d_mlp]`` (``up`` for gated MLPs): ``[1, x] @ it``."""
         w = self.mlp(layer)
         return augment(w.W_in, w.b_in)
 
     @torch.no_grad()
-    def mlp_gate(self, layer: int) -> Tensor:
+    def mlp_gate(self, layer: int) -> Float[Tensor, "d_model+1 d_mlp"]:
         """Augmented gate map ``[d_model+1, d_mlp]`` of a gated MLP."""
         if not self.gated_mlp:
             raise ValueError(f"mlp_gate: {self.model_type} has no gated MLP; use mlp_in")
         w = self.mlp(layer)
+        assert w.W_gate is not None and w.b_gate is not None  # gated_mlp: the view sets both
         return augment(w.W_gate, w.b_gate)
 
     @torch.no_grad()
-    def mlp_out(self, layer: int) -> Tensor:
+    def mlp_out(self, layer: int) -> Float[Tensor, "d_mlp+1 d_model"]:
         """Augmented MLP output map ``[d_mlp+1, d_model]``: ``[1, hidden] @ it`` is the MLP output."""
         w = self.mlp(layer)
         return augment(w.W_out, w.b_out)
 
     # --- hook points (the only place HF module names live) ------------------------------------
     @abstractmethod
-    def _sites(self, layer: int) -> dict[str, tuple[nn.Module, slice | tuple[int, int] | None]]:
+    def _sites(self, layer: int) -> Sites:
         """Per site: the module that computes it and where its output sits in that module's output
         (None: the whole output; a slice of the last dim; ``(k, 3)``: part k of a per-head
         interleaved fused qkv, GPT-NeoX)."""
@@ -542,7 +604,7 @@ class ModelView(ABC):
         (fused qkv models: the same module for q, k and v; slice with ``site_output``)."""
         return self._sites(self.check_layer(layer))[self.check_site(site)][0]
 
-    def _site_index(self, output: Tensor, part) -> Tensor:
+    def _site_index(self, output: Tensor, part: slice | tuple[int, int] | None) -> Tensor:
         if part is None:
             return output
         if isinstance(part, slice):
@@ -551,12 +613,16 @@ class ModelView(ABC):
         per_head = output.reshape(*output.shape[:-1], self.n_heads, n, -1)
         return per_head[..., k, :].flatten(-2)
 
-    def site_output(self, layer: int, site: str, output: Tensor) -> Tensor:
+    def site_output(
+        self, layer: int, site: str, output: Float[Tensor, "*batch d_module"]
+    ) -> Float[Tensor, "*batch d_out"]:
         """Slice ``site``'s own output ``[..., d_out]`` out of ``site_module(...)``'s output (q / k / v
         heads concatenated head-major, K/V *not* GQA-expanded: exactly the model's projection)."""
         return self._site_index(output, self._sites(self.check_layer(layer))[self.check_site(site)][1])
 
-    def with_site_output(self, layer: int, site: str, output: Tensor, value: Tensor) -> Tensor:
+    def with_site_output(
+        self, layer: int, site: str, output: Float[Tensor, "*batch d_module"], value: Float[Tensor, "*batch d_out"]
+    ) -> Float[Tensor, "*batch d_module"]:
         """``output`` of ``site_module(...)`` with ``site``'s part replaced by ``value`` (not in place,
         differentiable): what a forward hook returns to modify one site of a fused projection."""
         part = self._sites(self.check_layer(layer))[self.check_site(site)][1]
@@ -571,10 +637,10 @@ class ModelView(ABC):
         return torch.stack(per_head, dim=-2).flatten(-3)
 
     @torch.no_grad()
-    def site_weight(self, layer: int, site: str) -> tuple[Tensor, Tensor | None]:
+    def site_weight(self, layer: int, site: str) -> tuple[Float[Tensor, "d_in d_out"], Float[Tensor, " d_out"] | None]:
         """``(W [d_in, d_out], b [d_out] or None)`` with ``site_output = input @ W + b`` for the input
         the site module receives (the model's own, unfolded weights; K/V not GQA-expanded)."""
-        mod = self.site_module(layer, site)
+        mod: HFModule = self.site_module(layer, site)
         W = mod.weight if type(mod).__name__ == "Conv1D" else mod.weight.T  # GPT-2 Conv1D is [in, out]
         b = None if getattr(mod, "bias", None) is None else self.site_output(layer, site, mod.bias)
         return self.site_output(layer, site, W), b

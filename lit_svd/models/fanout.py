@@ -14,23 +14,27 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
-from lit_svd.models.base import ModelView
+from lit_svd.models.base import HFModule, ModelView
 from lit_svd.models.hooks import Hook, capture, first_input, hooks
 
 
 @torch.no_grad()
-def prefix_cache(view: ModelView, ids: Tensor) -> list[tuple[Tensor, Tensor]]:
+def prefix_cache(
+    view: ModelView, ids: Int[Tensor, "n T"]
+) -> list[tuple[Float[Tensor, "n kv_heads T-1 d_head"], Float[Tensor, "n kv_heads T-1 d_head"]]]:
     """Per layer the ``(keys, values)`` of the prompts ``ids: [n, T]`` without their last token."""
     out = view.model(input_ids=ids[:, :-1], use_cache=True)
     cache = out.cache if hasattr(out, "cache") else out.past_key_values
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def _cache(view: ModelView, prefix: list[tuple[Tensor, Tensor]], layer: int, copies: int):
+def _cache(view: ModelView, prefix: list[tuple[Tensor, Tensor]], layer: int, copies: int) -> Any:  # a DynamicCache
     """A fresh cache holding ``prefix``, repeated ``copies`` times along the batch from ``layer`` on."""
     from transformers import DynamicCache
 
@@ -42,7 +46,7 @@ def _cache(view: ModelView, prefix: list[tuple[Tensor, Tensor]], layer: int, cop
     return cache
 
 
-def _cache_kwarg(model) -> str:
+def _cache_kwarg(model: HFModule) -> str:
     """The forward's name for the KV cache (``cache`` in newer transformers, ``past_key_values`` before)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -75,13 +79,13 @@ def fanned_out(view: ModelView, layer: int, copies: int) -> Iterator[None]:
 @torch.no_grad()
 def last_token_copies(
     view: ModelView,
-    ids: Tensor,
+    ids: Int[Tensor, "n T"],
     prefix: list[tuple[Tensor, Tensor]],
     layer: int,
     copies: int,
-    columns: Tensor | None = None,
+    columns: Int[Tensor, "rows c"] | None = None,
     unembed: tuple[Tensor, Tensor] | None = None,
-) -> Tensor:
+) -> Float[Tensor, "rows out"]:  # out: the vocabulary, or c with columns
     """Logits ``[n * copies, V]`` of the last token of ``ids: [n, T]`` (unpadded) run on its ``prefix`` cache and
     fanned out into ``copies`` rows per prompt at block ``layer``. ``columns: [n * copies, c]``: only these
     logits per row (the unembedding is then applied to them alone). Hooks that make the copies differ are the

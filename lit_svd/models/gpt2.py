@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_svd.models.base import AttnWeights, MLPWeights, ModelView
+from lit_svd.models.base import AttnWeights, MLPWeights, ModelView, Sites
 
 
 class GPT2View(ModelView):
@@ -62,7 +62,7 @@ class GPT2View(ModelView):
         )
         return head.weight.T, bias
 
-    def _sites(self, layer: int):
+    def _sites(self, layer: int) -> Sites:
         blk = self._layers[layer]
         d = self.d_model
         return {

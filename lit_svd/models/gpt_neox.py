@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_svd.models.base import AttnWeights, MLPWeights, ModelView
+from lit_svd.models.base import AttnWeights, MLPWeights, ModelView, Sites
 
 
 class GPTNeoXView(ModelView):
@@ -72,7 +72,7 @@ class GPTNeoXView(ModelView):
         head = self.model.get_output_embeddings()
         return head.weight.T, head.bias if head.bias is not None else self._zeros(self.vocab_size)
 
-    def _sites(self, layer: int):
+    def _sites(self, layer: int) -> Sites:
         blk = self._layers[layer]
         qkv = blk.attention.query_key_value
         return {

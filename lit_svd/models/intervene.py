@@ -40,19 +40,22 @@ direction removes its coefficient without renormalising the rest, so all-ones sc
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch import Tensor
+from jaxtyping import Float, Int
+from torch import Tensor, nn
 
-from lit_svd.addresses import Address
+from lit_svd.addresses import DIRECTION_KINDS, Address
+from lit_svd.choices import check_choice
 from lit_svd.linalg import SVD, svd_dense, svd_factored
 from lit_svd.models.base import ModelView
 from lit_svd.models.hooks import Hook, first_input, hooks
 
-KINDS: tuple[str, ...] = ("qk", "q", "k", "ov", "mlp_in", "mlp_gate", "mlp_out")
+KINDS = DIRECTION_KINDS  # the maps whose directions are masked (addresses.DirectionKind)
 ALIASES = {"mlp": "mlp_in, mlp_gate (gated MLPs), mlp_out", "qk": "qk (non-rotary) or q and k (rotary)"}
 SITE_OF = {"qk": "q", "q": "q", "k": "k", "ov": "o", "mlp_in": "up", "mlp_gate": "gate", "mlp_out": "down"}
 GROUP_OF = {
@@ -76,10 +79,10 @@ class Component:
 
     kind: str
     layer: int
-    U: Tensor
-    S: Tensor
-    V: Tensor
-    read: Tensor | None = None
+    U: Float[Tensor, "G d_in K"]  # d_in(+1): the bias row first where the map reads [1, x]
+    S: Float[Tensor, "G K"]
+    V: Float[Tensor, "G d_out K"]
+    read: Float[Tensor, "G d_head K"] | None = None
     scale: float = 1.0
 
     @property
@@ -101,19 +104,20 @@ class Component:
     @property
     def shape(self) -> tuple[int, int]:
         """``(groups, directions per group)``: the shape of this component's scales."""
-        return tuple(self.S.shape)
+        G, K = self.S.shape
+        return G, K
 
     @property
     def n_directions(self) -> int:
         return self.S.numel()
 
-    def coefficients(self, x: Tensor) -> Tensor:
+    def coefficients(self, x: Float[Tensor, "*batch d_site"]) -> Float[Tensor, "*batch G K"]:
         """Direction coefficients ``[..., G, K]`` of the site output (or, for ``ov``, of the o input ``z``)."""
         G = self.S.shape[0]
         x = x.reshape(*x.shape[:-1], G, -1)
         return torch.einsum("...gd,gdk->...gk", x, self.read if self.kind == "ov" else self.V)
 
-    def write(self, coef: Tensor) -> Tensor:
+    def write(self, coef: Float[Tensor, "*batch G K"]) -> Float[Tensor, "*batch d_site"]:
         """``coef: [..., G, K]`` back to the site's output space ``[..., d_out]`` (``ov``: summed over heads)."""
         if self.kind == "ov":
             return torch.einsum("...gk,gdk->...d", coef, self.V)
@@ -128,18 +132,15 @@ def expand_kinds(view: ModelView, kinds: Sequence[str]) -> list[str]:
             out += ["qk"] if view.rotary_dim == 0 else ["q", "k"]
         elif kind == "mlp":
             out += ["mlp_in", "mlp_gate", "mlp_out"] if view.gated_mlp else ["mlp_in", "mlp_out"]
-        elif kind not in KINDS:
-            allowed = ", ".join(list(KINDS) + ["mlp"])
-            raise ValueError(f"components: unknown component type {kind!r}; allowed: {allowed}")
         else:
-            out.append(kind)
+            out.append(check_choice("components", kind, (*KINDS, "mlp")))
     for kind in out:
         if kind == "mlp_gate" and not view.gated_mlp:
             raise ValueError(f"components: 'mlp_gate' but {view.model_type} has no gated MLP; use mlp_in, mlp_out")
     return list(dict.fromkeys(out))
 
 
-def _component(kind: str, layer: int, svd: SVD, **extra) -> Component:
+def _component(kind: str, layer: int, svd: SVD, **extra: Any) -> Component:
     """A component from its float64 SVD, kept in float32."""
     svd = svd.to(torch.float32)
     return Component(kind, layer, svd.U, svd.S, svd.V, **extra)
@@ -192,12 +193,14 @@ def build_components(
     return [build_component(view, kind, layer) for layer, kind in todo]
 
 
-def rows_at(out: Tensor, positions: Tensor | None) -> Tensor:
+def rows_at(out: Float[Tensor, "B T *rest"], positions: Int[Tensor, " B"] | None) -> Float[Tensor, " B *row"]:
     """``out[b, positions[b]]`` for every example ``b`` (``positions`` None: ``out`` itself)."""
     return out if positions is None else out[torch.arange(out.shape[0], device=out.device), positions]
 
 
-def put_rows_at(out: Tensor, positions: Tensor | None, rows: Tensor) -> Tensor:
+def put_rows_at(
+    out: Float[Tensor, "B T *rest"], positions: Int[Tensor, " B"] | None, rows: Float[Tensor, " B *row"]
+) -> Float[Tensor, "B T *rest"]:
     """``out`` with ``rows_at(out, positions)`` replaced by ``rows`` (not in place, differentiable)."""
     if positions is None:
         return rows
@@ -226,7 +229,7 @@ class Intervention:
                     f"scales[{name!r}] has shape {tuple(lam.shape)}; expected {self.components[name].shape}"
                 )
 
-    def _by_site(self, names) -> dict[tuple[int, str], list[Component]]:
+    def _by_site(self, names: Iterable[str]) -> dict[tuple[int, str], list[Component]]:
         out: dict[tuple[int, str], list[Component]] = {}
         for name in names:
             c = self.components[name]
@@ -261,20 +264,18 @@ class Intervention:
         finally:
             normalized.clear()
 
-    def _site_io(self, layer: int, site: str, comps: Sequence[Component]):
+    def _site_io(
+        self, layer: int, site: str, comps: Sequence[Component]
+    ) -> tuple[nn.Module, Callable[[Tensor], Tensor], Callable[[Tensor, Tensor], Tensor]]:
         """``(module, read, write)`` for the hook of ``site``: ``read(out)`` is the site's own output
         ``[batch, pos, d_out]`` inside the module's output, ``write(out, value)`` puts it back. Query / key
-        components of models with head norms hook the norm (output ``[batch, heads, pos, d_head]``)."""
+        components of models with head norms hook the norm (``view.head_norm_output`` reads it)."""
         view = self.view
         norm = None
         if site in ("q", "k") and all(c.kind in ("q", "k") for c in comps):
-            norm = view.head_norm_module(layer, site)
+            norm = view.head_norm_module(layer, "q" if site == "q" else "k")
         if norm is not None:
-            return (
-                norm,
-                lambda out: out.transpose(1, 2).flatten(-2),
-                lambda out, value: value.reshape(*value.shape[:-1], out.shape[1], -1).transpose(1, 2),
-            )
+            return norm, view.head_norm_output, view.with_head_norm_output
         return (
             view.site_module(layer, site),
             lambda out: view.site_output(layer, site, out),
@@ -312,7 +313,7 @@ class Intervention:
             proj = torch.nn.functional.pad(proj, (0, d_head - proj.shape[-1]))
         return proj.flatten(-2).to(out.dtype)
 
-    def _stash_normalized(self, layer: int, store: dict[int, Tensor]):
+    def _stash_normalized(self, layer: int, store: dict[int, Tensor]) -> Callable[[nn.Module, tuple, dict], None]:
         """A pre-hook on ``layer``'s block keeping its attention input, normalized, in ``store[layer]``."""
         view = self.view
 

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from lit_svd.models.hooks import Hook, hooks
+
+if TYPE_CHECKING:
+    from lit_svd.models.base import ModelView
 
 
 class _StopForward(Exception):
@@ -46,7 +49,7 @@ def replaying(blocks: list[nn.Module], output: Any) -> Iterator[None]:
 
 
 def run_blocks(
-    view,
+    view: ModelView,
     forward: Callable[[], Any],
     start: int = 0,
     resume: Any = None,

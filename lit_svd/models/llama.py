@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lit_svd.models.base import AttnWeights, MLPWeights, ModelView, split_heads_out
+from lit_svd.models.base import AttnWeights, MLPWeights, ModelView, Sites, split_heads_out
 
 
 def _bias(linear: nn.Linear, shape: tuple[int, ...]) -> Tensor:
@@ -26,9 +26,9 @@ class LlamaView(ModelView):
     layers_path = "model.layers"
     norm_paths = ("input_layernorm", "post_attention_layernorm", "model.norm")
 
-    @property
-    def rotary_dim(self) -> int:  # RoPE on every feature of a head
-        return self.d_head
+    def read_sizes(self) -> None:
+        super().read_sizes()
+        self.rotary_dim = self.d_head  # RoPE on every feature of a head
 
     def _rotary_module(self):
         return self.model.model.rotary_emb
@@ -72,7 +72,7 @@ class LlamaView(ModelView):
         head = self.model.lm_head
         return head.weight.T, _bias(head, (self.vocab_size,))
 
-    def _sites(self, layer: int):
+    def _sites(self, layer: int) -> Sites:
         blk = self._layers[layer]
         at, m = blk.self_attn, blk.mlp
         return {

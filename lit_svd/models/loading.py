@@ -15,8 +15,12 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +102,7 @@ def load_causal_lm(
     revision: str | None = None,
     dtype: torch.dtype = torch.float32,
     cache: bool = True,
-):
+) -> tuple[Any, PreTrainedTokenizerBase]:  # (the PreTrainedModel, its tokenizer)
     """Return ``(model, tokenizer)`` with the model in eval mode.
 
     ``name_or_path`` is an offline alias (``"smollm2-135m"``), a hub name (``"gpt2"``,
@@ -213,10 +217,13 @@ def _looks_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~"))
 
 
-def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None, revision: str | None = None):
+def load_tokenizer(
+    name_or_path: str, *, gguf_file: str | None = None, revision: str | None = None
+) -> PreTrainedTokenizerBase:
     """Only the tokenizer of ``load_causal_lm``'s model (fast once the GGUF conversion is cached)."""
     from transformers import AutoTokenizer
 
+    cached: Path | None
     if name_or_path in ASSEMBLED_ALIASES:
         cached = _assembled_cache_dir(name_or_path)
     else:
@@ -245,7 +252,9 @@ def _finish(model, tokenizer):
     return model, tokenizer
 
 
-def _load_gguf(gguf_path: Path | None, cached: Path, *, dtype: torch.dtype, cache: bool):
+def _load_gguf(
+    gguf_path: Path | None, cached: Path, *, dtype: torch.dtype, cache: bool
+) -> tuple[Any, PreTrainedTokenizerBase]:
     """Dequantise a GGUF file through transformers, caching the result as a local HF directory ``cached``
     (``gguf_path`` None: the cache is known to be there)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -254,6 +263,8 @@ def _load_gguf(gguf_path: Path | None, cached: Path, *, dtype: torch.dtype, cach
         model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(cached)
         return _finish(model, tokenizer)
+    if gguf_path is None:
+        raise FileNotFoundError(f"{cached}: no cached model.safetensors, and no GGUF file to convert")
 
     log.info("dequantising %s (20-60 s; cached afterwards under %s)", gguf_path, cached)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
@@ -268,7 +279,7 @@ def _load_gguf(gguf_path: Path | None, cached: Path, *, dtype: torch.dtype, cach
     return _finish(model, tokenizer)
 
 
-def _save_plain(model, tokenizer, folder: Path) -> None:
+def _save_plain(model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """Save a dequantised GGUF model as an ordinary HF folder (transformers refuses ``save_pretrained``
     on GGUF-loaded models, although their weights are plain float tensors by now)."""
     from safetensors.torch import save_model

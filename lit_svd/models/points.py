@@ -45,14 +45,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
-from torch import Tensor
+from jaxtyping import Int, Shaped
+from torch import Tensor, nn
 
-from lit_svd.models.base import ModelView
-from lit_svd.models.hooks import capture
+from lit_svd.choices import check_choice, choices
+from lit_svd.models.base import HFModule, ModelView, NormPoint, PostNormPoint
+from lit_svd.models.hooks import HookKind, capture
 
-LAYER_POINTS: tuple[str, ...] = (
+LayerPoint = Literal[
     "resid_pre",
     "resid_mid",
     "resid_post",
@@ -70,8 +73,20 @@ LAYER_POINTS: tuple[str, ...] = (
     "mlp_out",
     "mlp_post_factor",
     "mlp_write",
-)
-MODEL_POINTS: tuple[str, ...] = ("embed", "final_resid", "final_normalized", "final_factor", "logits")
+]
+ModelPoint = Literal["embed", "final_resid", "final_normalized", "final_factor", "logits"]
+LAYER_POINTS: tuple[LayerPoint, ...] = choices(LayerPoint)
+MODEL_POINTS: tuple[ModelPoint, ...] = choices(ModelPoint)
+
+
+def _norm_of(name: str) -> NormPoint:
+    """The norm a point's name starts with (``attn_normalized`` -> ``attn``)."""
+    return check_choice("point", name.split("_")[0], NormPoint)
+
+
+def _post_norm_of(name: str) -> PostNormPoint:
+    """The sub-layer of a post-norm point (``attn_post_factor`` -> ``attn``)."""
+    return check_choice("point", name.split("_")[0], PostNormPoint)
 
 
 @dataclass(frozen=True, order=True)
@@ -92,9 +107,7 @@ def check_point(view: ModelView, point: Point) -> Point:
         if point.layer is not None:
             raise ValueError(f"point {point.name!r} is outside the blocks; give it without a layer")
         return point
-    if point.name not in LAYER_POINTS:
-        allowed = ", ".join(LAYER_POINTS + MODEL_POINTS)
-        raise ValueError(f"activation point {point.name!r} unknown; allowed: {allowed}")
+    check_choice("point", point.name, LAYER_POINTS + MODEL_POINTS)
     if point.layer is None:
         raise ValueError(f"point {point.name!r} is per layer; give (name, layer)")
     view.check_layer(point.layer)
@@ -103,7 +116,7 @@ def check_point(view: ModelView, point: Point) -> Point:
             f"resid_mid: {view.model_type} uses a parallel residual (attention and MLP both read the block input);"
             " there is no residual between them (use resid_pre, attn_write, mlp_write)"
         )
-    if point.name.endswith("_post_factor") and view.post_norm_module(point.name[:-12], point.layer) is None:
+    if point.name.endswith("_post_factor") and view.post_norm_module(_post_norm_of(point.name), point.layer) is None:
         raise ValueError(f"{point.name}: {view.model_type} adds sub-layer outputs without a post norm")
     return point
 
@@ -128,14 +141,16 @@ def resolve_points(view: ModelView, points: Iterable[str | tuple[str, int] | Poi
 class ActivationCache(dict):
     """``Point -> Tensor`` from one forward; also indexed by ``(name, layer)`` or a model point's name."""
 
-    def __getitem__(self, key) -> Tensor:
+    def __getitem__(self, key: str | tuple[str, int | None] | Point) -> Tensor:
         if isinstance(key, str):
             key = Point(key)
         elif isinstance(key, tuple):
             key = Point(*key)
         return super().__getitem__(key)
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, (str, tuple, Point)):
+            return False
         try:
             self[key]
         except KeyError:
@@ -176,23 +191,24 @@ _RAW = {
 }
 
 
-def _module(view: ModelView, what: str, layer: int | None):
+def _module(view: ModelView, what: str, layer: int | None) -> tuple[nn.Module, HookKind, int]:
     """``(module, kind, part)`` of one raw capture."""
+    if what == "final_in":
+        return view.norm_module("final", None), "pre", 0
+    assert layer is not None, what  # every other capture is per layer
     if what == "block_in":
         return view.block(layer), "pre", 0
     if what == "block_out":
         return view.block(layer), "post", 0
     if what in ("attn_norm_in", "mlp_norm_in"):
-        return view.norm_module(what[:-8], layer), "pre", 0
-    if what == "final_in":
-        return view.norm_module("final", None), "pre", 0
+        return view.norm_module(_norm_of(what), layer), "pre", 0
     if what == "pattern":
         return view.attention_module(layer), "post", 1
     if what in ("o_in", "o_out", "down_in", "down_out"):
         site = "o" if what.startswith("o") else "down"
         return view.site_module(layer, site), "pre" if what.endswith("_in") else "post", 0
     if what in ("attn_post_out", "mlp_post_out"):
-        post = view.post_norm_module(what[:-9], layer)
+        post = view.post_norm_module(_post_norm_of(what), layer)
         if post is None:  # added to the residual as it is: the write is the sub-layer's output
             return _module(view, "o_out" if what == "attn_post_out" else "down_out", layer)
         return post, "post", 0
@@ -200,7 +216,7 @@ def _module(view: ModelView, what: str, layer: int | None):
 
 
 @contextmanager
-def eager_attention(model) -> Iterator[None]:
+def eager_attention(model: HFModule) -> Iterator[None]:
     """Within the block the model uses HF's eager attention (the implementation that returns the pattern)."""
     before = getattr(model.config, "_attn_implementation", "eager")
     if before == "eager":
@@ -219,12 +235,16 @@ def _derive(view: ModelView, point: Point, raw: dict) -> Tensor:
         return raw["block_in", 0]
     t = raw[_RAW[name], l]
     if name in ("attn_normalized", "mlp_normalized", "final_normalized"):
-        return view.normalized(name.split("_")[0], l, t)
+        return view.normalized(_norm_of(name), l, t)
     if name in ("attn_factor", "mlp_factor", "final_factor"):
-        return view.norm_factor(name.split("_")[0], l, t)
+        return view.norm_factor(_norm_of(name), l, t)
     if name.endswith("_post_factor"):
-        return view.post_norm_factor(name[:-12], l, t)
+        assert l is not None, name  # a per-layer point
+        factor = view.post_norm_factor(_post_norm_of(name), l, t)
+        assert factor is not None, name  # check_point refuses a post factor without post norms
+        return factor
     if name in ("z", "head_out"):
+        assert l is not None, name  # a per-layer point
         z = t.reshape(*t.shape[:-1], view.n_heads, view.d_head)
         return z if name == "z" else torch.einsum("bthc,hcd->bthd", z, view.attn(l).W_O.to(z.dtype))
     return t
@@ -234,14 +254,14 @@ def _derive(view: ModelView, point: Point, raw: dict) -> Tensor:
 def run_with_cache(
     view: ModelView,
     points: Iterable[str | tuple[str, int] | Point],
-    input_ids: Tensor,
-    attention_mask: Tensor | None = None,
+    input_ids: Int[Tensor, "B T"],
+    attention_mask: Shaped[Tensor, "B T"] | None = None,
 ) -> ActivationCache:
     """One forward of ``view.model`` on ``input_ids: [B, T]`` (right-padded; ``attention_mask`` ``[B, T]``)
     returning every requested point (``resolve_points``). The logits are projected only when asked for."""
     wanted = resolve_points(view, points)
     raw_keys = {("block_in", 0) if p.name == "embed" else (_RAW[p.name], p.layer) for p in wanted if p.name != "logits"}
-    groups: dict[tuple[str, int], dict] = {}
+    groups: dict[tuple[HookKind, int], dict] = {}
     for what, layer in raw_keys:
         module, kind, part = _module(view, what, layer)
         groups.setdefault((kind, part), {})[(what, layer)] = module

@@ -6,18 +6,66 @@ norm conventions) at a size that runs in milliseconds on a CPU.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Literal
+
 import torch
 
-ARCHITECTURES = ("gpt2", "gpt_neox", "llama", "gemma2")
-# also built here, tested by tests/test_gemma3.py: per-head query / key norms, two rotary bases, sliding windows
-HEAD_NORM_ARCHITECTURES = ("gemma3",)
+from lit_svd.choices import check_choice, choices
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+Architecture = Literal["gpt2", "gpt_neox", "llama", "gemma2", "qwen2"]
+ARCHITECTURES: tuple[Architecture, ...] = choices(Architecture)
+# also built here, tested by tests/test_gemma3.py and tests/test_qwen.py: per-head query / key norms (Gemma-3
+# also two rotary bases and sliding windows)
+HeadNormArchitecture = Literal["gemma3", "qwen3"]
+HEAD_NORM_ARCHITECTURES: tuple[HeadNormArchitecture, ...] = choices(HeadNormArchitecture)
+BIAS_STD = {"qwen2": 0.5}
+# what each gated (Llama-layout) family sets beyond the shared tiny shape
+GATED: dict[str, dict] = {
+    "llama": dict(rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "gemma2": dict(query_pre_attn_scalar=16, sliding_window=64),
+    # layer 0 slides over 4 keys with the local rotary base, layer 1 is global
+    "gemma3": dict(
+        num_key_value_heads=1,
+        query_pre_attn_scalar=16,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    ),
+    # q / k / v biases; layer 1 slides over 4 keys (use_sliding_window from max_window_layers on)
+    "qwen2": dict(
+        rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=True, sliding_window=4, max_window_layers=1
+    ),
+    # per-head q / k RMSNorms (the weight as gain), no biases, untied unembedding
+    "qwen3": dict(rms_norm_eps=1e-6, tie_word_embeddings=False),
+}  # Qwen2's q / k / v biases are large in the real models: let them weigh here too
 
 
-def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
+def _neox_rope(rotary_pct: float) -> dict:
+    """GPT-NeoX's rotary on the first ``rotary_pct`` of each head's features (transformers 5's rope_parameters)."""
+    return {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": rotary_pct}
+
+
+def tiny_config(arch: str, vocab_size: int = 49152, **overrides: Any) -> PretrainedConfig:
     """A small HF config of ``arch`` (2 layers, d_model 64, 4 heads of 16). The default vocabulary
     size is SmolLM2's, so its offline tokenizer drives tiny models too."""
-    from transformers import Gemma2Config, Gemma3TextConfig, GPT2Config, GPTNeoXConfig, LlamaConfig
+    from transformers import (
+        Gemma2Config,
+        Gemma3TextConfig,
+        GPT2Config,
+        GPTNeoXConfig,
+        LlamaConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
+    check_choice("arch", arch, ARCHITECTURES + HEAD_NORM_ARCHITECTURES)
+    cfg: PretrainedConfig
     if arch == "gpt2":
         cfg = GPT2Config(
             vocab_size=vocab_size,
@@ -39,24 +87,12 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
             num_attention_heads=4,
             intermediate_size=256,
             max_position_embeddings=128,
-            rotary_pct=0.25,
+            rope_parameters=_neox_rope(0.25),
             use_parallel_residual=True,
             attention_bias=True,
         )
-    elif arch == "llama":
-        cfg = LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=128,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=True,
-        )
-    elif arch == "gemma2":
-        cfg = Gemma2Config(
+    elif arch in GATED:  # the Llama layout: 2 layers, d_model 64, 4 heads of 16, 2 KV heads, SwiGLU of 128
+        shape = dict(
             vocab_size=vocab_size,
             hidden_size=64,
             num_hidden_layers=2,
@@ -65,27 +101,15 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
             head_dim=16,
             intermediate_size=128,
             max_position_embeddings=128,
-            query_pre_attn_scalar=16,
-            sliding_window=64,
         )
-    elif arch == "gemma3":  # layer 0 slides over 4 keys with the local rotary base, layer 1 is global
-        cfg = Gemma3TextConfig(
-            vocab_size=vocab_size,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            head_dim=16,
-            intermediate_size=128,
-            max_position_embeddings=128,
-            query_pre_attn_scalar=16,
-            sliding_window=4,
-            layer_types=["sliding_attention", "full_attention"],
-            rope_parameters={
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
-                "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            },
-        )
+        cls = {
+            "llama": LlamaConfig,
+            "gemma2": Gemma2Config,
+            "gemma3": Gemma3TextConfig,
+            "qwen2": Qwen2Config,
+            "qwen3": Qwen3Config,
+        }[arch]
+        cfg = cls(**(shape | GATED[arch]))
     else:
         raise ValueError(
             f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES + HEAD_NORM_ARCHITECTURES)}"
@@ -96,7 +120,7 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides):
     return cfg
 
 
-def tiny_causal_lm(arch: str, seed: int = 0, vocab_size: int = 49152, **overrides):
+def tiny_causal_lm(arch: str, seed: int = 0, vocab_size: int = 49152, **overrides: Any) -> PreTrainedModel:
     """A random-initialised tiny causal LM of ``arch`` in eval mode, float32.
 
     Norm weights and biases are randomised too (HF initialises them to 1 / 0), so that tests of
@@ -111,7 +135,7 @@ def tiny_causal_lm(arch: str, seed: int = 0, vocab_size: int = 49152, **override
             if "norm" in name or "ln" in name:
                 p.add_(0.2 * torch.randn_like(p))
             elif name.endswith("bias"):
-                p.normal_(0.0, 0.05)
+                p.normal_(0.0, BIAS_STD.get(arch, 0.05))
     return model.eval()
 
 
@@ -124,10 +148,11 @@ def scratch_config(
     d_mlp: int,
     max_positions: int,
     rotary_pct: float,
-):
+) -> PretrainedConfig:
     """The HF config of a small dropout-free ``gpt2`` or ``gpt_neox`` model to train from scratch."""
     from transformers import GPT2Config, GPTNeoXConfig
 
+    cfg: PretrainedConfig
     if arch == "gpt2":
         cfg = GPT2Config(
             vocab_size=vocab_size,
@@ -150,7 +175,7 @@ def scratch_config(
             num_attention_heads=n_heads,
             intermediate_size=d_mlp,
             max_position_embeddings=max_positions,
-            rotary_pct=rotary_pct,
+            rope_parameters=_neox_rope(rotary_pct),
             use_parallel_residual=True,
             attention_dropout=0.0,
             hidden_dropout=0.0,
@@ -174,7 +199,7 @@ def scratch_causal_lm(
     max_positions: int,
     rotary_pct: float,
     seed: int,
-):
+) -> PreTrainedModel:
     """A freshly initialised (HF default init, seeded without touching the global RNG) model to train."""
     from transformers import AutoModelForCausalLM
 

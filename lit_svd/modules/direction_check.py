@@ -35,6 +35,7 @@ from lit_svd.analysis.causal import (
 )
 from lit_svd.analysis.masks import hard_masks
 from lit_svd.analysis.readouts import readouts
+from lit_svd.choices import check_choice
 from lit_svd.linalg import REL_GAP
 from lit_svd.models.intervene import Component, build_components
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -126,9 +127,8 @@ class DirectionCheckModule(PretrainedLMModule):
         rel_gap: float = REL_GAP,
         model: str | None = None,
     ):
-        bad = [k for k in kinds if k not in PATCHABLE]
-        if bad:
-            raise ValueError(f"kinds={list(kinds)!r}: {bad[0]!r} cannot be patched; allowed: {', '.join(PATCHABLE)}")
+        for kind in kinds:
+            check_choice("kinds", kind, PATCHABLE, where=" among the kinds that can be patched")
         if n_random < 2:
             raise ValueError(f"n_random={n_random}: the null needs at least 2 random directions")
         if rows_per_forward < 1:

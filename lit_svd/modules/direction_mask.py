@@ -12,7 +12,6 @@ of optimiser steps affordable on two CPU cores is far below the paper's 480 (see
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +20,8 @@ from torchmetrics import MeanMetric
 from lit_svd.addresses import Address
 from lit_svd.analysis.blocks import MaskUnit, check_mask_unit, check_rel_gap, component_blocks, mask_units
 from lit_svd.analysis.masks import (
+    Ablation,
+    Positions,
     check_mask_config,
     hard_masks,
     initial_logits,
@@ -92,8 +93,8 @@ class DirectionMaskModule(PretrainedLMModule):
         grad_clip: float = 1.0,
         lr_min: float | None = None,
         init: float = 0.99,
-        ablation: Literal["zero", "patch"] = "zero",
-        positions: Literal["answer", "all"] = "answer",
+        ablation: Ablation = "zero",
+        positions: Positions = "answer",
         threshold: float = 1e-3,
         steps_per_batch: int = 1,
         straight_through: bool = False,

@@ -13,10 +13,12 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from lit_svd.choices import check_choice, choices
 from lit_svd.models.base import SITES
 from lit_svd.modules.pretrained import PretrainedLMModule
 
-ARCHS = ("gpt2", "gpt_neox")
+Arch = Literal["gpt2", "gpt_neox"]
+ARCHS: tuple[Arch, ...] = choices(Arch)
 
 
 def top_k_id_map(loader, full_vocab: int, k: int) -> Tensor:
@@ -59,7 +61,7 @@ class LanguageModelModule(pl.LightningModule):
 
     def __init__(
         self,
-        arch: Literal["gpt2", "gpt_neox"] = "gpt2",
+        arch: Arch = "gpt2",
         n_layers: int = 2,
         d_model: int = 128,
         n_heads: int = 4,
@@ -74,8 +76,7 @@ class LanguageModelModule(pl.LightningModule):
         seed: int = 0,
     ):
         super().__init__()
-        if arch not in ARCHS:
-            raise ValueError(f"model.arch={arch!r} is not supported; choose one of {', '.join(ARCHS)}")
+        check_choice("model.arch", arch, Arch)
         for key, value in (
             ("n_layers", n_layers),
             ("d_model", d_model),
@@ -190,8 +191,12 @@ def with_warmup(opt: torch.optim.Optimizer, warmup_steps: int) -> dict:
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-PART_SITES = {"all": SITES, "attention": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
-PARTS = tuple(PART_SITES)
+Part = Literal["all", "attention", "mlp"]
+PART_SITES: dict[Part, tuple[str, ...]] = {
+    "all": SITES,
+    "attention": ("q", "k", "v", "o"),
+    "mlp": ("gate", "up", "down"),
+}
 
 
 class FineTuneLMModule(PretrainedLMModule):
@@ -219,14 +224,13 @@ class FineTuneLMModule(PretrainedLMModule):
         model: str = "smollm2-135m",
         gguf_file: str | None = None,
         revision: str | None = None,
-        trainable: Literal["all", "attention", "mlp"] = "attention",
+        trainable: Part = "attention",
         layers: list[int] | None = None,
         lr: float = 1e-4,
         weight_decay: float = 0.0,
         warmup_steps: int = 10,
     ):
-        if trainable not in PARTS:
-            raise ValueError(f"model.trainable={trainable!r} is not supported; choose one of {', '.join(PARTS)}")
+        check_choice("model.trainable", trainable, Part)
         if not lr > 0 or weight_decay < 0 or warmup_steps < 0:
             raise ValueError(
                 f"model.lr={lr!r} must be > 0, weight_decay={weight_decay!r} and warmup_steps={warmup_steps!r} >= 0"

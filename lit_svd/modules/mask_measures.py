@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from lit_svd.analysis.blocks import block_report, direction_block, kept_blocks
 from lit_svd.analysis.masks import logit_receptors, steer, swap_steer
+from lit_svd.choices import choices
 
-SPLITS = ("val", "test")
+Split = Literal["val", "test"]
+SPLITS: tuple[Split, ...] = choices(Split)
 
 
 @dataclass

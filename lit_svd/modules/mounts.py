@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from lit_svd.analysis import mounts as M
 from lit_svd.analysis.mounts import RESIDUAL_SITES
+from lit_svd.choices import check_choice
 from lit_svd.models.base import SITES
 from lit_svd.models.hooks import Hook, first_input, hooks
 from lit_svd.models.layer_passes import layer_groups, pass_bounds, run_blocks
@@ -592,8 +593,7 @@ def steering(view, layer: int, site: str, add: Tensor):
     write (Gemma's post-attention / post-feed-forward norm), so that it reaches the residual stream as
     the sub-layer's own writes do. Without post norms this is adding it to the residual right after the
     sub-layer (the MLP's norm and every later layer see it)."""
-    if site not in RESIDUAL_SITES:
-        raise ValueError(f"steering site {site!r} is not a residual write; allowed: {', '.join(RESIDUAL_SITES)}")
+    check_choice("site", site, RESIDUAL_SITES, where=" as a residual write (steering)")
     add3 = add if add.dim() == 1 else add.unsqueeze(1)
 
     def out_hook(mod, args, kwargs, out):

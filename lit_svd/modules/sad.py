@@ -35,10 +35,12 @@ from lit_svd.analysis.sad import (
     qk_heads_from_view,
     summarise_heads,
 )
+from lit_svd.choices import check_choice
 from lit_svd.models.layer_passes import layer_groups, pass_bounds, run_blocks
 from lit_svd.modules.pretrained import PretrainedLMModule
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DType = Literal["float32", "float64"]
+DTYPES: dict[DType, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
 
 
 class SADHeadStats(Metric):
@@ -179,7 +181,7 @@ class SADAnalysisModule(PretrainedLMModule):
         seed: int = 0,
         min_pairs: int = 20,
         input_key: str = "clean_ids",
-        dtype: Literal["float32", "float64"] = "float32",
+        dtype: DType = "float32",
         null_draws: int = DEFAULT_NULL_DRAWS,
         pair_null: bool = True,
         null_stride: int = 1,
@@ -187,8 +189,7 @@ class SADAnalysisModule(PretrainedLMModule):
     ):
         check_threshold(threshold, "model.threshold")
         check_tolerance(recon_tol, "model.recon_tol")
-        if dtype not in DTYPES:
-            raise ValueError(f"model.dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        check_choice("model.dtype", dtype, DType)
         if not isinstance(min_pairs, int) or min_pairs < 1:
             raise ValueError(f"model.min_pairs={min_pairs!r} must be a positive integer")
         check_null_draws(null_draws, "model.null_draws")
