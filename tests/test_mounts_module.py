@@ -303,7 +303,7 @@ def test_scaled_tile_widths_on_the_models_own_sizes(tiny_llama_dir):
         ({"tile_widths": {**TINY_TILES, "qq": 8}}, r"tile_widths key 'qq' is unknown"),
         ({"modes_per_tile": 33}, r"modes_per_tile=33 is not allowed"),
         ({"modes_sweep": [1, 2, 40]}, r"modes_sweep=40 is not allowed"),
-        ({"sites": ["q", "attn"]}, r"site 'attn' unknown"),
+        ({"sites": ["q", "attn"]}, r"site='attn' is unknown for llama; choose one of q, k, v, o, gate, up, down"),
         ({"layers": [5]}, r"layer 5 out of range"),
         ({"fit_fraction": 1.0}, r"fit_fraction=1.0 is not allowed"),
         ({"rules": {"a9": 1}}, r"rules key 'a9' is unknown"),

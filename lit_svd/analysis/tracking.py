@@ -114,7 +114,7 @@ class DirectionTrack:
             ]
             self.position = match.index[old]
             self.sign = self.sign * match.sign.double()[old]
-            self.since = torch.where(torch.tensor([s == "lost" for s in state]), torch.tensor(step), self.since)
+            self.since = torch.where(torch.tensor([s == "lost" for s in state]), step, self.since)
             self._restart([i for i in range(n) if state[i] == "lost"], n)
         blocks = direction_blocks(svd.S, self.rel_gap, size=max(svd.U.shape[-2], svd.V.shape[-2]))
         self.prev, self.prev_blocks = svd, blocks
