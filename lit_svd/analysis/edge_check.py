@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from lit_svd.addresses import Address
-from lit_svd.analysis.causal import N_RANDOM, Z_PASS, random_coords, summarize
+from lit_svd.analysis.causal import MIN_GAP_FRACTION, N_RANDOM, Z_PASS, random_coords, summarize
 from lit_svd.analysis.circuit_graph import METRIC, BatchGraphs, concat_reads, metric_weights, row_scales
 from lit_svd.analysis.decompose import Decomposer, Reads, logit_reads, ov_reads, qk_reads
 from lit_svd.analysis.sad import causal_visibility
@@ -58,7 +58,6 @@ from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
 from lit_svd.models.hooks import Hook, hooks
 from lit_svd.models.points import eager_attention
 
-MIN_GAP_FRACTION = 0.01  # a pass needs |effect| >= 1 % of the clean-vs-corrupted metric gap; fixed before any run
 CHECKED_KINDS = ("logit", "ov", "qk_query", "qk_key")
 
 
