@@ -224,7 +224,9 @@ def metric_weights(dec: Decomposer, cache, batch: dict, task: str | TaskScorer) 
     answer = batch["answer_pos"].to(W_U.device)
     x = cache["final_normalized"][torch.arange(len(answer), device=W_U.device), answer].to(W_U.dtype)
     logits = (x @ W_U + b_U).double()
-    return task_scorer(task).logit_weights(logits, {k: v.to(W_U.device) for k, v in batch.items()}).double()
+    with torch.inference_mode(False):  # a gradient, also inside Lightning's test loop (inference mode)
+        batch = {k: v.to(W_U.device).clone() if torch.is_tensor(v) else v for k, v in batch.items()}
+        return task_scorer(task).logit_weights(logits.clone(), batch).double()
 
 
 class GraphBuilder:
