@@ -44,7 +44,7 @@ not called causal however far it lies from its null.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -56,6 +56,7 @@ from lit_svd.analysis.decompose import Decomposer, Reads, logit_reads, ov_reads,
 from lit_svd.analysis.sad import causal_visibility
 from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
 from lit_svd.models.hooks import Hook, hooks
+from lit_svd.models.layer_passes import run_blocks
 from lit_svd.models.points import eager_attention
 
 CHECKED_KINDS = ("logit", "ov", "qk_query", "qk_key")
@@ -101,6 +102,20 @@ class CheckContext:
     corrupt_table: Tensor
     m_clean: Tensor  # [B]
     m_corrupt: Tensor  # [B]
+    boundaries: dict = field(default_factory=dict)  # layer l -> block l - 1's output on the clean prompts
+
+    def boundary(self, view, layer: int):
+        """Block ``layer - 1``'s output on the clean prompts (recorded once per layer): the patched forwards of a
+        reader at ``layer`` replay it instead of running the blocks below (``models.layer_passes``)."""
+        if layer not in self.boundaries:
+            b = self.batch
+            self.boundaries[layer] = run_blocks(
+                view,
+                lambda: view.model(input_ids=b["clean_ids"], attention_mask=b["attention_mask"], use_cache=False),
+                stop=layer - 1,
+                record=layer - 1,
+            )
+        return self.boundaries[layer]
 
 
 @torch.no_grad()
@@ -290,10 +305,25 @@ def patched_changes(
             hook = _ov_hook(view, l, plan.add[ii, jj])
         else:
             hook = _qk_hook(view, l, plan.edge.reader.group, plan.score[ii, jj])
+        got = []
+
+        def forward(sub=sub):
+            got.append(forward_answer_logits(view.model, sub["clean_ids"], sub["attention_mask"], sub["answer_pos"]))
+
         with eager_attention(view.model), hooks(hook):
-            logits = forward_answer_logits(view.model, sub["clean_ids"], sub["attention_mask"], sub["answer_pos"])
-        out[ii, jj] = task.metric(logits, sub).double() - ctx.m_clean[pi]
+            if l == 0:
+                forward()
+            else:  # the blocks below the reader replay the clean run's boundary (they are not patched)
+                run_blocks(view, forward, start=l, resume=_rows(ctx.boundary(view, l), pi))
+        out[ii, jj] = task.metric(got[0], sub).double() - ctx.m_clean[pi]
     return out
+
+
+def _rows(output, rows: Tensor):
+    """Rows ``rows`` of a block's recorded output (a tensor, or a tuple whose first part is the hidden states)."""
+    if isinstance(output, (tuple, list)):
+        return type(output)([output[0][rows], *output[1:]])
+    return output[rows]
 
 
 @dataclass
