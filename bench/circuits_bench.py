@@ -69,16 +69,20 @@ def main() -> None:
         edges = sums.edges()
         G = to_networkx(edges, options.unit, view.n_layers)
         to_check = [Edge.of(e) for e in edges if checkable(e)][: args.n_check]
+        print(f"graph: {t_graph:.1f} s, {G.number_of_nodes()} nodes, {G.number_of_edges()} edges", flush=True)
         t0 = time.perf_counter()
         totals: dict = {}
-        gaps = []
-        for batch, graphs in zip(batches, per):
-            ctx = check_context(dec, batch, args.task)
-            gaps.append(ctx.m_clean - ctx.m_corrupt)
-            got = check_batch(dec, ctx, graphs, to_check, args.task, rows_per_forward=args.rows_per_forward)
-            for e, t in got.items():
-                totals[e] = totals[e].add(t) if e in totals else t
-            del ctx
+        contexts = [check_context(dec, batch, args.task) for batch in batches]
+        gaps = [ctx.m_clean - ctx.m_corrupt for ctx in contexts]
+        for i, edge in enumerate(to_check):  # edge by edge, so that a long run shows its progress
+            for ctx, graphs in zip(contexts, per):
+                got = check_batch(dec, ctx, graphs, [edge], args.task, rows_per_forward=args.rows_per_forward)
+                for e, t in got.items():
+                    totals[e] = totals[e].add(t) if e in totals else t
+            if edge in totals:
+                r = judge_edge(edge, totals[edge])
+                print(f"  checked {i + 1}/{len(to_check)} at {time.perf_counter() - t0:.0f} s: {edge}: z {r['z']:.1f},"
+                      f" gap fraction {r['gap_fraction']:+.3f}", flush=True)  # fmt: skip
         t_check = time.perf_counter() - t0
     rows = [judge_edge(e, totals[e]) for e in to_check if e in totals]
     gap = float(torch.cat(gaps).mean())
