@@ -470,19 +470,20 @@ class EdgeSums:
         per_prompt: dict[tuple[int, Address | None, str], list[ReaderRow]] = defaultdict(list)
         for row in graphs.rows:
             per_prompt[(row.prompt, units(row.reader), row.kind)].append(row)
+        columns: dict[int, Tensor] = {}  # the rows of one split share its node list: map it once
         for (_, reader, kind), rows in per_prompt.items():
-            vals: dict[int, float] = {}
             vec = torch.zeros(0, dtype=torch.float64)
             kept = torch.zeros(0, dtype=torch.float64)
             for row in rows:
-                cols = self._columns([units(a) for a in row.nodes])
+                if id(row.nodes) not in columns:
+                    columns[id(row.nodes)] = self._columns([units(a) for a in row.nodes])
+                cols = columns[id(row.nodes)]
                 n = len(self.nodes)
                 if vec.numel() < n:
                     vec = torch.cat([vec, torch.zeros(n - vec.numel(), dtype=torch.float64)])
                     kept = torch.cat([kept, torch.zeros(n - kept.numel(), dtype=torch.float64)])
                 vec.index_add_(0, cols, row.values.double().cpu())
                 kept.index_add_(0, cols, row.kept.double().cpu())
-            del vals
             r = self._row((reader, kind))
             n = vec.numel()
             r["sum"][:n] += vec
