@@ -114,7 +114,6 @@ def main() -> None:
             f" {r['gap_fraction']:+.3f}, z {r['z']:.1f},"
             f" {'PASS' if r['passes'] else 'pass-z' if r['passes_z'] else 'fail'}"
         )
-    report_conditions("end")
 
 
 if __name__ == "__main__":
