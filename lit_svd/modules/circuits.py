@@ -158,6 +158,7 @@ class CircuitGraphModule(PretrainedLMModule):
         cache = self.view.run_with_cache(self.dec.points(mix=True), batch["clean_ids"], batch["attention_mask"])
         graphs = self.builder.batch(cache, batch)
         self.sums.add(graphs, self.units, len(batch["answer_pos"]))
+        graphs.rows = []  # summed: the checks need only where each reader was read (entries)
         self.kept.append(({k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()}, graphs))
         self._graph_s += time.monotonic() - start
 
