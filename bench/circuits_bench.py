@@ -33,8 +33,15 @@ def main() -> None:
     p.add_argument("--rows-per-forward", type=int, default=256)
     args = p.parse_args()
 
-    from lit_svd.analysis.circuit_graph import EdgeSums, GraphBuilder, GraphOptions, Units, to_networkx
-    from lit_svd.analysis.decompose import Decomposer
+    from lit_svd.analysis.circuit_graph import (
+        EdgeSums,
+        GraphBuilder,
+        GraphOptions,
+        Units,
+        metric_weights,
+        to_networkx,
+    )
+    from lit_svd.analysis.decompose import Decomposer, logit_reads
     from lit_svd.analysis.edge_check import Edge, check_batch, check_context, judge_edge
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.models import load_causal_lm
@@ -55,6 +62,19 @@ def main() -> None:
         t0 = time.perf_counter()
         dec = Decomposer(view)
         t_dec = time.perf_counter() - t0
+        # the metric's split on the first batch: how many writers each threshold would keep (level 1)
+        b0 = batches[0]
+        cache = view.run_with_cache(dec.points(mix=True), b0["clean_ids"], b0["attention_mask"])
+        rows0 = torch.arange(len(b0["answer_pos"]))
+        split = dec.split(
+            cache, logit_reads(dec, cache, rows0, b0["answer_pos"], metric_weights(dec, cache, b0, args.task))
+        )
+        share = split.values.abs() / split.values.abs().sum(-1, keepdim=True)
+        print(f"level 1 (metric split, {len(split.nodes)} writers): largest share per prompt"
+              f" {share.max(-1).values.median():.4f} (median)", flush=True)  # fmt: skip
+        for th in (0.05, 0.02, 0.01, 0.005, 0.002, 0.001):
+            print(f"  threshold {th}: {float((share >= th).sum(-1).double().mean()):.1f} writers kept per prompt")
+        del cache, split
         builder = GraphBuilder(dec, args.task, options)
         units = Units(dec, options.unit, options.rel_gap)
         sums, per = EdgeSums(), []
