@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lit_svd.analysis.causal import (
+    MIN_GAP_FRACTION,
     Z_PASS,
     Probes,
     causal_check,
@@ -15,6 +16,7 @@ from lit_svd.analysis.causal import (
     random_coords,
     summarize,
 )
+from lit_svd.metrics import task_scorer
 from lit_svd.models import view as make_view
 from lit_svd.models.hooks import Hook, capture, hooks
 from lit_svd.models.intervene import Intervention, build_components
@@ -148,6 +150,20 @@ def test_planted_direction_passes_and_random_directions_do_not():
     assert sum(passed) <= 1, passed
     # the null itself has the scale the planted direction dwarfs
     assert abs(top["effect"]) > 5 * top["null_mean"]
+    # the gap fraction: -effect / (m(clean) - m(corrupted)), the gap from two plain forwards here
+    task = task_scorer("ioi")
+    with torch.no_grad():
+        m = [
+            task.metric(model(input_ids=batch[k], attention_mask=batch["attention_mask"]).logits[
+                torch.arange(len(batch["answer_pos"])), batch["answer_pos"]], batch)
+            for k in ("clean_ids", "corrupt_ids")
+        ]  # fmt: skip
+    gap = float((m[0] - m[1]).mean())
+    for r in rows:
+        assert r["metric_gap"] == pytest.approx(gap, rel=1e-5)
+        assert r["gap_fraction"] == pytest.approx(-r["effect"] / gap, rel=1e-6)
+        assert r["passes_gap"] == (r["passes"] and abs(r["gap_fraction"]) >= MIN_GAP_FRACTION)
+    assert top["passes_gap"] and abs(top["gap_fraction"]) > 0.05
 
 
 def test_bad_inputs_fail_in_one_line():

@@ -103,6 +103,12 @@ def test_kept_directions_table_csv_and_html(tiny_dirs, tmp_path):
     assert {(r["component"], r["head"], r["direction"]) for r in rows} == claimed
     assert res["n_prompts"] == DATA["n_test"] and res["n_random"] == 4 and res["claims"] == "kept"
     assert res["fraction_pass"] == sum(r["passes"] for r in rows) / len(rows)
+    # both counts: z alone (n_pass) and z with at least MIN_GAP_FRACTION of the clean - corrupted gap (n_pass_gap)
+    assert res["n_pass_gap"] == sum(r["passes_gap"] for r in rows) <= res["n_pass"]
+    assert res["min_gap_fraction"] == 0.01 and res["metric_gap"] == rows[0]["metric_gap"]
+    for r in rows:
+        assert r["gap_fraction"] == pytest.approx(-r["effect"] / r["metric_gap"])
+        assert r["passes_gap"] == (r["passes"] and abs(r["gap_fraction"]) >= 0.01)
     assert res["fraction_isolated"] == sum(r["isolated"] for r in rows) / len(rows)
     assert res["directions_per_s"] > 0 and res["table_html"] == "directions.html"
     for r in rows:

@@ -16,6 +16,11 @@ direction *passes* when ``z >= Z_PASS`` (one-sided level ``LEVEL`` = 1 % under a
 percentile of ``|effect|`` among the draws is reported beside it (``percentile``; with N draws it cannot
 resolve below 1 / (N + 1), which is why the level is stated on z).
 
+Beside z, each effect as a fraction of the clean-vs-corrupted metric gap (issue 24):
+``gap_fraction = (m(clean) - m(patched)) / (m(clean) - m(corrupted))`` (means over the prompts);
+``passes_gap`` needs ``passes`` (z) and ``|gap_fraction| >= MIN_GAP_FRACTION`` (1 % of the gap, fixed before any
+run). ``passes`` stays the z-only rule; reports give both counts.
+
 Batched over directions: the change is made at the last position only, so every prompt's prefix runs once
 and only the last token runs per direction, fanned out from the component's layer
 (``lit_svd.models.fanout``); one forward carries hundreds of directions.
@@ -43,6 +48,9 @@ from lit_svd.models.intervene import Component, Intervention
 LEVEL = 0.01  # one-sided level of the check, fixed before any run
 Z_PASS = 2.3263478740408408  # the standard normal's 1 - LEVEL quantile
 N_RANDOM = 32  # random directions per group (head) in the null, fixed before any run
+MIN_GAP_FRACTION = (
+    0.01  # a gap pass also needs |effect| >= 1 % of the clean - corrupted metric gap; fixed before any run
+)
 Patchable = Literal["ov", "mlp_in", "mlp_gate", "mlp_out"]
 PATCHABLE: tuple[Patchable, ...] = choices(Patchable)
 
@@ -202,19 +210,50 @@ def probe_set(component: Component, claims: Sequence[Address], n_random: int = N
     return Probes(component, torch.cat(group).to(device), torch.cat(coords).to(device))
 
 
-def judge(component: Component, claims: Sequence[Address], change: Tensor, n_random: int = N_RANDOM) -> list[dict]:
+def gap_columns(row: dict, metric_gap: float | None) -> dict:
+    """``metric_gap`` (mean m(clean) - m(corrupted)), ``gap_fraction`` (``-effect / metric_gap``) and
+    ``passes_gap`` (``passes`` and ``|gap_fraction| >= MIN_GAP_FRACTION``) of a ``summarize`` row; none when
+    ``metric_gap`` is None."""
+    if metric_gap is None:
+        return {}
+    frac = -row["effect"] / metric_gap if metric_gap != 0 else 0.0
+    return {
+        "metric_gap": metric_gap,
+        "gap_fraction": frac,
+        "passes_gap": bool(row["passes"] and abs(frac) >= MIN_GAP_FRACTION),
+    }
+
+
+def judge(
+    component: Component,
+    claims: Sequence[Address],
+    change: Tensor,
+    n_random: int = N_RANDOM,
+    metric_gap: float | None = None,
+) -> list[dict]:
     """Rows for the claims from ``change: [C - 1]``: the mean change of the metric of every probe of
-    ``probe_set`` but the first (the unmodified model)."""
+    ``probe_set`` but the first (the unmodified model); with ``metric_gap`` (the mean clean - corrupted metric
+    over the same prompts) also ``gap_columns``."""
     groups = sorted({a.group for a in claims})
     claimed, null = change[: len(claims)], change[len(claims) :].reshape(len(groups), n_random)
-    return [
-        {
-            **a.row(),
-            "sigma": float(component.S[a.group, a.index]),
-            **summarize(float(claimed[i]), null[groups.index(a.group)]),
-        }
-        for i, a in enumerate(claims)
+    rows = []
+    for i, a in enumerate(claims):
+        row = summarize(float(claimed[i]), null[groups.index(a.group)])
+        rows.append({**a.row(), "sigma": float(component.S[a.group, a.index]), **row, **gap_columns(row, metric_gap)})
+    return rows
+
+
+@torch.no_grad()
+def metric_gap(view: ModelView, batch: dict, task: str | TaskScorer) -> Tensor:
+    """``[n_prompts]``: m(clean) - m(corrupted) of the task metric at the answer position."""
+    from lit_svd.metrics import forward_answer_logits
+
+    task = task_scorer(task)
+    m = [
+        task.metric(forward_answer_logits(view.model, batch[k], batch["attention_mask"], batch["answer_pos"]), batch)
+        for k in ("clean_ids", "corrupt_ids")
     ]
+    return (m[0] - m[1]).double()
 
 
 @torch.no_grad()
@@ -235,7 +274,8 @@ def causal_check(
     ``corrupted_coefficients(...)[component.name]``."""
     probes = probe_set(component, claims, n_random, seed)
     metrics = patched_metrics(view, probes, batch, reference, task, rows_per_forward, progress)
-    return judge(component, claims, (metrics[:, 1:] - metrics[:, :1]).mean(0), n_random)
+    gap = float(metric_gap(view, batch, task).mean())
+    return judge(component, claims, (metrics[:, 1:] - metrics[:, :1]).mean(0), n_random, gap)
 
 
 def check_components(
@@ -275,4 +315,7 @@ def check_components(
         "n_prompts": n_prompts,
         "level": LEVEL,
         "z_pass": Z_PASS,
+        "min_gap_fraction": MIN_GAP_FRACTION,
+        "n_pass": sum(r["passes"] for r in rows),
+        "n_pass_gap": sum(r["passes_gap"] for r in rows),
     }

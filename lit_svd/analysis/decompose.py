@@ -259,18 +259,34 @@ class Decomposer:
 
     # --- the split ----------------------------------------------------------------------------
     @torch.no_grad()
+    def coefficient_table(self, cache: ActivationCache) -> Tensor:
+        """``[B, T, n_writers]``: every writer node's coefficient at every position of the cached batch
+        (``coefficients`` of all rows at once); pass it to ``split(..., table=)`` when many reads share a batch."""
+        B, T = cache["embed"].shape[:2]
+        b, t = torch.meshgrid(torch.arange(B), torch.arange(T), indexing="ij")
+        dev = cache["embed"].device
+        return self.coefficients(cache, b.reshape(-1).to(dev), t.reshape(-1).to(dev)).reshape(B, T, -1)
+
     def split(
-        self, cache: ActivationCache, reads: Reads, max_elements: int = 1 << 24, max_bytes: int = 1 << 31
+        self,
+        cache: ActivationCache,
+        reads: Reads,
+        max_elements: int = 1 << 24,
+        max_bytes: int = 1 << 31,
+        table: Tensor | None = None,
     ) -> Split:
         """Every upstream node's contribution to every reader of ``reads`` (module docstring), dense
         ``[n_readers, n_nodes]`` (at most ``max_bytes``; one-line error beyond). Rows are processed in chunks of
-        at most ``max_elements`` products."""
+        at most ``max_elements`` products. ``table``: ``coefficient_table(cache)``, if already at hand."""
         v, dt = self.view, self.dtype
         n_up = self.upstream(reads.point, reads.layer)
         layer = reads.layer
         rows = torch.stack([reads.batch, reads.position], 1)
         uniq, inverse = torch.unique(rows, dim=0, return_inverse=True)
-        coef = self.coefficients(cache, uniq[:, 0], uniq[:, 1], n_up)  # [U, n_up]
+        if table is None:
+            coef = self.coefficients(cache, uniq[:, 0], uniq[:, 1], n_up)  # [U, n_up]
+        else:
+            coef = table[uniq[:, 0], uniq[:, 1], :n_up].to(dt)
         embed = cache["embed"][uniq[:, 0], uniq[:, 1]].to(dt)  # [U, d]
         factor = cache[f"{reads.point}_factor", layer][reads.batch, reads.position, 0].to(dt)  # [R]
         r = reads.vector[:, 1:].to(dt)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from lightning.pytorch.callbacks import Callback
 
-from lit_svd.analysis.causal import LEVEL, Z_PASS
+from lit_svd.analysis.causal import LEVEL, MIN_GAP_FRACTION, Z_PASS
 from lit_svd.callbacks.provenance import provenance
 from lit_svd.figures.directions import figures, html_page
 from lit_svd.output import run_dir, save_figures, write_result, write_text
@@ -45,6 +45,7 @@ class DirectionReport(Callback):
             claims=hp.claims,
             kinds=list(hp.kinds),
             **check_summary(rows),
+            min_gap_fraction=MIN_GAP_FRACTION if rows and "passes_gap" in rows[0] else None,
             level=LEVEL,
             z_pass=Z_PASS,
             n_random=hp.n_random,

@@ -4,7 +4,8 @@ For each claimed direction (the kept mask directions of the requested kinds, or 
 directions of ``results.json["steering_swap"]``) it measures the causal check of ``lit_svd.analysis.causal``
 on the test batches (summed over batches through the named state ``changes``), and at the end of the epoch
 builds the table: component, layer, head, direction, sigma, block (id, size, first, last, claimed in it),
-isolation gap, isolated, past_rank, effect, z, percentile, passes, readout.
+isolation gap, isolated, past_rank, effect, z, percentile, passes (z alone), metric_gap, gap_fraction,
+passes_gap (z and at least ``MIN_GAP_FRACTION`` of the clean - corrupted metric gap), readout.
 ``callbacks.direction_report.DirectionReport`` writes it.
 
 The data module must give the run's own test split (checked against the run's ``config.yaml``): nothing
@@ -30,6 +31,7 @@ from lit_svd.analysis.causal import (
     Probes,
     corrupted_coefficients,
     judge,
+    metric_gap,
     patched_metrics,
     probe_set,
 )
@@ -151,6 +153,7 @@ class DirectionCheckModule(PretrainedLMModule):
         self.components = [c for c in comps if c.name in self.claims]
         self.probes = {c.name: probe_set(c, self.claims[c.name], n_random, seed) for c in self.components}
         self.changes = torch.nn.ModuleDict({_key(n): ProbeChanges(len(p) - 1) for n, p in self.probes.items()})
+        self.gap = ProbeChanges(1)  # m(clean) - m(corrupted) per prompt: the gap the effects are fractions of
         self.task: str | None = None
         self.table: list[dict] = []
         self.timing: dict = {}
@@ -194,17 +197,20 @@ class DirectionCheckModule(PretrainedLMModule):
                     bar.update,
                 )
                 self.changes[_key(c.name)].update(metrics[:, 1:] - metrics[:, :1])
+            self.gap.update(metric_gap(self.view, batch, self.task)[:, None])
         self._wall += time.monotonic() - start
 
     def on_test_epoch_end(self) -> None:
         hp = self.hparams
         rows, n_prompts = [], 0
+        gap = float(self.gap.compute()["mean"].reshape(-1)[0])
+        self.gap.reset()
         for c in self.components:
             metric = self.changes[_key(c.name)]
             reduced = metric.compute()
             n_prompts = int(reduced["prompts"])
             claims = self.claims[c.name]
-            judged = judge(c, claims, reduced["mean"].float().cpu(), hp.n_random)
+            judged = judge(c, claims, reduced["mean"].float().cpu(), hp.n_random, gap)
             reads = readouts(self.view, c, claims, self.tokenizer, hp.top_k)
             for row, blk, read in zip(judged, block_columns(c, claims, hp.rel_gap), reads):
                 rows.append({**row, **blk, "readout": read})

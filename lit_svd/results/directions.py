@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lit_svd.results.base import Result, doc_field, nan_field
+from lit_svd.results.base import Result, doc_field, nan_field, optional
 
 COLUMNS = (
     "component",
@@ -26,6 +26,8 @@ COLUMNS = (
     "z",
     "percentile",
     "passes",
+    "gap_fraction",
+    "passes_gap",
     "readout_side",
     "readout_plus",
     "readout_minus",
@@ -61,7 +63,17 @@ def check_summary(rows: list[dict]) -> dict:
         "fraction_pass_in_blocks": (
             sum(r["passes"] for r in rows if not r["isolated"]) / (n - len(iso)) if n > len(iso) else None
         ),
+        **gap_summary(rows),
     }
+
+
+def gap_summary(rows: list[dict]) -> dict:
+    """``n_pass_gap``, ``fraction_pass_gap`` (z and the gap fraction) and the mean ``metric_gap``, when the rows
+    carry the gap columns (empty otherwise)."""
+    if not rows or "passes_gap" not in rows[0]:
+        return {}
+    n = sum(r["passes_gap"] for r in rows)
+    return {"n_pass_gap": n, "fraction_pass_gap": n / len(rows), "metric_gap": rows[0]["metric_gap"]}
 
 
 @dataclass(kw_only=True)
@@ -85,6 +97,10 @@ class DirectionCheckResult(Result):
     fraction_pass: float | None = doc_field("n_pass / n_directions")
     fraction_pass_isolated: float | None = doc_field("passing fraction among isolated directions")
     fraction_pass_in_blocks: float | None = doc_field("passing fraction among directions in blocks")
+    n_pass_gap: int | None = optional("directions passing z AND |gap_fraction| >= min_gap_fraction")
+    fraction_pass_gap: float | None = optional("n_pass_gap / n_directions")
+    metric_gap: float | None = optional("mean m(clean) - m(corrupted) over the test prompts")
+    min_gap_fraction: float | None = optional("|effect| / metric gap a gap pass needs (fixed before any run)")
     level: float = doc_field("one-sided level of the check")
     z_pass: float = doc_field("z at or above which a direction passes")
     n_random: int = doc_field("random unit directions per head in the null")
@@ -99,7 +115,8 @@ class DirectionCheckResult(Result):
     table_html: str = doc_field("the HTML page's file name", "directions.html")
     directions: list[dict] = doc_field(
         "per claimed direction: component, kind, layer, head, direction, sigma, block {id, size, first, last},"
-        " block_claimed, gap, isolated, past_rank, effect, null_mean, null_std, z, percentile, passes,"
+        " block_claimed, gap, isolated, past_rank, effect, null_mean, null_std, z, percentile, passes (z alone),"
+        " metric_gap, gap_fraction, passes_gap (z and the gap fraction),"
         " readout {side, plus [top_k], minus [top_k]}"
     )
 

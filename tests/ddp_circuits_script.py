@@ -1,0 +1,45 @@
+"""Run by tests/test_circuits_module.py in a subprocess: ``CircuitGraphModule`` under a 2-process CPU DDP
+``trainer.test``; rank 0 writes the module's ``graph_rows()`` (edges, nodes, checks, facts) as JSON.
+
+Usage: python tests/ddp_circuits_script.py OUT_JSON MODEL_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from lit_svd.datamodules.tasks import TaskDataModule  # noqa: E402
+from lit_svd.modules.circuits import CircuitGraphModule  # noqa: E402
+from tests.helpers import exact_rms_norms  # noqa: E402
+from tests.test_circuits_module import DATA, OPTIONS  # noqa: E402
+
+
+def main(out: str, model_dir: str) -> None:
+    module = CircuitGraphModule(model=model_dir, **OPTIONS)
+    dm = TaskDataModule(tokenizer=model_dir, **DATA)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(Path(out).parent / "runs"),
+    )
+    with exact_rms_norms(module.lm):  # float64 end to end: the ranks batch other prompts together than one process
+        trainer.test(module, datamodule=dm)
+    if trainer.is_global_zero:
+        rows = module.graph_rows()
+        rows.pop("timing")
+        Path(out).write_text(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
