@@ -18,6 +18,7 @@ from lit_svd.analysis.rankings import (
     graph_node_scores,
     graph_ranking,
     mask_ranking,
+    qk_to_map_scores,
     random_ranking,
     score_ranking,
 )
@@ -80,10 +81,28 @@ def test_graph_ranking_sums_edge_weights_per_node(universe):
     assert scores[Address.parse("L0.ov.h2.d0")] == 2.5 and scores[Address.parse("L1.b_O")] == 0.0
     flat, info = address_scores(universe, scores)
     assert info == {"nodes_used": 4, "nodes_skipped": 2, "directions_scored": 5}  # embed and b_O are not directions
+    graph.add_edge("L1.mlp_in.d5", "metric", weight=0.1, abs_weight=0.1)  # the root is not an address
     ranking, _ = graph_ranking(universe, graph)
     top = [str(universe.address(int(i))) for i in ranking[:5]]
     assert top[0] == "L0.q.h1.d2" and top[1] == "L0.ov.h2.d0" and set(top[2:4]) == {"L1.q.h0.d0", "L1.q.h0.d1"}
     assert top[4] == "L1.mlp_in.d5"
+
+
+def test_qk_nodes_spread_over_the_q_and_k_maps_conserving_their_score():
+    view = make_view(tiny_causal_lm("llama", seed=1))
+    universe = Universe(universe_components(view))
+    node = Address(1, "qk", 3, 2)  # head 3 reads KV head 1
+    spread = qk_to_map_scores(view, universe, {node: 2.0, Address.parse("L0.ov.h1.d0"): 1.0})
+    q = {a: v for a, v in spread.items() if a.kind == "q"}
+    k = {a: v for a, v in spread.items() if a.kind == "k"}
+    assert {(a.layer, a.group) for a in q} == {(1, 3)} and {(a.layer, a.group) for a in k} == {(1, 1)}
+    assert sum(q.values()) == pytest.approx(2.0, rel=1e-5) and sum(k.values()) == pytest.approx(2.0, rel=1e-5)
+    assert spread[Address.parse("L0.ov.h1.d0")] == 1.0
+    edges = [{"writer": "L0.ov.h1.d0", "reader": str(node), "weight": -2.0, "abs_weight": 2.0}]
+    ranking, info = graph_ranking(universe, edges, view)
+    assert info["qk_nodes"] == 1 and str(universe.address(int(ranking[0]))) == "L0.ov.h1.d0"
+    with pytest.raises(ValueError, match="qk nodes"):
+        graph_ranking(universe, edges)
 
 
 def _planted_model():

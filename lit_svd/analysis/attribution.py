@@ -66,7 +66,7 @@ def _gradient_hook(view: ModelView, layer: int, site: str, store: dict) -> Hook:
 def batch_attributions(view: ModelView, batch: dict, task: str | TaskScorer) -> Attributions:
     """The attributions of every head and MLP layer on one batch (module docstring)."""
     task = task_scorer(task)
-    L, H, dh = view.n_layers, view.n_heads, view.d_head
+    L, H = view.n_layers, view.n_heads
     if batch["clean_ids"].shape != batch["corrupt_ids"].shape:
         raise ValueError("attribution patching needs clean and corrupted prompts of the same token length")
     corrupt = run_with_cache(view, ["z", "mlp_out"], batch["corrupt_ids"], batch["attention_mask"])
@@ -79,15 +79,22 @@ def batch_attributions(view: ModelView, batch: dict, task: str | TaskScorer) -> 
         grads = torch.autograd.grad(metric, deltas)
     heads = torch.zeros(L, H, dtype=torch.float64)
     mlps = torch.zeros(L, dtype=torch.float64)
-    for l in range(L):
+    with torch.no_grad():
+        _reduce(view, grads, store, corrupt, heads, mlps)
+    n = len(batch["answer_pos"])
+    return Attributions(heads / n, mlps / n, n)
+
+
+def _reduce(view: ModelView, grads, store: dict, corrupt, heads: Tensor, mlps: Tensor) -> None:
+    """Fill ``heads [L, H]`` and ``mlps [L]`` with the sums over prompts and positions (module docstring)."""
+    H, dh = view.n_heads, view.d_head
+    for l in range(view.n_layers):
         g_o, g_down = grads[2 * l].double(), grads[2 * l + 1].double()
         z_clean = store["o", l, "value"].double().reshape(*g_o.shape[:-1], H, dh)
         diff = z_clean - corrupt["z", l].double()
         W_O = view.attn(l).W_O.to(device=g_o.device, dtype=torch.float64)  # [H, d_head, d_model]
         heads[l] = torch.einsum("btd,hcd,bthc->h", g_o, W_O, diff).cpu()
         mlps[l] = (g_down * (store["down", l, "value"].double() - corrupt["mlp_out", l].double())).sum().cpu()
-    n = len(batch["answer_pos"])
-    return Attributions(heads / n, mlps / n, n)
 
 
 def attributions(view: ModelView, batches: Iterable[dict], task: str | TaskScorer) -> Attributions:

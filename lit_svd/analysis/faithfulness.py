@@ -274,6 +274,8 @@ def circuit_metric(
     view = intervention.view
     dtype = next(view.model.parameters()).dtype
     scales = universe.scales(keep, dtype, batch["clean_ids"].device)
+    # a component kept whole is left unhooked: its scales of 1 would add exactly (c - c_ref) * 0
+    scales = {name: lam for name, lam in scales.items() if not bool(lam.all())}
     with intervention.apply(scales, reference=reference):
         logits = forward_answer_logits(view.model, batch["clean_ids"], batch["attention_mask"], batch["answer_pos"])
     return task.metric(logits, batch).double()

@@ -70,26 +70,97 @@ def address_scores(universe: Universe, scores: Mapping[Address, float]) -> tuple
     return out, {"nodes_used": used, "nodes_skipped": skipped, "directions_scored": int((~out.isnan()).sum())}
 
 
-def graph_node_scores(graph) -> dict[Address, float]:
-    """Per node of a circuit graph (a networkx DiGraph keyed by ``str(Address)``, edges with ``abs_weight`` or
-    ``weight``): the sum of its edges' absolute weights, in and out."""
+def _node_address(node) -> Address | None:
+    """A graph node's address (None for the root ``metric`` and other non-address keys)."""
+    if isinstance(node, Address):
+        return node
+    try:
+        return Address.parse(str(node))
+    except ValueError:
+        return None
+
+
+def edge_node_scores(edges: Iterable[dict]) -> dict[Address, float]:
+    """Per node, the sum of the absolute weights of its edges, in and out, from edge rows (``writer``, ``reader``,
+    ``abs_weight`` or ``weight``: a circuit run's results.json ``edges``)."""
     out: dict[Address, float] = {}
-    for u, v, data in graph.edges(data=True):
-        w = data.get("abs_weight")
-        w = abs(float(data.get("weight", 0.0))) if w is None else float(w)
-        for node in (u, v):
-            a = node if isinstance(node, Address) else Address.parse(str(node))
-            out[a] = out.get(a, 0.0) + w
-    for node in graph.nodes:
-        a = node if isinstance(node, Address) else Address.parse(str(node))
-        out.setdefault(a, 0.0)
+    for e in edges:
+        w = e.get("abs_weight")
+        w = abs(float(e.get("weight") or 0.0)) if w is None else float(w)
+        for node in (e["writer"], e["reader"]):
+            a = _node_address(node)
+            if a is not None:
+                out[a] = out.get(a, 0.0) + w
     return out
 
 
-def graph_ranking(universe: Universe, graph, tail_seed: int = TAIL_SEED) -> tuple[Tensor, dict]:
-    """``(ranking, info)`` of a circuit graph (``graph_node_scores``, ``address_scores``)."""
-    scores, info = address_scores(universe, graph_node_scores(graph))
-    return score_ranking(scores, tail_seed), info
+def graph_node_scores(graph) -> dict[Address, float]:
+    """``edge_node_scores`` of a networkx graph keyed by ``str(Address)`` (edge attributes ``abs_weight`` or
+    ``weight``; the root ``metric`` is not a direction); nodes without edges score 0."""
+    out = edge_node_scores({"writer": u, "reader": v, **data} for u, v, data in graph.edges(data=True))
+    for node in graph.nodes:
+        a = _node_address(node)
+        if a is not None:
+            out.setdefault(a, 0.0)
+    return out
+
+
+@torch.no_grad()
+def qk_to_map_scores(view, universe: Universe, scores: Mapping[Address, float]) -> dict[Address, float]:
+    """``scores`` with every ``qk`` node (a direction of SAD's basis, the SVD of a head's ``Omega(0) = A_q A_k^T``)
+    replaced by scores on the universe's ``q`` directions of that head and ``k`` directions of its KV head: the
+    node's score spread by the squared overlaps of its query-side (key-side) singular vector with the q (k) map's
+    input singular vectors. The query-side vector lies in the q map's input span, so its squared overlaps sum to 1
+    and the score is conserved on each side; a ``qk`` block spreads the score of each of its directions."""
+    from lit_svd.linalg import svd_factored
+
+    out: dict[Address, float] = {}
+    bases: dict[int, tuple] = {}
+    comps = {c.name: c for c in universe.components}
+    group = view.n_heads // view.n_kv_heads
+    for a, value in scores.items():
+        if a.kind != "qk":
+            out[a] = out.get(a, 0.0) + value
+            continue
+        if a.layer not in bases:
+            fm = view.qk_unrotated(a.layer)
+            bases[a.layer] = svd_factored(fm.A.double(), fm.B.double())
+        svd = bases[a.layer]
+        for k in a.directions:
+            for kind, vec, g in (("q", svd.U[a.group, :, k], a.group), ("k", svd.V[a.group, :, k], a.group // group)):
+                comp = comps.get(f"L{a.layer}.{kind}")
+                if comp is None:
+                    continue
+                share = (comp.U[g].double().T @ vec.to(comp.U.device)).square()  # [K]
+                for j in torch.nonzero(share > 1e-12).flatten().tolist():
+                    key = Address(a.layer, kind, g, j)
+                    out[key] = out.get(key, 0.0) + value * float(share[j])
+    return out
+
+
+def graph_ranking(universe: Universe, graph, view=None, tail_seed: int = TAIL_SEED) -> tuple[Tensor, dict]:
+    """``(ranking, info)`` of a circuit graph (a networkx graph, or a list of edge rows): node scores
+    (``graph_node_scores`` / ``edge_node_scores``), ``qk`` nodes spread over the q and k maps (``qk_to_map_scores``;
+    needs ``view``), then ``address_scores`` and ``score_ranking``."""
+    scores = edge_node_scores(graph) if isinstance(graph, list) else graph_node_scores(graph)
+    n_qk = sum(a.kind == "qk" for a in scores)
+    if n_qk:
+        if view is None:
+            raise ValueError("graph_ranking: the graph has qk nodes; give the model's view to map them onto q and k")
+        scores = qk_to_map_scores(view, universe, scores)
+    flat, info = address_scores(universe, scores)
+    return score_ranking(flat, tail_seed), {**info, "graph_nodes": len(scores), "qk_nodes": n_qk}
+
+
+def run_graph_ranking(universe: Universe, folder, view=None, tail_seed: int = TAIL_SEED) -> tuple[Tensor, dict]:
+    """``graph_ranking`` of a finished circuit run (its results.json ``edges``, read with ``runs.load_run``)."""
+    from lit_svd.runs import load_run
+
+    content = load_run(folder, need=("results",), what="circuit-graph run").content
+    if "edges" not in content:
+        raise ValueError(f"{folder}: results.json has no edges; give the folder of a finished circuit-graph run")
+    ranking, info = graph_ranking(universe, list(content["edges"]), view, tail_seed)
+    return ranking, {**info, "graph_run": str(folder)}
 
 
 def mask_ranking(universe: Universe, masks: Mapping, tail_seed: int = TAIL_SEED) -> tuple[Tensor, dict]:
