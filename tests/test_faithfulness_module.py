@@ -106,3 +106,32 @@ def test_test_prompts_in_the_mask_runs_training_split_fail(tiny_dirs, tmp_path):
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     with pytest.raises(ValueError, match="in the mask run's training split"):
         trainer.test(module, datamodule=dm)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_one(tiny_dirs, tmp_path):
+    """The CLI over two CPU processes (DDP, gloo; each rank attributes and scores its shard of the prompts, the
+    attributions and metric sums are summed across ranks) writes the curves of one in-process run (1e-5: float32
+    tiny model, batches padded to other widths)."""
+    from tests.helpers import ROOT, only_results, run_lit_svd
+
+    model_dir = tiny_dirs["llama"]
+    data = {**DATA, "n_test": 8, "batch_size": 2}
+    module = FaithfulnessModule(model=model_dir, methods=["eap_heads", "random"], random_seeds=[0], sizes=SIZES)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         default_root_dir=tmp_path / "one", callbacks=[FaithfulnessReport()])  # fmt: skip
+    trainer.test(module, datamodule=TaskDataModule(**data, tokenizer=model_dir))
+    one = load_result(tmp_path / "one")
+    args = ["test", "--config", str(ROOT / "configs/faithfulness/smollm2_ioi.yaml"), "--model.init_args.model",
+            model_dir, "--model.init_args.mask_run", "null", "--model.init_args.graph_run", "null",
+            "--model.init_args.methods", "[eap_heads, random]", "--model.init_args.random_seeds", "[0]",
+            "--model.init_args.sizes", str(SIZES), "--data.init_args.tokenizer", model_dir]  # fmt: skip
+    for key in ("n_train", "n_val", "n_test", "batch_size"):
+        args += [f"--data.init_args.{key}", str(data[key])]
+    args += ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.default_root_dir", str(tmp_path / "two")]
+    run_lit_svd(args, tmp_path / "two")
+    two, _ = only_results(tmp_path / "two")
+    assert two["n_prompts"] == 8 and one.n_prompts == 8
+    assert two["rankings"]["eap_heads"]["top_units"] == one.rankings["eap_heads"]["top_units"]
+    for name, c in one.faithfulness.items():
+        assert max(abs(a - b) for a, b in zip(c["values"], two["faithfulness"][name]["values"])) <= 1e-5, name
