@@ -28,6 +28,7 @@ def main() -> None:
     p.add_argument("--n-test", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--methods", nargs="+", default=["eap_heads", "mask", "graph", "random"])
     p.add_argument("--out", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -54,22 +55,24 @@ def main() -> None:
     universe = Universe(comps)
     timing = {"load_and_svds_s": time.monotonic() - t0}
 
-    t = time.monotonic()
-    attr = attributions(view, batches, data["task"])
-    timing["eap_attribution_s"] = time.monotonic() - t
     rankings, info = {}, {}
-    rankings["eap_heads"], info["eap_heads"] = eap_ranking(universe, attr, view.n_kv_heads)
-    rankings["mask"], info["mask"] = mask_ranking(universe, mask.masks)
-    if args.graph_run:
+    if "eap_heads" in args.methods:
+        t = time.monotonic()
+        attr = attributions(view, batches, data["task"])
+        timing["eap_attribution_s"] = time.monotonic() - t
+        rankings["eap_heads"], info["eap_heads"] = eap_ranking(universe, attr, view.n_kv_heads)
+    if "mask" in args.methods:
+        rankings["mask"], info["mask"] = mask_ranking(universe, mask.masks)
+    if args.graph_run and "graph" in args.methods:
         from lit_svd.analysis.rankings import run_graph_ranking
 
         rankings["graph"], info["graph"] = run_graph_ranking(universe, args.graph_run, view)
-    for s in args.seeds:
+    for s in args.seeds if "random" in args.methods else []:
         rankings[f"random_{s}"] = random_ranking(len(universe), s)
 
     curves, summary = faithfulness_curves(view, comps, batches, rankings, data["task"], MIB_SIZES, progress=True)
     rows = {name: c.row() for name, c in curves.items()}
-    randoms = [rows[f"random_{s}"] for s in args.seeds]
+    randoms = [r for name, r in rows.items() if name.startswith("random_")]
     cprs = torch.tensor([r["cpr"] for r in randoms], dtype=torch.float64)
     cmds = torch.tensor([r["cmd"] for r in randoms], dtype=torch.float64)
     out = {
@@ -85,9 +88,10 @@ def main() -> None:
             "cpr_std": float(cprs.std()),
             "cmd_mean": float(cmds.mean()),
             "cmd_std": float(cmds.std()),
-        },
+        }
+        if len(randoms) > 1
+        else None,
         "rankings": info,
-        "eap_top_heads": info["eap_heads"]["top_units"],
         "timing": {
             **timing,
             "curves_wall_s": summary["wall_s"],
