@@ -12,6 +12,7 @@ from pathlib import Path
 
 from lit_svd.results.base import SCHEMA_VERSION, Provenance, Result
 from lit_svd.results.directions import CompareDirectionsResult, DirectionCheckResult
+from lit_svd.results.faithfulness import FaithfulnessResult
 from lit_svd.results.masks import MaskBlocksResult, MaskCurveResult, MaskResult, MaskThresholdsResult
 from lit_svd.results.mounts import MountsResult
 from lit_svd.results.sad import SADResult
@@ -31,6 +32,7 @@ TYPES: tuple[type[Result], ...] = (
     CompareDirectionsResult,
     MountsResult,
     EvaluateResult,
+    FaithfulnessResult,
 )
 BY_EXPERIMENT: dict[str, type[Result]] = {name: t for t in TYPES for name in (t.experiment, *t.aliases)}
 

@@ -1,0 +1,225 @@
+"""Orderings of the faithfulness universe (``analysis.faithfulness.Universe``): which directions a circuit of a
+given size keeps. Each is a permutation of the universe's flat indices, most important first.
+
+* ``random_ranking``: a seeded random order (the baseline that must sit at the bottom).
+* ``score_ranking``: by a score per direction, descending; ties and unscored directions (NaN) follow in a seeded
+  random order (``tail_seed``), so a ranking that knows nothing about some directions treats them as the random
+  baseline does.
+* ``mask_ranking``: a finished mask run's directions by lambda (``runs.load_run``; components of the universe
+  the run did not mask are unscored).
+* ``graph_ranking``: directions by their importance in a circuit graph: the sum of ``abs_weight`` (or
+  ``|weight|``) over the node's edges, in and out; a block node gives its score to each of its directions, a
+  constant node (embedding, biases) is not in the universe and is skipped.
+* ``unit_ranking`` / ``eap_ranking``: head-level attribution patching (``analysis.attribution``): heads and MLP
+  layers by ``|attribution|``; a head brings its ``q`` and ``ov`` directions and, the first time one of its
+  query heads comes, its KV head's ``k`` directions; an MLP layer brings ``mlp_in``, ``mlp_gate``, ``mlp_out``.
+  Within a unit the directions are interleaved by singular index (d0 of every map, then d1, ...), so a size that
+  cuts a unit keeps its leading directions of every map.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import Tensor
+
+from lit_svd.addresses import Address
+from lit_svd.analysis.attribution import Attributions
+from lit_svd.analysis.faithfulness import Universe
+
+TAIL_SEED = 0  # the seeded random order of ties and unscored directions, fixed before any run
+
+
+def random_ranking(n: int, seed: int) -> Tensor:
+    """A seeded random permutation of ``0 .. n-1``."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
+
+
+def score_ranking(scores: Tensor, tail_seed: int = TAIL_SEED) -> Tensor:
+    """Flat indices by ``scores: [N]`` descending; ties and NaN (unscored) in a seeded random order, NaN last."""
+    scores = torch.as_tensor(scores, dtype=torch.float64).flatten().cpu()
+    perm = random_ranking(len(scores), tail_seed)
+    s = scores[perm]
+    s = torch.where(torch.isnan(s), torch.full_like(s, -math.inf), s)
+    return perm[torch.sort(-s, stable=True).indices]
+
+
+def address_scores(universe: Universe, scores: Mapping[Address, float]) -> tuple[Tensor, dict]:
+    """``[N]`` scores (NaN where unscored) from ``{Address: score}``: a direction gets its score, a block (``size >
+    1``) gives it to every direction it spans, repeated addresses add up. Returns ``(scores, info)`` with the counts
+    of nodes used and skipped (constant nodes and directions outside the universe)."""
+    out = torch.full((len(universe),), math.nan, dtype=torch.float64)
+    used = skipped = 0
+    for address, value in scores.items():
+        if not address.is_direction:
+            skipped += 1
+            continue
+        flats = []
+        for k in address.directions:
+            single = Address(address.layer, address.kind, address.group, k)
+            if universe.has(single):
+                flats.append(universe.index(single))
+        if not flats:
+            skipped += 1
+            continue
+        used += 1
+        idx = torch.tensor(flats)
+        out[idx] = torch.nan_to_num(out[idx], nan=0.0) + float(value)
+    return out, {"nodes_used": used, "nodes_skipped": skipped, "directions_scored": int((~out.isnan()).sum())}
+
+
+def _node_address(node) -> Address | None:
+    """A graph node's address (None for the root ``metric`` and other non-address keys)."""
+    if isinstance(node, Address):
+        return node
+    try:
+        return Address.parse(str(node))
+    except ValueError:
+        return None
+
+
+def edge_node_scores(edges: Iterable[dict]) -> dict[Address, float]:
+    """Per node, the sum of the absolute weights of its edges, in and out, from edge rows (``writer``, ``reader``,
+    ``abs_weight`` or ``weight``: a circuit run's results.json ``edges``)."""
+    out: dict[Address, float] = {}
+    for e in edges:
+        w = e.get("abs_weight")
+        w = abs(float(e.get("weight") or 0.0)) if w is None else float(w)
+        for node in (e["writer"], e["reader"]):
+            a = _node_address(node)
+            if a is not None:
+                out[a] = out.get(a, 0.0) + w
+    return out
+
+
+def graph_node_scores(graph) -> dict[Address, float]:
+    """``edge_node_scores`` of a networkx graph keyed by ``str(Address)`` (edge attributes ``abs_weight`` or
+    ``weight``; the root ``metric`` is not a direction); nodes without edges score 0."""
+    out = edge_node_scores({"writer": u, "reader": v, **data} for u, v, data in graph.edges(data=True))
+    for node in graph.nodes:
+        a = _node_address(node)
+        if a is not None:
+            out.setdefault(a, 0.0)
+    return out
+
+
+@torch.no_grad()
+def qk_to_map_scores(view, universe: Universe, scores: Mapping[Address, float]) -> dict[Address, float]:
+    """``scores`` with every ``qk`` node (a direction of SAD's basis, the SVD of a head's ``Omega(0) = A_q A_k^T``)
+    replaced by scores on the universe's ``q`` directions of that head and ``k`` directions of its KV head: the
+    node's score spread by the squared overlaps of its query-side (key-side) singular vector with the q (k) map's
+    input singular vectors. The query-side vector lies in the q map's input span, so its squared overlaps sum to 1
+    and the score is conserved on each side; a ``qk`` block spreads the score of each of its directions."""
+    from lit_svd.linalg import svd_factored
+
+    out: dict[Address, float] = {}
+    bases: dict[int, tuple] = {}
+    comps = {c.name: c for c in universe.components}
+    group = view.n_heads // view.n_kv_heads
+    for a, value in scores.items():
+        if a.kind != "qk":
+            out[a] = out.get(a, 0.0) + value
+            continue
+        if a.layer not in bases:
+            fm = view.qk_unrotated(a.layer)
+            bases[a.layer] = svd_factored(fm.A.double(), fm.B.double())
+        svd = bases[a.layer]
+        for k in a.directions:
+            for kind, vec, g in (("q", svd.U[a.group, :, k], a.group), ("k", svd.V[a.group, :, k], a.group // group)):
+                comp = comps.get(f"L{a.layer}.{kind}")
+                if comp is None:
+                    continue
+                share = (comp.U[g].double().T @ vec.to(comp.U.device)).square()  # [K]
+                for j in torch.nonzero(share > 1e-12).flatten().tolist():
+                    key = Address(a.layer, kind, g, j)
+                    out[key] = out.get(key, 0.0) + value * float(share[j])
+    return out
+
+
+def graph_ranking(universe: Universe, graph, view=None, tail_seed: int = TAIL_SEED) -> tuple[Tensor, dict]:
+    """``(ranking, info)`` of a circuit graph (a networkx graph, or a list of edge rows): node scores
+    (``graph_node_scores`` / ``edge_node_scores``), ``qk`` nodes spread over the q and k maps (``qk_to_map_scores``;
+    needs ``view``), then ``address_scores`` and ``score_ranking``."""
+    scores = edge_node_scores(graph) if isinstance(graph, list) else graph_node_scores(graph)
+    n_qk = sum(a.kind == "qk" for a in scores)
+    if n_qk:
+        if view is None:
+            raise ValueError("graph_ranking: the graph has qk nodes; give the model's view to map them onto q and k")
+        scores = qk_to_map_scores(view, universe, scores)
+    flat, info = address_scores(universe, scores)
+    return score_ranking(flat, tail_seed), {**info, "graph_nodes": len(scores), "qk_nodes": n_qk}
+
+
+def run_graph_ranking(universe: Universe, folder, view=None, tail_seed: int = TAIL_SEED) -> tuple[Tensor, dict]:
+    """``graph_ranking`` of a finished circuit run (its results.json ``edges``, read with ``runs.load_run``)."""
+    from lit_svd.runs import load_run
+
+    content = load_run(folder, need=("results",), what="circuit-graph run").content
+    if "edges" not in content:
+        raise ValueError(f"{folder}: results.json has no edges; give the folder of a finished circuit-graph run")
+    ranking, info = graph_ranking(universe, list(content["edges"]), view, tail_seed)
+    return ranking, {**info, "graph_run": str(folder)}
+
+
+def mask_ranking(universe: Universe, masks: Mapping, tail_seed: int = TAIL_SEED) -> tuple[Tensor, dict]:
+    """``(ranking, info)`` of a mask run's ``masks.pt`` state (``{"lambdas": {component: [G, K]}, ...}``): by
+    lambda, descending. Components the run masked that the universe lacks fail in one line (a joint ``qk`` mask of
+    a non-rotary model has no q / k directions to rank)."""
+    lambdas = dict(masks["lambdas"])
+    extra = [n for n in lambdas if n not in universe.names]
+    if extra:
+        raise ValueError(
+            f"mask run: component {extra[0]} is not in the faithfulness universe (q, k, ov, mlp maps); a joint qk"
+            " mask cannot rank q and k directions"
+        )
+    scores = universe.flatten(lambdas)
+    info = {
+        "directions_scored": int((~scores.isnan()).sum()),
+        "kept": int((scores >= float(masks.get("threshold", 0.0))).sum()),
+    }
+    return score_ranking(scores, tail_seed), info
+
+
+def unit_directions(universe: Universe, parts: Iterable[tuple[str, int]]) -> list[int]:
+    """Flat indices of the given ``(component name, group)`` parts of one unit, interleaved by singular index
+    (d0 of every part in the parts' order, then d1, ...)."""
+    rows = []
+    for part, (name, group) in enumerate(parts):
+        K = universe.shapes[universe.names.index(name)][1]
+        base = universe.slice(name).start + group * K
+        rows += [(k, part, base + k) for k in range(K)]
+    return [flat for _, _, flat in sorted(rows)]
+
+
+def eap_ranking(universe: Universe, attr: Attributions, n_kv_heads: int) -> tuple[Tensor, dict]:
+    """``(ranking, info)``: heads and MLP layers by ``|attribution|`` descending (ties: heads before MLPs, then
+    layer, then head), expanded into their directions (module docstring). Directions of layers the universe lacks
+    are not ranked; every universe direction must belong to some unit."""
+    L, H = attr.heads.shape
+    group = H // n_kv_heads
+    units = [(abs(float(attr.heads[l, h])), 0, l, h) for l in range(L) for h in range(H)]
+    units += [(abs(float(attr.mlps[l])), 1, l, 0) for l in range(L)]
+    units.sort(key=lambda u: (-u[0], u[1], u[2], u[3]))
+    names = set(universe.names)
+    order: list[int] = []
+    kv_done: set[tuple[int, int]] = set()
+    for _, is_mlp, l, h in units:
+        if is_mlp:
+            parts = [(f"L{l}.{k}", 0) for k in ("mlp_in", "mlp_gate", "mlp_out")]
+        else:
+            parts = [(f"L{l}.q", h), (f"L{l}.ov", h)]
+            if (l, h // group) not in kv_done:
+                kv_done.add((l, h // group))
+                parts.insert(1, (f"L{l}.k", h // group))
+        parts = [p for p in parts if p[0] in names]
+        order += unit_directions(universe, parts)
+    ranking = torch.tensor(order, dtype=torch.long)
+    if len(ranking) != len(universe):
+        raise ValueError(
+            f"eap ranking covers {len(ranking)} of the universe's {len(universe)} directions; the universe must"
+            " be made of q, k, ov and mlp maps"
+        )
+    top = [(u[2], u[3], "mlp" if u[1] else "head") for u in units[:5]]
+    return ranking, {"top_units": [f"L{l}.{kind}" + ("" if kind == "mlp" else f".h{h}") for l, h, kind in top]}

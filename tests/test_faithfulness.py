@@ -1,0 +1,167 @@
+"""Faithfulness curves (lit_svd.analysis.faithfulness) against independent computations: the plain HF forward on
+the clean and on the corrupted prompts, and a hand-written patch of one head's mixed value. Float64 tiny models
+with float64 RMS norms (tests/helpers.exact_rms_norms). Tolerances, relative to the metric's scale: 1e-10 where
+nothing is patched; 1e-7 where directions are patched (``intervene`` keeps every component's SVD in float32, the
+float64 SVD cast down, so a patched coefficient is exact to float32 rounding of the singular vectors)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_svd.analysis.faithfulness import (
+    MIB_SIZES,
+    Universe,
+    areas,
+    check_ranking,
+    check_same_length,
+    check_sizes,
+    faithfulness_curves,
+    n_kept,
+    universe_components,
+)
+from lit_svd.analysis.rankings import random_ranking, score_ranking
+from lit_svd.datamodules.tasks import TaskDataModule
+from lit_svd.metrics import task_scorer
+from lit_svd.models import view as make_view
+from lit_svd.models.hooks import Hook, capture, hooks
+from lit_svd.models.tiny import tiny_causal_lm
+from tests.helpers import exact_rms_norms
+
+TOL = 1e-10
+TOL_PATCH = 1e-7
+
+
+def ioi_batches(tokenizer, n=8, batch_size=8):
+    dm = TaskDataModule("ioi", tokenizer, n_train=0, n_val=0, n_test=n, batch_size=batch_size, seed=0)
+    return list(dm.test_dataloader())
+
+
+def plain_metric(model, batch, ids_key):
+    logits = model(input_ids=batch[ids_key], attention_mask=batch["attention_mask"]).logits
+    rows = torch.arange(len(batch["answer_pos"]))
+    return task_scorer("ioi").metric(logits[rows, batch["answer_pos"]], batch).double()
+
+
+@pytest.fixture(scope="module")
+def llama64():
+    return tiny_causal_lm("llama", seed=1).double()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma3"])
+def test_full_circuit_is_the_clean_forward_and_empty_the_corrupted(tokenizer, arch):
+    model = tiny_causal_lm(arch, seed=1).double()
+    view = make_view(model)
+    comps = universe_components(view)
+    (batch,) = ioi_batches(tokenizer)
+    n = len(Universe(comps))
+    with exact_rms_norms(model):
+        clean, corrupt = plain_metric(model, batch, "clean_ids"), plain_metric(model, batch, "corrupt_ids")
+        # 0.1 % of the universe is < 1 direction: the empty circuit; 100 %: the full one
+        curves, info = faithfulness_curves(view, comps, [batch], {"r": random_ranking(n, 0)}, "ioi", [0.001, 0.5, 1.0])
+    scale = clean.abs().max()
+    assert n_kept(0.001, n) == 0
+    assert abs(info["m_full"] - float(clean.mean())) <= TOL * scale
+    assert abs(info["m_empty"] - float(corrupt.mean())) <= TOL_PATCH * scale
+    assert abs(info["m_full"] - info["m_empty"]) > 1e-3  # the tiny model separates clean from corrupted
+    f = curves["r"].values
+    assert abs(f[0]) <= 1e-8 and abs(f[2] - 1) <= 1e-8
+    assert abs(f[1]) > 1e-4 and abs(f[1] - 1) > 1e-4  # half the directions is neither
+
+
+@torch.no_grad()
+def test_patching_one_heads_directions_equals_patching_its_mixed_value(tokenizer, llama64):
+    """Every direction kept but one head's OV directions = that head's o-projection input replaced by its value on
+    the corrupted prompt (an independent hook), per prompt."""
+    from lit_svd.analysis.faithfulness import circuit_metric, corrupted_reference
+    from lit_svd.models.intervene import Intervention
+
+    model, layer, head = llama64, 1, 2
+    view = make_view(model)
+    comps = universe_components(view)
+    universe = Universe(comps)
+    (batch,) = ioi_batches(tokenizer)
+    keep = torch.ones(len(universe), dtype=torch.bool)
+    keep[universe.slice(f"L{layer}.ov")] = False
+    keep[universe.slice(f"L{layer}.ov")] = (
+        torch.arange(len(keep[universe.slice(f"L{layer}.ov")])) // view.d_head != head
+    )
+    # the OV map of a head has d_head + 1 rows but rank d_head: K = d_head directions per head
+    assert universe.shapes[universe.names.index(f"L{layer}.ov")][1] == view.d_head
+    dh, o = view.d_head, view.site_module(layer, "o")
+    with exact_rms_norms(model):
+        iv = Intervention(view, comps)
+        got = circuit_metric(iv, universe, batch, keep, corrupted_reference(iv, batch), task_scorer("ioi"))
+        with capture({"z": o}, "pre") as z:
+            model(input_ids=batch["corrupt_ids"], attention_mask=batch["attention_mask"])
+
+        def pre(mod, args, kwargs):
+            x = args[0].clone()
+            x[..., head * dh : (head + 1) * dh] = z["z"][..., head * dh : (head + 1) * dh]
+            return (x, *args[1:]), kwargs
+
+        with hooks(Hook(o, pre, "pre")):
+            want = plain_metric(model, batch, "clean_ids")
+        clean = plain_metric(model, batch, "clean_ids")
+    assert (got - want).abs().max() <= TOL_PATCH * want.abs().max()
+    assert (want - clean).abs().max() > 1e-4  # the head matters on these prompts
+
+
+@torch.no_grad()
+def test_ratio_of_means_does_not_depend_on_batching(tokenizer, llama64):
+    view = make_view(llama64)
+    comps = universe_components(view)
+    rank = {"r": random_ranking(len(Universe(comps)), 3)}
+    sizes = [0.05, 0.2, 1.0]
+    with exact_rms_norms(llama64):
+        one, _ = faithfulness_curves(view, comps, ioi_batches(tokenizer, 8, 8), rank, "ioi", sizes)
+        two, info = faithfulness_curves(view, comps, ioi_batches(tokenizer, 8, 3), rank, "ioi", sizes)
+    assert info["n_prompts"] == 8
+    # 1e-6: HF's eager softmax computes in float32, and batches of other widths round it differently
+    assert max(abs(a - b) for a, b in zip(one["r"].values, two["r"].values)) <= 1e-6
+
+
+def test_areas_are_trapezoids_over_the_grid():
+    sizes = [0.1, 0.5, 1.0]
+    cpr, cmd = areas(sizes, [0.0, 0.5, 1.5])
+    assert cpr == pytest.approx(0.4 * 0.25 + 0.5 * 1.0)
+    assert cmd == pytest.approx(0.4 * (1 + 0.5) / 2 + 0.5 * (0.5 + 0.5) / 2)
+    assert areas(MIB_SIZES, [1.0] * 10) == pytest.approx((0.999, 0.0))
+
+
+def test_sizes_and_rankings_are_checked():
+    assert n_kept(0.29, 100) == 29 and n_kept(0.001, 999) == 0 and n_kept(1.0, 7) == 7
+    for bad in ([], [0.0, 0.5], [0.5, 0.2], [0.5, 1.5]):
+        with pytest.raises(ValueError, match="sizes="):
+            check_sizes(bad)
+    with pytest.raises(ValueError, match="exactly once"):
+        check_ranking(torch.tensor([0, 1, 1]), 3)
+    with pytest.raises(ValueError, match="exactly once"):
+        check_ranking(torch.tensor([0, 1]), 3)
+    with pytest.raises(ValueError, match="same token length"):
+        check_same_length({"clean_ids": torch.zeros(2, 5), "corrupt_ids": torch.zeros(2, 6)})
+
+
+def test_score_ranking_orders_by_score_with_a_seeded_tail():
+    scores = torch.tensor([0.5, math.nan, 2.0, 0.5, math.nan, -1.0])
+    r = score_ranking(scores)
+    assert r[0] == 2 and set(r[1:3].tolist()) == {0, 3} and r[3] == 5 and set(r[4:].tolist()) == {1, 4}
+    assert torch.equal(r, score_ranking(scores))  # seeded
+    flat = score_ranking(torch.zeros(50))  # a featureless score is a random order
+    assert not torch.equal(flat, torch.arange(50))
+
+
+def test_universe_addresses_round_trip(llama64):
+    view = make_view(llama64)
+    universe = Universe(universe_components(view))
+    kinds = {n.split(".")[1] for n in universe.names}
+    assert kinds == {"q", "k", "ov", "mlp_in", "mlp_gate", "mlp_out"}
+    for flat in (0, 17, len(universe) // 2, len(universe) - 1):
+        assert universe.index(universe.address(flat)) == flat
+    with pytest.raises(ValueError, match="joint qk"):
+        from lit_svd.models.intervene import build_components
+
+        Universe(build_components(make_view(tiny_causal_lm("gpt2")), ["qk"]))

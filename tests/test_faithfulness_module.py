@@ -1,0 +1,137 @@
+"""FaithfulnessModule + FaithfulnessReport on a tiny Llama: the curves reduced through the module's torchmetrics
+states over two batches equal ``faithfulness_curves`` computed directly on the same prompts and rankings (1e-9),
+results.json reads back as its type, and bad options fail in one line before anything loads."""
+
+from __future__ import annotations
+
+import json
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import yaml
+
+from lit_svd.analysis.attribution import attributions
+from lit_svd.analysis.faithfulness import Universe, faithfulness_curves, universe_components
+from lit_svd.analysis.rankings import eap_ranking, mask_ranking, random_ranking, run_graph_ranking
+from lit_svd.callbacks.faithfulness import FaithfulnessReport
+from lit_svd.datamodules.tasks import TaskDataModule
+from lit_svd.models import load_causal_lm
+from lit_svd.models import view as make_view
+from lit_svd.modules.faithfulness import FaithfulnessModule
+from lit_svd.results import load_result
+
+DATA = dict(task="ioi", n_train=20, n_val=4, n_test=6, batch_size=3, seed=0, test_last=True)
+SIZES = [0.01, 0.1, 0.5, 1.0]
+
+
+def _runs(tmp_path, model_dir):
+    """A mask run folder (masks.pt with lambdas on layer 1, config.yaml's data section) and a graph run folder."""
+    model, _ = load_causal_lm(model_dir)
+    universe = Universe(universe_components(make_view(model)))
+    g = torch.Generator().manual_seed(0)
+    mask = tmp_path / "mask"
+    mask.mkdir()
+    lambdas = {n: torch.rand(universe.shapes[i], generator=g) for i, n in enumerate(universe.names) if "L1" in n}
+    torch.save({"lambdas": lambdas, "threshold": 0.5, "model": model_dir}, mask / "masks.pt")
+    (mask / "config.yaml").write_text(yaml.safe_dump({"data": {"init_args": {**DATA, "tokenizer": model_dir}}}))
+    graph = tmp_path / "graph"
+    graph.mkdir()
+    edges = [
+        {"writer": "L0.ov.h1.d0", "reader": "L1.qk.h2.d0", "weight": 0.3, "abs_weight": 0.4},
+        {"writer": "L1.ov.h2.d1", "reader": "metric", "weight": -1.0, "abs_weight": 1.0},
+    ]
+    (graph / "results.json").write_text(json.dumps({"experiment": "circuit_graph", "model": model_dir, "edges": edges}))
+    return str(mask), str(graph)
+
+
+def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
+    model_dir = tiny_dirs["llama"]
+    mask, graph = _runs(tmp_path, model_dir)
+    module = FaithfulnessModule(mask_run=mask, graph_run=graph, random_seeds=[0, 1], sizes=SIZES)
+    dm = TaskDataModule(**DATA, tokenizer=model_dir)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path / "out",
+        callbacks=[FaithfulnessReport()],
+    )  # fmt: skip
+    trainer.test(module, datamodule=dm)
+    result = load_result(tmp_path / "out")
+    assert result.experiment == "faithfulness" and result.n_prompts == 6
+    assert set(result.faithfulness) == {"eap_heads", "mask", "graph", "random_0", "random_1"}
+    assert result.random["seeds"] == 2 and result.rankings["graph"]["qk_nodes"] == 1
+    assert (tmp_path / "out" / "faithfulness_curves.png").is_file()
+    assert len(result.table()) == 5 * len(SIZES)
+
+    view = module.view
+    comps = universe_components(view)
+    universe = Universe(comps)
+    batches = list(dm.test_dataloader())
+    rankings = {
+        "eap_heads": eap_ranking(universe, attributions(view, batches, "ioi"), view.n_kv_heads)[0],
+        "mask": mask_ranking(universe, torch.load(f"{mask}/masks.pt"))[0],
+        "graph": run_graph_ranking(universe, graph, view)[0],
+        "random_0": random_ranking(len(universe), 0),
+        "random_1": random_ranking(len(universe), 1),
+    }
+    want, info = faithfulness_curves(view, comps, batches, rankings, "ioi", SIZES)
+    assert abs(result.m_full - info["m_full"]) <= 1e-9 and abs(result.m_empty - info["m_empty"]) <= 1e-9
+    for name, c in want.items():
+        got = result.faithfulness[name]
+        assert got["n_kept"] == c.n_kept
+        assert max(abs(a - b) for a, b in zip(got["values"], c.values)) <= 1e-9, name
+        assert abs(got["cpr"] - c.cpr) <= 1e-9 and abs(got["cmd"] - c.cmd) <= 1e-9
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"methods": ["eap", "random"]}, "methods: 'eap' unknown"),
+        ({"methods": ["mask"]}, "mask_run is null"),
+        ({"methods": ["graph"], "model": "x"}, "graph_run is null"),
+        ({"methods": ["random"], "random_seeds": [], "model": "x"}, "random_seeds is empty"),
+        ({"methods": ["random"], "sizes": [0.5, 0.1], "model": "x"}, "sizes="),
+        ({"methods": ["random"]}, "model is null"),
+    ],
+)
+def test_bad_options_fail_in_one_line(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FaithfulnessModule(**kwargs)
+
+
+def test_test_prompts_in_the_mask_runs_training_split_fail(tiny_dirs, tmp_path):
+    model_dir = tiny_dirs["llama"]
+    mask, _ = _runs(tmp_path, model_dir)
+    module = FaithfulnessModule(mask_run=mask, methods=["mask"], sizes=SIZES)
+    dm = TaskDataModule(**{**DATA, "test_last": False, "n_train": 0, "n_test": 30}, tokenizer=model_dir)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match="in the mask run's training split"):
+        trainer.test(module, datamodule=dm)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_one(tiny_dirs, tmp_path):
+    """The CLI over two CPU processes (DDP, gloo; each rank attributes and scores its shard of the prompts, the
+    attributions and metric sums are summed across ranks) writes the curves of one in-process run (1e-5: float32
+    tiny model, batches padded to other widths)."""
+    from tests.helpers import ROOT, only_results, run_lit_svd
+
+    model_dir = tiny_dirs["llama"]
+    data = {**DATA, "n_test": 8, "batch_size": 2}
+    module = FaithfulnessModule(model=model_dir, methods=["eap_heads", "random"], random_seeds=[0], sizes=SIZES)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         default_root_dir=tmp_path / "one", callbacks=[FaithfulnessReport()])  # fmt: skip
+    trainer.test(module, datamodule=TaskDataModule(**data, tokenizer=model_dir))
+    one = load_result(tmp_path / "one")
+    args = ["test", "--config", str(ROOT / "configs/faithfulness/smollm2_ioi.yaml"), "--model.init_args.model",
+            model_dir, "--model.init_args.mask_run", "null", "--model.init_args.graph_run", "null",
+            "--model.init_args.methods", "[eap_heads, random]", "--model.init_args.random_seeds", "[0]",
+            "--model.init_args.sizes", str(SIZES), "--data.init_args.tokenizer", model_dir]  # fmt: skip
+    for key in ("n_train", "n_val", "n_test", "batch_size"):
+        args += [f"--data.init_args.{key}", str(data[key])]
+    args += ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.default_root_dir", str(tmp_path / "two")]
+    run_lit_svd(args, tmp_path / "two")
+    two, _ = only_results(tmp_path / "two")
+    assert two["n_prompts"] == 8 and one.n_prompts == 8
+    assert two["rankings"]["eap_heads"]["top_units"] == one.rankings["eap_heads"]["top_units"]
+    for name, c in one.faithfulness.items():
+        assert max(abs(a - b) for a, b in zip(c["values"], two["faithfulness"][name]["values"])) <= 1e-5, name

@@ -1,0 +1,155 @@
+"""Rankings of the faithfulness universe (lit_svd.analysis.rankings), and the planted-circuit control: on a tiny
+model whose task metric can only flow through one head, the planted ranking and head-level attribution patching
+beat three random rankings by a wide margin, and a ranking that puts the dead directions first loses to them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_svd.addresses import Address
+from lit_svd.analysis.attribution import Attributions, attributions
+from lit_svd.analysis.faithfulness import MIB_SIZES, Universe, faithfulness_curves, universe_components
+from lit_svd.analysis.rankings import (
+    address_scores,
+    eap_ranking,
+    graph_node_scores,
+    graph_ranking,
+    mask_ranking,
+    qk_to_map_scores,
+    random_ranking,
+    score_ranking,
+)
+from lit_svd.datamodules.tasks import TaskDataModule
+from lit_svd.models import view as make_view
+from lit_svd.models.tiny import tiny_causal_lm
+from lit_svd.runs import load_run
+
+
+@pytest.fixture(scope="module")
+def universe():
+    view = make_view(tiny_causal_lm("llama", seed=1))  # 2 layers, 4 heads of 16 on 2 KV heads, d_mlp 128
+    return Universe(universe_components(view))
+
+
+def test_eap_ranking_expands_units_into_their_directions(universe):
+    heads = torch.zeros(2, 4, dtype=torch.float64)
+    heads[1, 3], heads[0, 2], heads[1, 2] = -5.0, 3.0, 2.0
+    mlps = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    ranking, info = eap_ranking(universe, Attributions(heads, mlps, 4), n_kv_heads=2)
+    assert sorted(ranking.tolist()) == list(range(len(universe)))
+    first = [universe.address(int(i)) for i in ranking[:48]]
+    # head L1.h3 (|-5| is the largest): its q, its KV head 1's k, its ov, interleaved by singular index
+    assert [str(a) for a in first[:3]] == ["L1.q.h3.d0", "L1.k.h1.d0", "L1.ov.h3.d0"]
+    assert {(a.kind, a.group) for a in first} == {("q", 3), ("k", 1), ("ov", 3)} and {a.layer for a in first} == {1}
+    nxt = [universe.address(int(i)) for i in ranking[48 : 48 + 48]]  # L0.h2 brings L0's KV head 1
+    assert {(a.layer, a.kind, a.group) for a in nxt} == {(0, "q", 2), (0, "k", 1), (0, "ov", 2)}
+    then = [universe.address(int(i)) for i in ranking[96 : 96 + 32]]  # L1.h2 shares KV head 1 with L1.h3: no k
+    assert {(a.layer, a.kind, a.group) for a in then} == {(1, "q", 2), (1, "ov", 2)}
+    mlp = [universe.address(int(i)) for i in ranking[128 : 128 + 3]]  # then the MLP of layer 0
+    assert [str(a) for a in mlp] == ["L0.mlp_in.d0", "L0.mlp_gate.d0", "L0.mlp_out.d0"]
+    assert info["top_units"][:2] == ["L1.head.h3", "L0.head.h2"]
+
+
+def test_mask_ranking_orders_by_lambda_from_a_run_folder(universe, tmp_path):
+    g = torch.Generator().manual_seed(0)
+    lambdas = {n: torch.rand(universe.shapes[i], generator=g) for i, n in enumerate(universe.names) if "L1" in n}
+    torch.save({"lambdas": lambdas, "threshold": 0.5}, tmp_path / "masks.pt")
+    state = load_run(tmp_path, need=("masks",)).masks
+    ranking, info = mask_ranking(universe, state)
+    flat = universe.flatten(lambdas)
+    scored = int((~flat.isnan()).sum())
+    assert info["directions_scored"] == scored == sum(t.numel() for t in lambdas.values())
+    assert info["kept"] == int((flat >= 0.5).sum())
+    top = flat[ranking[:scored]]
+    assert torch.all(top[:-1] >= top[1:]) and not top.isnan().any()  # by lambda, descending
+    assert flat[ranking[scored:]].isnan().all()  # the unmasked layer 0 after, in the seeded random order
+    with pytest.raises(ValueError, match="joint qk"):
+        mask_ranking(universe, {"lambdas": {"L0.qk": torch.ones(4, 16)}})
+
+
+def test_graph_ranking_sums_edge_weights_per_node(universe):
+    nx = pytest.importorskip("networkx")
+    graph = nx.DiGraph()
+    graph.add_edge("embed", "L0.q.h1.d2", weight=-3.0, abs_weight=3.0)
+    graph.add_edge("L0.ov.h2.d0", "L1.q.h0.d0-1", weight=2.0, abs_weight=2.0)  # a block of two directions
+    graph.add_edge("L0.ov.h2.d0", "L1.mlp_in.d5", weight=-0.5, abs_weight=0.5)
+    graph.add_node("L1.b_O")
+    scores = graph_node_scores(graph)
+    assert scores[Address.parse("L0.ov.h2.d0")] == 2.5 and scores[Address.parse("L1.b_O")] == 0.0
+    flat, info = address_scores(universe, scores)
+    assert info == {"nodes_used": 4, "nodes_skipped": 2, "directions_scored": 5}  # embed and b_O are not directions
+    graph.add_edge("L1.mlp_in.d5", "metric", weight=0.1, abs_weight=0.1)  # the root is not an address
+    ranking, _ = graph_ranking(universe, graph)
+    top = [str(universe.address(int(i))) for i in ranking[:5]]
+    assert top[0] == "L0.q.h1.d2" and top[1] == "L0.ov.h2.d0" and set(top[2:4]) == {"L1.q.h0.d0", "L1.q.h0.d1"}
+    assert top[4] == "L1.mlp_in.d5"
+
+
+def test_qk_nodes_spread_over_the_q_and_k_maps_conserving_their_score():
+    view = make_view(tiny_causal_lm("llama", seed=1))
+    universe = Universe(universe_components(view))
+    node = Address(1, "qk", 3, 2)  # head 3 reads KV head 1
+    spread = qk_to_map_scores(view, universe, {node: 2.0, Address.parse("L0.ov.h1.d0"): 1.0})
+    q = {a: v for a, v in spread.items() if a.kind == "q"}
+    k = {a: v for a, v in spread.items() if a.kind == "k"}
+    assert {(a.layer, a.group) for a in q} == {(1, 3)} and {(a.layer, a.group) for a in k} == {(1, 1)}
+    assert sum(q.values()) == pytest.approx(2.0, rel=1e-5) and sum(k.values()) == pytest.approx(2.0, rel=1e-5)
+    assert spread[Address.parse("L0.ov.h1.d0")] == 1.0
+    edges = [{"writer": "L0.ov.h1.d0", "reader": str(node), "weight": -2.0, "abs_weight": 2.0}]
+    ranking, info = graph_ranking(universe, edges, view)
+    assert info["qk_nodes"] == 1 and str(universe.address(int(ranking[0]))) == "L0.ov.h1.d0"
+    with pytest.raises(ValueError, match="qk nodes"):
+        graph_ranking(universe, edges)
+
+
+def _planted_model():
+    """A float64 tiny Llama whose only live writer is head 0 of layer 1: every other head's o-projection slice and
+    both MLPs' down projections are zero, so the metric can only flow through L1's q (head 0), k (KV head 0) and ov
+    (head 0) directions (48 of the universe's 708)."""
+    model = tiny_causal_lm("llama", seed=3).double()
+    model.set_attn_implementation("sdpa")
+    dh = model.config.hidden_size // model.config.num_attention_heads
+    with torch.no_grad():
+        for l, layer in enumerate(model.model.layers):
+            layer.mlp.down_proj.weight.zero_()
+            for h in range(model.config.num_attention_heads):
+                if (l, h) != (1, 0):
+                    layer.self_attn.o_proj.weight[:, h * dh : (h + 1) * dh] = 0
+    return model
+
+
+@torch.no_grad()
+def test_planted_circuit_beats_random_and_the_reversed_ranking_loses(tokenizer):
+    model = _planted_model()
+    view = make_view(model)
+    comps = universe_components(view)
+    universe = Universe(comps)
+    live = [universe.slice(n) for n in ("L1.q", "L1.k", "L1.ov")]
+    planted = torch.full((len(universe),), math.nan, dtype=torch.float64)
+    for sl, width in zip(live, (16, 16, 16)):
+        planted[sl.start : sl.start + width] = 1.0  # head 0 / KV head 0 are the first group of each map
+    dm = TaskDataModule("ioi", tokenizer, n_train=0, n_val=0, n_test=16, batch_size=16, seed=0)
+    batches = list(dm.test_dataloader())
+    attr = attributions(view, batches, "ioi")
+    dead = torch.ones_like(attr.heads, dtype=torch.bool)
+    dead[1, 0] = False
+    assert attr.heads[dead].abs().max() == 0 and attr.mlps.abs().max() == 0 and attr.heads[1, 0] != 0
+    rankings = {
+        "planted": score_ranking(planted),
+        "reversed": score_ranking(torch.nan_to_num(-planted, nan=0.0)),  # the 48 live directions last
+        "eap_heads": eap_ranking(universe, attr, view.n_kv_heads)[0],
+        **{f"random_{s}": random_ranking(len(universe), s) for s in range(3)},
+    }
+    curves, info = faithfulness_curves(view, comps, batches, rankings, "ioi", MIB_SIZES)
+    assert abs(info["m_full"] - info["m_empty"]) > 1e-2
+    cpr = {name: c.cpr for name, c in curves.items()}
+    print({k: round(v, 3) for k, v in cpr.items()})
+    randoms = [cpr[f"random_{s}"] for s in range(3)]
+    assert curves["planted"].values[6:] == pytest.approx([1.0] * 4, abs=1e-9)  # 10 % keeps all 48 live directions
+    assert cpr["planted"] > max(randoms) + 0.2, cpr
+    assert cpr["eap_heads"] > max(randoms) + 0.2, cpr
+    assert cpr["reversed"] < min(randoms) - 0.05, cpr
+    assert curves["reversed"].values[:9] == pytest.approx([0.0] * 9, abs=1e-9)  # nothing live until 100 %
