@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
+import shutil
+import struct
 from pathlib import Path
 
 import torch
@@ -94,7 +97,7 @@ def load_causal_lm(
 
     if name_or_path in ASSEMBLED_ALIASES:
         cached = _assembled_cache_dir(name_or_path)
-        if cache and (cached / "model.safetensors").is_file():
+        if cache and cache_is_whole(cached):
             return _load_gguf(None, cached, dtype=dtype, cache=cache)
         return _load_gguf(resolve_alias(name_or_path), cached, dtype=dtype, cache=cache)
     gguf_path = _gguf_path(name_or_path, gguf_file)
@@ -149,7 +152,7 @@ def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None, revision:
         gguf_path = _gguf_path(name_or_path, gguf_file)
         cached = None if gguf_path is None else _gguf_cache_dir(gguf_path)
     if cached is not None:
-        if not (cached / "model.safetensors").is_file():  # converts and caches the whole model once
+        if not cache_is_whole(cached):  # converts and caches the whole model once
             return load_causal_lm(name_or_path, gguf_file=gguf_file)[1]
         tokenizer = AutoTokenizer.from_pretrained(cached)
         return _finish(None, tokenizer)[1]
@@ -176,9 +179,15 @@ def _load_gguf(gguf_path: Path | None, cached: Path, *, dtype: torch.dtype, cach
     (``gguf_path`` None: the cache is known to be there)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if cache and (cached / "model.safetensors").is_file():
-        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(cached)
+    if cache and cache_is_whole(cached):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(cached)
+        except Exception as err:  # a damaged config or tokenizer file (the weights' header was whole)
+            raise ModelUnavailableError(
+                f"the cached model {cached} cannot be read ({type(err).__name__}: {str(err).splitlines()[0][:160]})"
+                f"\nhint: delete {cached} and run again; it is rebuilt from the GGUF file"
+            ) from err
         return _finish(model, tokenizer)
 
     log.info("dequantising %s (20-60 s; cached afterwards under %s)", gguf_path, cached)
@@ -192,6 +201,47 @@ def _load_gguf(gguf_path: Path | None, cached: Path, *, dtype: torch.dtype, cach
         except OSError:  # another process won the race
             pass
     return _finish(model, tokenizer)
+
+
+def cache_is_whole(cached: Path) -> bool:
+    """Whether the conversion cache ``cached`` holds a readable ``model.safetensors``. A corrupt or partial one
+    (an interrupted copy, a full disk) is named in a warning and removed, so that the caller rebuilds it."""
+    weights = cached / "model.safetensors"
+    if not weights.is_file():
+        return False
+    problem = safetensors_problem(weights)
+    if problem is None:
+        return True
+    log.warning("the cached model %s is corrupt (%s); rebuilding it from the GGUF file", weights, problem)
+    try:
+        shutil.rmtree(cached)
+    except OSError as err:
+        raise ModelUnavailableError(
+            f"the cached model {weights} is corrupt ({problem}) and could not be removed ({err.strerror})\n"
+            f"hint: delete {cached} and run again; it is rebuilt from the GGUF file"
+        ) from err
+    return False
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file cannot be read whole, from its header and size alone (None: they agree). The
+    format: an 8-byte little-endian header length N, N bytes of JSON naming each tensor's byte range, the data."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"{size} bytes, less than its 8-byte header length"
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if 8 + n > size:
+            return f"a header of {n} bytes in a file of {size}"
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:
+            return "its header is not valid JSON"
+    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
+    needed = 8 + n + max(ends, default=0)
+    if size < needed:
+        return f"truncated: {size} bytes of the {needed} its header describes"
+    return None
 
 
 def _save_plain(model, tokenizer, folder: Path) -> None:
