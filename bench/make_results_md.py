@@ -4,12 +4,13 @@
     python bench/make_results_md.py --check                           # exit 1 if docs/results.md is stale
     python bench/make_results_md.py --store RUN_FOLDER NAME           # store a run's results.json, then write
 
-``--store`` copies a run's results.json to ``docs/results/NAME.json`` with one rule for size (``strip``): a
-list of rows (dicts) keeps its first 16 rows, any other list its first 64 items; every cut list is named in
-the file's ``stored.cut`` with its full length. The headline figures live in each result's summary, which
-is never cut. The page has one table per method (``experiment``): the headline number, its control, the
-command that ran, and the provenance (lit_svd version, commit, date). Then the list of README figures that
-still come from earlier runs whose results.json were not stored.
+``--store`` copies a run's results.json to ``docs/results/NAME.json`` with one rule for size (``strip``): outside
+the ``summary`` (the headline figures, never cut), a list of rows (dicts) keeps its first 16 rows and any other
+list its first 64 items; every cut list is named in the file's ``stored.cut`` with its full length.
+
+The page has one table per method (``experiment``): the headline number, its control, the command that ran,
+and the provenance (lit_svd version, commit, date, device). Then the list of README figures that still come
+from earlier runs whose results.json were not stored.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ MAX_ROWS, MAX_ITEMS = 16, 64
 def strip(data: Any, path: str = "", cut: dict | None = None) -> Any:
     """``data`` with long lists cut (rows to MAX_ROWS, other lists to MAX_ITEMS); ``cut`` collects path -> length."""
     cut = {} if cut is None else cut
+    if path == "summary":  # the headline figures are never cut
+        return data
     if isinstance(data, dict):
         return {k: strip(v, f"{path}.{k}" if path else k, cut) for k, v in data.items()}
     if isinstance(data, list):
@@ -51,7 +54,7 @@ def store(run: Path, name: str) -> Path:
         source = found[-1]
     cut: dict = {}
     data = strip(json.loads(source.read_text()), cut=cut)
-    data["stored"] = {"rule": f"lists of rows cut to {MAX_ROWS}, other lists to {MAX_ITEMS}", "cut": cut}
+    data["stored"] = {"rule": f"outside the summary: rows cut to {MAX_ROWS}, other lists to {MAX_ITEMS}", "cut": cut}
     STORED.mkdir(parents=True, exist_ok=True)
     target = STORED / f"{name}.json"
     target.write_text(json.dumps(data, indent=1) + "\n")
@@ -90,12 +93,13 @@ def sad(d: dict) -> tuple[str, str]:
 def evaluate(d: dict) -> tuple[str, str]:
     heads, controls = [], []
     for t in d["tasks"]:
-        clean, corrupt = t.get("clean", {}), t.get("corrupt", {})
-        metric = "logit_diff" if "logit_diff" in clean else "prob_diff" if "prob_diff" in clean else None
-        acc = f"accuracy {_f(clean['accuracy'])}, " if "accuracy" in clean else ""
-        heads.append(f"{t['task'].upper()} {acc}{metric} {_f(clean.get(metric))}")
-        controls.append(f"{t['task'].upper()} {metric} {_f(corrupt.get(metric))}")
-    return "; ".join(heads), "corrupted prompts: " + "; ".join(controls)
+        metric = "logit_diff" if "logit_diff" in t else "prob_diff"
+        acc = f"accuracy {_f(t['accuracy'])}, " if "accuracy" in t else ""
+        heads.append(f"{t['task'].upper()} {acc}{metric} {_f(t.get(metric))}")
+        acc = f"accuracy {_f(t['corrupt_accuracy'])}, " if "corrupt_accuracy" in t else ""
+        controls.append(f"{t['task'].upper()} {acc}{metric} {_f(t.get('corrupt_' + metric))}")
+    n = {t.get("n_test") for t in d["tasks"]}
+    return f"{'; '.join(heads)} ({'/'.join(map(str, n))} test prompts)", "corrupted prompts: " + "; ".join(controls)
 
 
 HEADLINES = {"toy_alignment": toy_alignment, "sad": sad, "evaluate": evaluate}
@@ -120,12 +124,13 @@ NOT_STORED = [
 
 def provenance(d: dict) -> tuple[str, str]:
     p = d.get("provenance") or {}
-    command = " ".join(p.get("command") or [])
-    for long in (str(ROOT) + "/",):
-        command = command.replace(long, "")
+    argv = list(p.get("command") or [])
+    if argv and argv[0].endswith("lit_svd/cli_tools.py"):  # run as python -m lit_svd.cli_tools
+        argv[0] = "python -m lit_svd.cli_tools"
+    command = " ".join(argv)
     commit = (p.get("git_commit") or "?")[:9] + (" (dirty)" if p.get("git_dirty") else "")
     when = (p.get("created") or "?")[:10]
-    return command, f"lit_svd {p.get('lit_svd_version')}, {commit}, {when}, {p.get('device')}"
+    return command, f"lit_svd {p.get('lit_svd_version')}, {commit}, {when}, {p.get('device') or 'device not recorded'}"
 
 
 def render() -> str:

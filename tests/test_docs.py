@@ -50,11 +50,16 @@ def test_every_stored_headline_is_on_the_page():
 def test_the_strip_rule_cuts_long_lists_and_says_so():
     maker = results_md()
     cut: dict = {}
-    data = {"summary": {"hist": list(range(70))}, "heads": [{"i": i, "xs": list(range(3))} for i in range(300)]}
+    data = {
+        "summary": {"hist": list(range(70)), "per_layer": [{"l": i} for i in range(30)]},
+        "heads": [{"i": i, "xs": list(range(3))} for i in range(300)],
+        "instances": [{"values": list(range(100))}],
+    }
     out = maker.strip(data, cut=cut)
     assert len(out["heads"]) == maker.MAX_ROWS and out["heads"][0] == data["heads"][0]
-    assert len(out["summary"]["hist"]) == maker.MAX_ITEMS
-    assert cut == {"heads": 300, "summary.hist": 70}
+    assert len(out["instances"][0]["values"]) == maker.MAX_ITEMS
+    assert out["summary"] == data["summary"]  # the headline figures are never cut
+    assert cut == {"heads": 300, "instances[0].values": 100}
 
 
 @pytest.mark.parametrize("page", sorted((ROOT / "docs").glob("*.md")), ids=lambda p: p.name)
