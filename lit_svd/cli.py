@@ -4,11 +4,13 @@ Model and data are given by class_path: any LightningModule / LightningDataModul
 path, the package's own by short name (``ToyAlignmentModule``) or full path.
 
 What a user sees is decided here: a configuration error ends the run before any model loads, in at
-most two lines on stderr (the message, then a hint), exit code 2; ``--debug`` (or ``LIT_SVD_DEBUG=1``)
-shows the full traceback instead. The data module is built before the model, so that data-config
-errors do not wait for a model load. ``--threads N`` (or a top-level ``threads: N`` in a config) is the
-one place that sets torch's CPU threads. ``--ckpt_path last`` resumes the newest ``last.ckpt`` under the
-run's ``default_root_dir``.
+most two lines on stderr (the message, then a hint; ``lit_svd.errors``), exit code 2; ``--debug`` (or
+``LIT_SVD_DEBUG=1``) shows the full traceback instead. Errors readable from the command line alone (types,
+choices, unknown keys, model and tokenizer names) end the run before torch or Lightning is imported
+(``lit_svd.config_check``, about a second); the LightningCLI itself lives in ``cli_lightning`` and builds the
+data module before the model, so that data-config errors do not wait for a model load. ``--threads N``
+(or a top-level ``threads: N`` in a config) is the one place that sets torch's CPU threads. ``--ckpt_path
+last`` resumes the newest ``last.ckpt`` under the run's ``default_root_dir``.
 """
 
 from __future__ import annotations
