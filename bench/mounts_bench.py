@@ -12,7 +12,7 @@ Each side runs in its own child process; its peak memory is the kernel's peak RS
 the model is loaded, the mounts planned and one warm-up forward run) above the RSS at that moment.
 Prints tokens/s, peak memory and the ratios; checks that both sides report the same figures.
 
-With the controls of issue 12 on both sides: the data ceiling (lit_svd: one Gram matrix of the
+With the controls on both sides: the data ceiling (lit_svd: one Gram matrix of the
 normalised outputs per batch; reference: numpy eigen-decomposition of all stored outputs) and the
 structureless null (the same figures for a Haar-rotated matrix with the site's singular values, scored on
 every ``--null-stride``-th token). lit_svd's extra time for the two controls is printed against its

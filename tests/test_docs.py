@@ -1,0 +1,71 @@
+"""The README stays short and the measured tables of the docs are the numbers of stored runs.
+
+docs/results.md must be exactly what bench/make_results_md.py writes from docs/results/ (so it cannot drift
+from the stored results.json files); the README has at most 150 lines and the lead's placeholders; every
+docs page opens with a short summary (a first paragraph of 2-4 lines under its title).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def results_md():
+    spec = importlib.util.spec_from_file_location("make_results_md", ROOT / "bench" / "make_results_md.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_is_read_in_five_minutes():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    for placeholder in ("<!-- circuits -->", "<!-- scale -->"):
+        assert placeholder in text
+
+
+def test_results_page_is_generated_from_the_stored_runs():
+    maker = results_md()
+    assert sorted(maker.STORED.glob("*.json")), "no stored run"
+    assert (ROOT / "docs" / "results.md").read_text() == maker.render(), "run python bench/make_results_md.py"
+
+
+def test_every_stored_headline_is_on_the_page():
+    """The page's numbers are read from the files: each stored SAD count appears as written in its summary."""
+    page = (ROOT / "docs" / "results.md").read_text()
+    for path in sorted((ROOT / "docs" / "results").glob("*.json")):
+        data = json.loads(path.read_text())
+        assert f"[{path.stem}](results/{path.stem}.json)" in page
+        if data.get("experiment") == "sad":
+            s = data["summary"]
+            assert f"{s['n_heads_sparser_than_null']}/{s['n_heads_eligible']} heads" in page
+
+
+def test_the_strip_rule_cuts_long_lists_and_says_so():
+    maker = results_md()
+    cut: dict = {}
+    data = {
+        "summary": {"hist": list(range(70)), "per_layer": [{"l": i} for i in range(30)]},
+        "heads": [{"i": i, "xs": list(range(3))} for i in range(300)],
+        "instances": [{"values": list(range(100))}],
+    }
+    out = maker.strip(data, cut=cut)
+    assert len(out["heads"]) == maker.MAX_ROWS and out["heads"][0] == data["heads"][0]
+    assert len(out["instances"][0]["values"]) == maker.MAX_ITEMS
+    assert out["summary"] == data["summary"]  # the headline figures are never cut
+    assert cut == {"heads": 300, "instances[0].values": 100}
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "docs").glob("*.md")), ids=lambda p: p.name)
+def test_each_docs_page_opens_with_a_short_summary(page):
+    lines = page.read_text().splitlines()
+    assert lines[0].startswith("# ") and not lines[1].strip()
+    end = next(i for i in range(2, len(lines)) if not lines[i].strip())
+    assert 2 <= end - 2 <= 4, f"{page.name}: the opening paragraph has {end - 2} lines"
+    assert not lines[2].startswith(("#", "```", "|", "-"))
