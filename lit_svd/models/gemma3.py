@@ -26,17 +26,18 @@ class Gemma3View(Gemma2View):
 
     def _head_gains(self, layer: int) -> tuple[Tensor, Tensor]:
         at = self._layers[layer].self_attn
-        return self._norm_scale(at.q_norm.weight), self._norm_scale(at.k_norm.weight)
+        return self._norm_scale(at.q_norm.weight.to(self._dtype)), self._norm_scale(at.k_norm.weight.to(self._dtype))
 
     def _raw_attn(self, layer: int) -> AttnWeights:
-        w = super()._raw_attn(layer)
+        w = self._cast(super()._raw_attn(layer))
         g_q, g_k = self._head_gains(layer)
         w.W_Q, w.b_Q = w.W_Q * g_q, w.b_Q * g_q
         w.W_K, w.b_K = w.W_K * g_k, w.b_K * g_k
         return w
 
     def head_norm_maps(self, layer: int) -> tuple[Tensor, Tensor, float]:
-        plain = super()._raw_attn(self.check_layer(layer))
+        with self.materialized(self.check_layer(layer)):
+            plain = self._cast(super()._raw_attn(layer))
         W_Q, b_Q = self._fold("attn", layer, plain.W_Q, plain.b_Q)
         W_K, b_K = self._fold("attn", layer, plain.W_K, plain.b_K)
         eps = float(self._layers[layer].self_attn.q_norm.eps)
