@@ -36,7 +36,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WIKITEXT = (Path(os.environ.get("LIT_SVD_SHARED", ROOT / ".." / "shared")) / "data" / "wikitext-2" / "valid.txt").resolve()
+WIKITEXT = (
+    Path(os.environ.get("LIT_SVD_SHARED", ROOT / ".." / "shared")) / "data" / "wikitext-2" / "valid.txt"
+).resolve()
 METHODS = ("sad", "mask", "mounts", "decompose")
 GiB = 1024**3
 
@@ -190,7 +192,9 @@ def table(opts) -> list[dict]:
         for method in opts.methods:
             got = {}
             for n in opts.layers:
-                r = measure(method, f"arch:{arch}?n_layers={n}", opts.dtype, size_of(method, opts), opts.site, opts.threads)
+                r = measure(
+                    method, f"arch:{arch}?n_layers={n}", opts.dtype, size_of(method, opts), opts.site, opts.threads
+                )
                 got[n] = r
                 print(json.dumps({"model": arch, "method": method, "layers": n, "dtype": opts.dtype, **r}), flush=True)
             ok = {n: r for n, r in got.items() if "error" not in r}
@@ -238,7 +242,9 @@ def exponents(opts) -> dict:
     fits: dict = {}
     widths = [512, 1024, 2048]
     for method in opts.methods:
-        res = [measure(method, llama_width(d), "float32", size_of(method, opts), opts.site, opts.threads) for d in widths]
+        res = [
+            measure(method, llama_width(d), "float32", size_of(method, opts), opts.site, opts.threads) for d in widths
+        ]
         print(json.dumps({"scan": "d_model", "method": method, "sizes": widths, "runs": res}), flush=True)
         if all("error" not in r for r in res):
             fits.setdefault(method, {})["d_model"] = {
