@@ -13,6 +13,7 @@ own process (``--one``) so that its peak RSS is its own: the model build, then o
   IOI prompts, patch ablation), after one warm-up step; the component SVDs are timed apart (``setup_s``);
 * ``mounts``: one site-layer (``--site``, layer 0) scored at ``--tokens`` WikiText-2 tokens, controls (null,
   ceiling) and steering included, plans included;
+* ``mounts_all``: every site of every layer (the paper's setting), one layer per pass (``layers_per_pass: 1``);
 * ``decompose``: the exact decomposition of one reader (a QK read of the last layer's head 0, query side, 8
   pairs of 8 IOI prompts) into every upstream write.
 
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WIKITEXT = (
     Path(os.environ.get("LIT_SVD_SHARED", ROOT / ".." / "shared")) / "data" / "wikitext-2" / "valid.txt"
 ).resolve()
-METHODS = ("sad", "mask", "mounts", "decompose")
+METHODS = ("sad", "mask", "mounts", "decompose", "mounts_all")
 GiB = 1024**3
 
 
@@ -108,11 +109,12 @@ def one(method: str, model: str, dtype: str, size: int, site: str) -> dict:
         trainer.fit(m, dm)
         out["method_s"] = times[-1]  # the second step (the first warms up)
         out["units"] = "1 step, 16 prompts"
-    elif method == "mounts":
+    elif method in ("mounts", "mounts_all"):
         from lit_svd.datamodules.text import TextDataModule
         from lit_svd.modules.mounts import MountsAnalysisModule
 
-        m = MountsAnalysisModule(model=model, dtype=dtype, layers=[0], sites=[site], null_stride=8, steer_texts=8)
+        where = dict(layers=[0], sites=[site]) if method == "mounts" else dict(layers_per_pass=1)
+        m = MountsAnalysisModule(model=model, dtype=dtype, null_stride=8, steer_texts=8, **where)
         built = time.perf_counter()
         dm = TextDataModule(tokenizer=m.tokenizer, path=str(WIKITEXT), seq_len=128, n_tokens=0, test_tokens=size)
         trainer = pl.Trainer(
@@ -126,7 +128,7 @@ def one(method: str, model: str, dtype: str, size: int, site: str) -> dict:
         start = time.perf_counter()
         trainer.test(m, dm, verbose=False)
         out["method_s"] = time.perf_counter() - start
-        out["units"] = f"L0.{site} at {size} tokens"
+        out["units"] = f"L0.{site} at {size} tokens" if method == "mounts" else f"every site-layer at {size} tokens"
     elif method == "decompose":
         from lit_svd.analysis.decompose import Decomposer, qk_reads
         from lit_svd.models import view as make_view
@@ -181,7 +183,7 @@ def full_layers(arch: str) -> int:
 
 
 def size_of(method: str, opts) -> int:
-    return {"sad": opts.prompts, "mask": 16, "mounts": opts.tokens, "decompose": 8}[method]
+    return {"sad": opts.prompts, "mask": 16, "mounts": opts.tokens, "mounts_all": opts.tokens, "decompose": 8}[method]
 
 
 def table(opts) -> list[dict]:
@@ -281,7 +283,7 @@ def main() -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["gpt2", "pythia-160m", "gemma-2-2b", "llama-3.1-8b"])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS[:4]), choices=METHODS)
     parser.add_argument("--layers", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--prompts", type=int, default=16, help="SAD: IOI prompts")
