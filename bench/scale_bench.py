@@ -163,8 +163,8 @@ def measure(method: str, model: str, dtype: str, size: int, site: str, threads: 
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     if proc.returncode != 0 or not lines:
-        tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
-        return {"error": tail[:200]}
+        errors = [l for l in proc.stderr.splitlines() if "Error" in l or "Killed" in l]
+        return {"error": f"exit {proc.returncode}: " + (errors[-1][:200] if errors else "no error line (killed?)")}
     return json.loads(lines[-1])
 
 
