@@ -11,7 +11,9 @@ steps). Each is the shipped config with smaller settings, run through the CLI (`
 (numbers within abs 2e-3 or rel 2e-3, everything else exactly; timings, paths and the config are skipped).
 Printed per case: whole-command wall time and throughput on each side, GPU peak memory (allocated) and
 the process's peak RSS. With two or more GPUs the mounts case also runs as two-process DDP and is compared
-with the one-GPU result. The last line is the summary.
+with the one-GPU result. With a GPU the mask case also runs under Lightning's FSDPStrategy (all visible GPUs, at
+most 2) and is compared with the one-GPU result: Lightning refuses FSDP on the CPU ("The strategy `fsdp` requires
+a GPU accelerator"), so this is where FSDP mask training is checked. The last line is the summary.
 
 Without CUDA the script runs its CPU fallback: the "GPU" side is a second CPU run, so the comparison checks
 that the runs are repeatable and the script works, not the GPU path; the output says so. Budget on one H200:
@@ -114,15 +116,15 @@ def mask_run(folder: Path, alias: str) -> Path:
     return folder
 
 
-def run(args: list[str], accelerator: str, out: Path, threads: int, devices: int = 1) -> dict:
-    """One CLI run; its results.json, wall time and peak memory."""
+def run(args: list[str], accelerator: str, out: Path, threads: int, devices: int = 1, strategy: str = "ddp") -> dict:
+    """One CLI run; its results.json, wall time and peak memory (``strategy``: for ``devices > 1``, or ``fsdp``)."""
     out.mkdir(parents=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
     env["GPU_CHECK_MEMORY"] = str(out / "memory.json")
     full = [*args, *QUIET, "--trainer.accelerator", accelerator, "--trainer.devices", str(devices)]
     full += ["--trainer.default_root_dir", str(out), "--threads", str(threads)]
-    if devices > 1:  # Lightning's DDP launcher re-runs the command line: the plain CLI, not the wrapper
-        full += ["--trainer.strategy", "ddp"]
+    if devices > 1 or strategy != "ddp":  # Lightning's launcher re-runs the command line: the plain CLI
+        full += ["--trainer.strategy", strategy]
         cmd = [sys.executable, "-m", "lit_svd", *full]
     else:
         cmd = [sys.executable, "-c", CHILD, *full]
@@ -240,12 +242,28 @@ def main() -> int:
             ddp = f"{'agrees' if ok else 'DIFFERS'} with one GPU ({n - len(bad)}/{n} leaves), {two['wall']:.1f} s"
         print(f"{name + ' DDP x2':20} {ddp}")
         outcomes.append(("ddp", ok))
+    fsdp = "skipped (no GPU; Lightning refuses FSDP on the CPU)"
+    if gpu and opts.models:
+        alias, prefix = MODELS[opts.models[0]]
+        args = cases(alias, prefix, where)["masks"][0]
+        n_dev = min(2, torch.cuda.device_count())
+        one = run(args, "gpu", where / "masks_gpu1_for_fsdp", opts.cpu_threads)
+        sharded = run(args, "gpu", where / "masks_fsdp", opts.cpu_threads, devices=n_dev, strategy="fsdp")
+        if "error" in sharded or "error" in one:
+            fsdp, ok = f"FAILED ({sharded.get('error') or one.get('error')})", False
+        else:
+            n, bad = compare(one["results"], sharded["results"])
+            ok = not bad
+            fsdp = f"{'agrees' if ok else 'DIFFERS'} with one GPU ({n - len(bad)}/{n} leaves) on {n_dev} GPU(s)"
+            fsdp += f", {sharded['wall']:.1f} s" + (f"; first: {bad[0]}" if bad else "")
+        print(f"{'masks FSDP':20} {fsdp}")
+        outcomes.append(("fsdp", ok))
     agree = sum(ok for _, ok in outcomes)
     failed = [n for n, ok in outcomes if not ok]
     vs = f"{torch.cuda.get_device_name(0)} vs CPU" if gpu else "CPU vs CPU (fallback: no GPU)"
     print(
-        f"gpu_check: {agree}/{len(outcomes)} cases agree ({vs}); DDP: {ddp}; {time.perf_counter() - start:.0f} s"
-        + (f"; not agreeing: {', '.join(failed)}" if failed else "")
+        f"gpu_check: {agree}/{len(outcomes)} cases agree ({vs}); DDP: {ddp}; FSDP: {fsdp};"
+        f" {time.perf_counter() - start:.0f} s" + (f"; not agreeing: {', '.join(failed)}" if failed else "")
     )
     return 0 if not failed else 1
 

@@ -61,8 +61,8 @@ def _hub_answers() -> bool:
 def check_available(name: str, what: str = "model", revision: str | None = None) -> None:
     """Fail at once, before anything loads, for a name that cannot be had: a missing local path, or (offline)
     a hub name that is not in the local Hugging Face cache. Other names pass (they may still fail to load)."""
-    if name in aliases() or Path(name).expanduser().exists():
-        return
+    if name in aliases() or name.startswith("arch:") or Path(name).expanduser().exists():
+        return  # (an ``arch:`` name is checked when its random-weight model is built)
     if name.endswith(".gguf") or _looks_local(name):
         raise ModelUnavailableError(f"{what}={name!r}: no such file or directory\noffline aliases: " + alias_listing())
     if not hub_offline():

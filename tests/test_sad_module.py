@@ -131,7 +131,7 @@ def test_null_stride_scores_the_null_on_every_kth_prompt_only(tiny_lm_dir):
         (dict(heads=[[0, 4]]), IndexError, r"head 4 out of range: llama has heads 0..3"),
         (dict(heads=[[-1, 0]]), IndexError, r"layer -1 out of range"),
         (dict(recon_tol=2.0), ValueError, r"model.recon_tol=2.0 is outside \[0, 1\)"),
-        (dict(dtype="float16"), ValueError, r"^model.dtype='float16' is unknown; choose one of float32, float64$"),
+        (dict(dtype="int8"), ValueError, r"model.dtype='int8' is not supported; choose one of float32"),
         (dict(layers=[0], heads=[[0, 0]]), ValueError, r"give model.layers or model.heads, not both"),
         (dict(null_draws=1), ValueError, r"model.null_draws=1: must be 0 \(no matched null\) or an integer >= 2"),
         (dict(null_stride=0), ValueError, r"model.null_stride=0: must be a positive integer"),

@@ -103,8 +103,9 @@ def patch_hook(view: ModelView, probes: Probes, reference: Tensor) -> Hook:
         coef = c.coefficients(src).transpose(0, 1).reshape(T * R, *c.shape)  # position-major rows
         now = probe_coefficients(Probes(c, probes.group.repeat(T), probes.coords.repeat(T, 1)), coef).view(T, R)
         shift = (reference.to(now.dtype)[None] - now).transpose(0, 1)  # [R, T]
-        rows = write.to(site.dtype).repeat(R // len(probes), 1)  # [R, d_out]
-        return view.with_site_output(c.layer, c.site, out, site + shift[..., None] * rows[:, None])
+        rows = write.to(shift.dtype).repeat(R // len(probes), 1)  # [R, d_out], in the analysis dtype
+        # the patch in the analysis dtype, written in the model's (bf16 / fp16 models: float32 maths, bf16 write)
+        return view.with_site_output(c.layer, c.site, out, site + (shift[..., None] * rows[:, None]).to(site.dtype))
 
     return Hook(view.site_module(c.layer, c.site), hook, "post")
 

@@ -32,8 +32,9 @@ Augmented matrices act on ``[1, x]`` (the leading 1 carries the biases):
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -132,6 +133,12 @@ def inverse_rms(
     """``1 / RMS`` of each head's map of ``xa: [..., T, D]`` through ``maps: [h, D, c]`` -> ``[..., h, T]``
     (the per-token factor of a per-head query / key RMSNorm)."""
     return torch.rsqrt(torch.einsum("...tD,hDc->...htc", xa, maps.to(xa.dtype)).pow(2).mean(-1) + eps)
+
+
+def analysis_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the analysis maths runs in for a model held in ``dtype``: float64 stays float64, everything
+    narrower (bfloat16, float16) computes in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _upcast(x: Tensor) -> Tensor:
@@ -256,6 +263,40 @@ class ModelView(ABC):
     def _layers(self) -> HFModule:  # the nn.ModuleList of decoder blocks
         return self.model.get_submodule(self.layers_path)
 
+    @contextlib.contextmanager
+    def materialized(self, layer: int | None) -> Iterator[None]:
+        """Block ``layer``'s weights (None: those outside the blocks: embeddings, final norm, unembedding) on
+        their execution device for the duration, where an accelerate device map offloaded them (CPU or disk
+        offload leaves ``meta`` tensors until a forward loads them); nothing for a model held in memory."""
+        with contextlib.ExitStack() as stack:
+            for mod in self._offloaded(layer):
+                from accelerate.utils import align_module_device
+
+                stack.enter_context(align_module_device(mod))
+            yield
+
+    def _offloaded(self, layer: int | None) -> list[nn.Module]:
+        """The modules under block ``layer`` (None: outside every block) whose accelerate hook offloads their
+        weights and whose weights are not loaded now (a forward in progress has loaded them already)."""
+        if not getattr(self.model, "hf_device_map", None):
+            return []
+        if layer is not None:
+            roots = [self._layers[layer]]
+        else:
+            blocks = self._layers
+            roots = [m for m in self.model.modules() if m is not blocks and not any(m is b for b in blocks)]
+            roots = [m for m in roots if not any(m is c for b in blocks for c in b.modules())]
+        out, seen = [], set()
+        for root in roots:
+            for mod in root.modules() if layer is not None else [root]:
+                hook = getattr(mod, "_hf_hook", None)
+                if id(mod) in seen or hook is None or not getattr(hook, "offload", False):
+                    continue
+                seen.add(id(mod))
+                if any(p.device.type == "meta" for p in mod.parameters()):
+                    out.append(mod)
+        return out
+
     def norm_module(self, point: NormPoint, layer: int | None) -> nn.Module:
         """The norm module read by the attention (``"attn"``), the MLP (``"mlp"``) or the unembedding."""
         self._check_point(point, layer)
@@ -277,7 +318,8 @@ class ModelView(ABC):
     def norm_affine(self, point: NormPoint, layer: int | None = None) -> NormAffine:
         """The effective affine part of a norm (Gemma's ``1 + w`` included)."""
         self._check_point(point, layer)
-        return self._affine_of(self.norm_module(point, layer))
+        with self.materialized(None if point == "final" else layer):
+            return self._affine_of(self.norm_module(point, layer))
 
     def _affine_of(self, mod: HFModule) -> NormAffine:
         eps = getattr(mod, "eps", None)
@@ -286,7 +328,10 @@ class ModelView(ABC):
         weight = getattr(mod, "weight", None)
         if weight is None:  # a norm without an affine part
             weight = torch.ones(self.d_model, device=self._device, dtype=self._dtype)
-        return NormAffine(self._norm_scale(weight), getattr(mod, "bias", None), float(eps))
+        bias = getattr(mod, "bias", None)
+        return NormAffine(
+            self._norm_scale(weight.to(self._dtype)), None if bias is None else bias.to(self._dtype), float(eps)
+        )
 
     def _norm_scale(self, weight: Tensor) -> Tensor:
         return weight
@@ -302,7 +347,7 @@ class ModelView(ABC):
         x = _upcast(resid)
         if self.norm_kind == "layernorm":
             x = x - x.mean(-1, keepdim=True)
-        return (x * self._factor(x, self.norm_affine(point, layer).eps)).to(resid.dtype)
+        return x * self._factor(x, self.norm_affine(point, layer).eps)  # float32 for a bf16 / fp16 residual
 
     @staticmethod
     def _factor(centred: Tensor, eps: float) -> Tensor:
@@ -341,7 +386,10 @@ class ModelView(ABC):
     def post_norm_affine(self, point: PostNormPoint, layer: int) -> NormAffine | None:
         """The post norm's gain (``1 + w``) and eps; None without post norms."""
         mod = self.post_norm_module(point, self.check_layer(layer))
-        return None if mod is None else self._affine_of(mod)
+        if mod is None:
+            return None
+        with self.materialized(layer):
+            return self._affine_of(mod)
 
     def post_norm_factor(
         self, point: PostNormPoint, layer: int, out: Float[Tensor, "*batch d_model"]
@@ -380,11 +428,15 @@ class ModelView(ABC):
     @torch.no_grad()
     def attn(self, layer: int) -> AttnWeights:
         """Per-head attention weights (norm folded into W_Q, W_K, W_V and their biases)."""
-        raw = self._raw_attn(self.check_layer(layer))
+        with self.materialized(self.check_layer(layer)):
+            raw = self._cast(self._raw_attn(layer))
+            gains = None  # the head norms' gains act on each head's features
+            if self.head_norm_names is not None:
+                gains = [self._affine_of(self.head_norm_module(layer, s)).scale for s in ("q", "k")]
         W_Q, b_Q = self._fold("attn", layer, raw.W_Q, raw.b_Q)
         W_K, b_K = self._fold("attn", layer, raw.W_K, raw.b_K)
-        if self.head_norm_names is not None:  # the head norms' gains act on each head's features
-            g_q, g_k = (self._affine_of(self.head_norm_module(layer, s)).scale for s in ("q", "k"))
+        if gains is not None:
+            g_q, g_k = gains
             W_Q, b_Q, W_K, b_K = W_Q * g_q, b_Q * g_q, W_K * g_k, b_K * g_k
         W_V, b_V = self._fold("attn", layer, raw.W_V, raw.b_V)
         return AttnWeights(W_Q, b_Q, W_K, b_K, W_V, b_V, raw.W_O, raw.b_O, raw.scale)
@@ -392,7 +444,8 @@ class ModelView(ABC):
     @torch.no_grad()
     def mlp(self, layer: int) -> MLPWeights:
         """The MLP's weights (norm folded into W_in, W_gate and their biases)."""
-        raw = self._raw_mlp(self.check_layer(layer))
+        with self.materialized(self.check_layer(layer)):
+            raw = self._cast(self._raw_mlp(layer))
         W_in, b_in = self._fold("mlp", layer, raw.W_in, raw.b_in)
         W_gate, b_gate = raw.W_gate, raw.b_gate
         if W_gate is not None and b_gate is not None:  # the views set both or neither
@@ -403,17 +456,34 @@ class ModelView(ABC):
     def unembed(self) -> tuple[Float[Tensor, "d_model vocab"], Float[Tensor, " vocab"]]:
         """``(W_U [d_model, vocab], b_U [vocab])`` acting on ``normalized("final", None, resid)``;
         the logits before Gemma-2's final soft-cap."""
-        return self._fold("final", None, *self._raw_unembed())
+        with self.materialized(None):
+            W_U, b_U = self._raw_unembed()
+        return self._fold("final", None, W_U.to(self._dtype), b_U.to(self._dtype))
 
     @property
     def W_E(self) -> Float[Tensor, "vocab d_model"]:
         """Token embedding matrix ``[vocab, d_model]`` as the residual receives it (Gemma: scaled)."""
         emb = self.model.get_input_embeddings()
-        return emb.weight * getattr(emb, "embed_scale", torch.tensor(1.0)).to(emb.weight.dtype)
+        with self.materialized(None):
+            weight = emb.weight.to(self._dtype)
+        return weight * getattr(emb, "embed_scale", torch.tensor(1.0)).to(weight.dtype)
+
+    def _cast(self, weights):
+        """An ``AttnWeights`` / ``MLPWeights`` with every tensor in the analysis dtype (a bf16 / fp16 model's
+        weights are read in float32)."""
+        for name, value in vars(weights).items():
+            if isinstance(value, Tensor):
+                setattr(weights, name, value.to(self._dtype))
+        return weights
 
     @property
     def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where the analysis runs: the device of the first parameter held in memory (an offloaded model's
+        ``meta`` parameters are skipped; all offloaded: the CPU)."""
+        for p in self.model.parameters():
+            if p.device.type != "meta":
+                return p.device
+        return torch.device("cpu")
 
     # --- rotary ------------------------------------------------------------------------------
     def rotate(
@@ -470,10 +540,11 @@ class ModelView(ABC):
         norms' eps. None for every other model."""
         if self.head_norm_names is None:
             return None
-        plain = self._raw_attn(self.check_layer(layer))
+        with self.materialized(self.check_layer(layer)):
+            plain = self._cast(self._raw_attn(layer))
+            eps = self._affine_of(self.head_norm_module(layer, "q")).eps
         W_Q, b_Q = self._fold("attn", layer, plain.W_Q, plain.b_Q)
         W_K, b_K = self._fold("attn", layer, plain.W_K, plain.b_K)
-        eps = self._affine_of(self.head_norm_module(layer, "q")).eps
         return augment(W_Q, b_Q).detach(), augment(W_K, b_K).detach(), eps
 
     def head_norm_module(self, layer: int, site: HeadNormSite) -> nn.Module | None:
@@ -509,8 +580,15 @@ class ModelView(ABC):
         return inverse_rms(xa, Q, eps), inverse_rms(xa, K, eps)
 
     @property
-    def _dtype(self) -> torch.dtype:
+    def model_dtype(self) -> torch.dtype:
+        """The dtype the model runs in (its parameters')."""
         return next(self.model.parameters()).dtype
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        """The dtype every weight the view returns is in: ``analysis_dtype(model_dtype)`` (float32 for a bf16 /
+        fp16 model, the model's own otherwise)."""
+        return analysis_dtype(self.model_dtype)
 
     # --- factored, bias-augmented matrices ---------------------------------------------------
     @torch.no_grad()
@@ -641,6 +719,8 @@ class ModelView(ABC):
         """``(W [d_in, d_out], b [d_out] or None)`` with ``site_output = input @ W + b`` for the input
         the site module receives (the model's own, unfolded weights; K/V not GQA-expanded)."""
         mod: HFModule = self.site_module(layer, site)
-        W = mod.weight if type(mod).__name__ == "Conv1D" else mod.weight.T  # GPT-2 Conv1D is [in, out]
-        b = None if getattr(mod, "bias", None) is None else self.site_output(layer, site, mod.bias)
+        with self.materialized(layer):
+            W = mod.weight if type(mod).__name__ == "Conv1D" else mod.weight.T  # GPT-2 Conv1D is [in, out]
+            W = W.to(self._dtype)
+            b = None if getattr(mod, "bias", None) is None else self.site_output(layer, site, mod.bias.to(self._dtype))
         return self.site_output(layer, site, W), b

@@ -114,7 +114,7 @@ class Component:
     def coefficients(self, x: Float[Tensor, "*batch d_site"]) -> Float[Tensor, "*batch G K"]:
         """Direction coefficients ``[..., G, K]`` of the site output (or, for ``ov``, of the o input ``z``)."""
         G = self.S.shape[0]
-        x = x.reshape(*x.shape[:-1], G, -1)
+        x = x.reshape(*x.shape[:-1], G, -1).to(self.V.dtype)  # a bf16 / fp16 model's activations in float32
         return torch.einsum("...gd,gdk->...gk", x, self.read if self.kind == "ov" else self.V)
 
     def write(self, coef: Float[Tensor, "*batch G K"]) -> Float[Tensor, "*batch d_site"]:
@@ -287,7 +287,7 @@ class Intervention:
 
         def hook(module, args, kwargs, out):
             for c in comps:
-                lam = scales[c.name].to(out.dtype)
+                lam = scales[c.name].to(c.S.dtype)  # the masks' maths in the analysis dtype, the write in the model's
                 if c.kind == "qk":
                     out = view.with_site_output(layer, site, out, self._qk_site(c, site, normalized[layer], lam, out))
                     continue
@@ -296,7 +296,7 @@ class Intervention:
                 ref = None if reference is None else reference[c.name]
                 src = rows_at(first_input(args, kwargs), positions) if c.kind == "ov" else rows
                 coef = c.coefficients(src)
-                rows = rows + c.write((coef if ref is None else coef - ref) * (lam - 1))
+                rows = rows + c.write((coef if ref is None else coef - ref) * (lam - 1)).to(rows.dtype)
                 out = write(out, put_rows_at(own, positions, rows))
             return out
 

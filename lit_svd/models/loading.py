@@ -17,7 +17,7 @@ import os
 import shutil
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -38,6 +38,25 @@ from lit_svd.model_names import (  # noqa: F401  (re-exported: the names are par
 )
 
 log = logging.getLogger(__name__)
+
+DType = Literal["float32", "float64", "bfloat16", "float16"]
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def torch_dtype(dtype: str | torch.dtype, key: str = "dtype") -> torch.dtype:
+    """``"bfloat16"`` (or a ``torch.dtype``) -> ``torch.bfloat16``; an unknown name fails naming ``key``."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"{key}={dtype} is not supported; choose one of {', '.join(DTYPES)}")
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"{key}={dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def resolve_alias(name: str) -> Path:
@@ -87,25 +106,45 @@ def load_causal_lm(
     *,
     gguf_file: str | None = None,
     revision: str | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: str | torch.dtype = torch.float32,
     cache: bool = True,
+    device_map: str | dict[str, int | str] | None = None,
+    offload_folder: str | None = None,
 ) -> tuple[Any, PreTrainedTokenizerBase]:  # (the PreTrainedModel, its tokenizer)
     """Return ``(model, tokenizer)`` with the model in eval mode.
 
     ``name_or_path`` is an offline alias (``"smollm2-135m"``), a hub name (``"gpt2"``,
-    ``"EleutherAI/pythia-160m"`` with ``revision="step1000"``), a local directory, or a ``.gguf``
-    file (then ``gguf_file`` may be omitted).
+    ``"EleutherAI/pythia-160m"`` with ``revision="step1000"``), a local directory, a ``.gguf``
+    file (then ``gguf_file`` may be omitted), or ``arch:NAME[?n_layers=N]``: a random-weight model of a
+    named model's exact architecture (``lit_svd.models.architectures``) with SmolLM2's tokenizer.
+
+    ``dtype``: what the model runs in (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"`` or a
+    ``torch.dtype``). ``device_map`` (a dict ``{module name: device, "cpu" or "disk"}`` or accelerate's
+    ``"auto"`` / ``"balanced"`` ...) places the model with accelerate, offloading to ``offload_folder`` the
+    modules mapped to ``"disk"``: their weights stay ``meta`` until a forward (or the view's
+    ``materialized``) loads them.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dtype = torch_dtype(dtype)
+    placed = _placement(device_map, offload_folder)
+    if name_or_path.startswith("arch:"):
+        from lit_svd.models.architectures import TOKENIZER, build_arch_model
+
+        if device_map is not None:
+            raise ValueError(
+                f"device_map with model={name_or_path!r}: a random-weight arch model has no weights on disk to"
+                " place; load a saved model (a local folder) to use a device map"
+            )
+        return _finish(build_arch_model(name_or_path, dtype=dtype), load_tokenizer(TOKENIZER))
     if name_or_path in ASSEMBLED_ALIASES:
         cached = _assembled_cache_dir(name_or_path)
         if cache and cache_is_whole(cached):
-            return _load_gguf(None, cached, dtype=dtype, cache=cache)
-        return _load_gguf(resolve_alias(name_or_path), cached, dtype=dtype, cache=cache)
+            return _load_gguf(None, cached, dtype=dtype, cache=cache, placed=placed)
+        return _load_gguf(resolve_alias(name_or_path), cached, dtype=dtype, cache=cache, placed=placed)
     gguf_path = _gguf_path(name_or_path, gguf_file)
     if gguf_path is not None:
-        return _load_gguf(gguf_path, _gguf_cache_dir(gguf_path), dtype=dtype, cache=cache)
+        return _load_gguf(gguf_path, _gguf_cache_dir(gguf_path), dtype=dtype, cache=cache, placed=placed)
 
     if _looks_local(name_or_path) and not Path(name_or_path).expanduser().is_dir():
         raise ModelUnavailableError(
@@ -117,11 +156,66 @@ def load_causal_lm(
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision, local_files_only=offline)
         model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, revision=revision, dtype=dtype, local_files_only=offline
+            name_or_path, revision=revision, dtype=dtype, local_files_only=offline, **placed
         )
     except (OSError, ValueError) as err:
         raise _unavailable("model", name_or_path, revision, offline, err) from err
     return _finish(model, tokenizer)
+
+
+def _placement(device_map, offload_folder) -> dict:
+    """``from_pretrained``'s placement keywords; ``offload_folder`` is required when a module goes to disk."""
+    if device_map is None:
+        if offload_folder is not None:
+            raise ValueError(f"offload_folder={offload_folder!r} needs a device_map that maps modules to 'disk'")
+        return {}
+    if isinstance(device_map, dict) and "disk" in device_map.values() and offload_folder is None:
+        raise ValueError("device_map maps modules to 'disk': give offload_folder (a folder for their weights)")
+    placed = {"device_map": device_map}
+    if offload_folder is not None:
+        placed["offload_folder"] = str(offload_folder)
+    return placed
+
+
+def layer_offload_map(name_or_path: str, on_disk, gguf_file: str | None = None) -> dict[str, str]:
+    """A device map for ``load_causal_lm(name_or_path, device_map=..., offload_folder=...)`` that keeps every
+    module on the CPU except the decoder blocks listed in ``on_disk`` (offloaded to disk). Built from the
+    model's config on an empty (``meta``) skeleton, so no weight is read."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lit_svd.models import view
+
+    folder = _model_folder(name_or_path, gguf_file)
+    with init_empty_weights():
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    v = view(skeleton)
+    disk = {int(l) for l in on_disk}
+    bad = sorted(l for l in disk if not 0 <= l < v.n_layers)
+    if bad:
+        raise ValueError(f"on_disk={bad}: layers must lie in 0..{v.n_layers - 1}")
+    blocks = {f"{v.layers_path}.{l}": "disk" if l in disk else "cpu" for l in range(v.n_layers)}
+    rest = {
+        name: "cpu"
+        for name, mod in skeleton.named_modules()
+        if name
+        and not name.startswith(v.layers_path + ".")
+        and any(True for _ in [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)])
+    }
+    return rest | blocks
+
+
+def _model_folder(name_or_path: str, gguf_file: str | None) -> Path:
+    """The local HF folder of a model (an offline alias: its conversion cache, converted first if needed)."""
+    if name_or_path in ASSEMBLED_ALIASES:
+        folder = _assembled_cache_dir(name_or_path)
+    else:
+        gguf_path = _gguf_path(name_or_path, gguf_file)
+        folder = Path(name_or_path) if gguf_path is None else _gguf_cache_dir(gguf_path)
+    if gguf_file is not None or name_or_path in aliases():
+        if not (folder / "model.safetensors").is_file():
+            load_causal_lm(name_or_path, gguf_file=gguf_file)
+    return folder
 
 
 def _gguf_path(name_or_path: str, gguf_file: str | None) -> Path | None:
@@ -181,15 +275,17 @@ def _finish(model, tokenizer):
 
 
 def _load_gguf(
-    gguf_path: Path | None, cached: Path, *, dtype: torch.dtype, cache: bool
+    gguf_path: Path | None, cached: Path, *, dtype: torch.dtype, cache: bool, placed: dict | None = None
 ) -> tuple[Any, PreTrainedTokenizerBase]:
     """Dequantise a GGUF file through transformers, caching the result as a local HF directory ``cached``
-    (``gguf_path`` None: the cache is known to be there)."""
+    (``gguf_path`` None: the cache is known to be there). ``placed``: device-map keywords (the cached folder)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if placed and not (cache and cache_is_whole(cached)):
+        _load_gguf(gguf_path, cached, dtype=dtype, cache=True)  # a device map places the converted folder
     if cache and cache_is_whole(cached):
         try:
-            model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype, **(placed or {}))
             tokenizer = AutoTokenizer.from_pretrained(cached)
         except Exception as err:  # a damaged config or tokenizer file (the weights' header was whole)
             raise ModelUnavailableError(

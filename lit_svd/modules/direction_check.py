@@ -40,6 +40,7 @@ from lit_svd.analysis.readouts import readouts
 from lit_svd.choices import check_choice
 from lit_svd.linalg import REL_GAP
 from lit_svd.models.intervene import Component, build_components
+from lit_svd.models.loading import DType
 from lit_svd.modules.pretrained import PretrainedLMModule
 from lit_svd.runs import load_run
 
@@ -115,6 +116,10 @@ class DirectionCheckModule(PretrainedLMModule):
         top_k: tokens per readout side.
         rel_gap: relative gap below which neighbouring singular values share a block (``linalg.REL_GAP``).
         model: the model (default: the run's).
+        dtype: what the frozen model runs in (float32, bfloat16, float16; float64 for exact checks); the
+            analysis maths stays float32 / float64 (``PretrainedLMModule``).
+        device_map: accelerate device map of the frozen model (e.g. some layers on "disk"; ``PretrainedLMModule``).
+        offload_folder: where disk-offloaded weights go.
     """
 
     def __init__(
@@ -128,6 +133,9 @@ class DirectionCheckModule(PretrainedLMModule):
         top_k: int = 8,
         rel_gap: float = REL_GAP,
         model: str | None = None,
+        dtype: DType = "float32",
+        device_map: str | dict[str, int | str] | None = None,
+        offload_folder: str | None = None,
     ):
         for kind in kinds:
             check_choice("kinds", kind, PATCHABLE, where=" among the kinds that can be patched")
@@ -145,6 +153,9 @@ class DirectionCheckModule(PretrainedLMModule):
             gguf_file=hp.get("gguf_file"),
             revision=hp.get("revision"),
             fold_norms=hp.get("fold_norms", True),
+            dtype=dtype,
+            device_map=device_map,
+            offload_folder=offload_folder,
         )
         self.save_hyperparameters()
         layers = sorted({int(n.split(".")[0][1:]) for n in self.claims})

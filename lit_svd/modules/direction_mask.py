@@ -32,6 +32,7 @@ from lit_svd.analysis.masks import (
 from lit_svd.linalg import REL_GAP
 from lit_svd.metrics import TaskScorer, task_scorer
 from lit_svd.models.intervene import Intervention, build_components
+from lit_svd.models.loading import DType
 from lit_svd.modules import mask_measures
 from lit_svd.modules.pretrained import PretrainedLMModule
 
@@ -76,6 +77,10 @@ class DirectionMaskModule(PretrainedLMModule):
             the L1 term still counts every direction, so a block of m costs m times its lambda).
         rel_gap: relative gap below which neighbouring singular values share a block (blocks in the
             reports, and the units of ``mask_unit=block``); default ``lit_svd.linalg.REL_GAP``.
+        dtype: what the frozen model runs in (float32, bfloat16, float16; float64 for exact checks); the
+            analysis maths stays float32 / float64 (``PretrainedLMModule``).
+        device_map: accelerate device map of the frozen model (e.g. some layers on "disk"; ``PretrainedLMModule``).
+        offload_folder: where disk-offloaded weights go.
     """
 
     def __init__(
@@ -101,6 +106,9 @@ class DirectionMaskModule(PretrainedLMModule):
         soft_steps: int = 0,
         mask_unit: MaskUnit = "direction",
         rel_gap: float = REL_GAP,
+        dtype: DType = "float32",
+        device_map: str | dict[str, int | str] | None = None,
+        offload_folder: str | None = None,
     ):
         check_mask_config(alpha, init, threshold, ablation, positions)
         check_mask_unit(mask_unit)
@@ -111,7 +119,15 @@ class DirectionMaskModule(PretrainedLMModule):
             raise ValueError(f"lr_min={lr_min} is invalid; give a number in [0, lr={lr}] or null")
         if soft_steps < 0:
             raise ValueError(f"soft_steps={soft_steps} is invalid; give an integer >= 0")
-        super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=fold_norms)
+        super().__init__(
+            model=model,
+            gguf_file=gguf_file,
+            revision=revision,
+            fold_norms=fold_norms,
+            dtype=dtype,
+            device_map=device_map,
+            offload_folder=offload_folder,
+        )
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.alpha, self.threshold, self.ablation, self.positions = alpha, threshold, ablation, positions
@@ -198,14 +214,15 @@ class DirectionMaskModule(PretrainedLMModule):
     def answer_logits(
         self, ids: Tensor, batch: dict, scales: dict[str, Tensor] | None = None, reference: dict | None = None
     ) -> Tensor:
-        """Logits ``[B, V]`` at the answer position, with ``scales`` applied (None: the plain model)."""
+        """Logits ``[B, V]`` at the answer position, with ``scales`` applied (None: the plain model), in the
+        analysis dtype (a bf16 / fp16 model's logits in float32: the KL, the metric and the loss in float32)."""
         pos = batch["answer_pos"]
         kwargs = dict(input_ids=ids, attention_mask=batch["attention_mask"], logits_to_keep=pos[:, None])
         if scales is None:
-            return self.lm(**kwargs).logits[:, 0]
+            return self.lm(**kwargs).logits[:, 0].to(self.analysis_dtype)
         at = pos if self.positions == "answer" else None
         with self.intervention.apply(scales, positions=at, reference=reference):
-            return self.lm(**kwargs).logits[:, 0]
+            return self.lm(**kwargs).logits[:, 0].to(self.analysis_dtype)
 
     @torch.no_grad()
     def reference(self, batch: dict) -> dict | None:

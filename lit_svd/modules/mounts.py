@@ -43,6 +43,7 @@ from lit_svd.choices import check_choice
 from lit_svd.models.base import SITES
 from lit_svd.models.hooks import Hook, first_input, hooks
 from lit_svd.models.layer_passes import layer_groups, pass_bounds, run_blocks
+from lit_svd.models.loading import DType
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 DEFAULT_TILE_WIDTHS = M.PAPER_TILE_WIDTHS  # "fixed": the paper's absolute widths
@@ -121,6 +122,10 @@ class MountsAnalysisModule(PretrainedLMModule):
             configs use 8, which bench/mounts_bench.py and the SmolLM2 run show changes no verdict).
         layers_per_pass: score this many layers per pass over the tokens (null: all layers in one pass); memory
             holds one group's plans and sums (SmolLM2: about 0.15 GB a layer), the table does not change.
+        dtype: what the frozen model runs in (float32, bfloat16, float16; float64 for exact checks); the
+            analysis maths stays float32 / float64 (``PretrainedLMModule``).
+        device_map: accelerate device map of the frozen model (e.g. some layers on "disk"; ``PretrainedLMModule``).
+        offload_folder: where disk-offloaded weights go.
     """
 
     def __init__(
@@ -147,8 +152,19 @@ class MountsAnalysisModule(PretrainedLMModule):
         null_control: bool = True,
         null_stride: int = 1,
         layers_per_pass: int | None = None,
+        dtype: DType = "float32",
+        device_map: str | dict[str, int | str] | None = None,
+        offload_folder: str | None = None,
     ):
-        super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
+        super().__init__(
+            model=model,
+            gguf_file=gguf_file,
+            revision=revision,
+            fold_norms=True,
+            dtype=dtype,
+            device_map=device_map,
+            offload_folder=offload_folder,
+        )
         self.save_hyperparameters()
         view = self.view
         self.sites = list(sites) if sites is not None else [s for s in SITES if s != "gate" or view.gated_mlp]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
-from lit_svd.models.loading import load_causal_lm
+from lit_svd.models.loading import DType, load_causal_lm, torch_dtype
 
 
 class PretrainedLMModule(pl.LightningModule):
@@ -18,6 +18,14 @@ class PretrainedLMModule(pl.LightningModule):
         gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
         revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
         fold_norms: fold the norms' weights into the views' matrices.
+        dtype: what the frozen model runs in ("float32", "bfloat16", "float16"; "float64" for exact checks). The
+            analysis maths (weights read through the view, SVDs, sums, nulls, statistics, trained masks) stays in
+            float32 (float64 for a float64 model): the view returns float32 weights of a bf16 / fp16 model.
+        device_map: place the model with accelerate (``{module name: device, "cpu" or "disk"}`` or "auto");
+            modules mapped to "disk" are offloaded to ``offload_folder`` and loaded layer by layer in each
+            forward (``lit_svd.models.loading.layer_offload_map`` writes such a map). Lightning does not move a
+            placed model.
+        offload_folder: where disk-offloaded weights are written.
     """
 
     def __init__(
@@ -26,15 +34,49 @@ class PretrainedLMModule(pl.LightningModule):
         gguf_file: str | None = None,
         revision: str | None = None,
         fold_norms: bool = True,
+        dtype: DType = "float32",
+        device_map: str | dict[str, int | str] | None = None,
+        offload_folder: str | None = None,
     ):
         super().__init__()
         self.model_name = model
-        lm, self.tokenizer = load_causal_lm(model, gguf_file=gguf_file, revision=revision)
+        self.model_dtype = torch_dtype(dtype, "model.dtype")
+        lm, self.tokenizer = load_causal_lm(
+            model,
+            gguf_file=gguf_file,
+            revision=revision,
+            dtype=self.model_dtype,
+            device_map=device_map,
+            offload_folder=offload_folder,
+        )
         for p in lm.parameters():
             p.requires_grad_(False)
         self.lm = lm
         self.fold_norms = fold_norms
         self._view = None
+
+    @property
+    def analysis_dtype(self) -> torch.dtype:
+        """float32 for a bf16 / fp16 / float32 model, float64 for a float64 one."""
+        from lit_svd.models.base import analysis_dtype
+
+        return analysis_dtype(self.model_dtype)
+
+    @property
+    def placed(self) -> bool:
+        """True when accelerate placed the model with a device map (Lightning then leaves it where it is)."""
+        return bool(getattr(self.lm, "hf_device_map", None))
+
+    def _apply(self, fn, recurse: bool = True):
+        """Lightning's ``.to(device)`` / ``.double()`` leave a device-mapped model where accelerate put it (its
+        offloaded weights are ``meta`` tensors that cannot move)."""
+        if not self.placed:
+            return super()._apply(fn, recurse)
+        lm = self._modules.pop("lm")
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            self._modules["lm"] = lm
 
     @property
     def view(self):

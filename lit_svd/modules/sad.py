@@ -12,8 +12,6 @@ test loop, the others over this rank's stored prompts at the end, each pass runn
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 from torchmetrics import Metric
@@ -35,12 +33,9 @@ from lit_svd.analysis.sad import (
     qk_heads_from_view,
     summarise_heads,
 )
-from lit_svd.choices import check_choice
 from lit_svd.models.layer_passes import layer_groups, pass_bounds, run_blocks
+from lit_svd.models.loading import DType
 from lit_svd.modules.pretrained import PretrainedLMModule
-
-DType = Literal["float32", "float64"]
-DTYPES: dict[DType, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
 
 
 class SADHeadStats(Metric):
@@ -162,7 +157,10 @@ class SADAnalysisModule(PretrainedLMModule):
         pair_null: also decompose each head on the visible pairs it does not attend to (the pair null).
         min_pairs: heads with fewer analysed pairs are left out of the summary.
         input_key: the batch key holding token ids (``clean_ids`` for task prompts; ``input_ids`` as fallback).
-        dtype: "float32" or "float64" for the model and the decomposition.
+        dtype: what the frozen model runs in (float32, bfloat16, float16, float64); the decomposition, nulls and
+            statistics run in float32 (float64 for a float64 model).
+        device_map: accelerate device map of the frozen model (e.g. some layers on "disk"; ``PretrainedLMModule``).
+        offload_folder: where disk-offloaded weights go.
         layers_per_pass: decompose this many layers per pass over the prompts (null: all in one pass); memory
             holds one group's bases and null frames (SmolLM2 with 16 draws: about 45 MB a layer), the
             results do not change.
@@ -186,17 +184,25 @@ class SADAnalysisModule(PretrainedLMModule):
         pair_null: bool = True,
         null_stride: int = 1,
         layers_per_pass: int | None = None,
+        device_map: str | dict[str, int | str] | None = None,
+        offload_folder: str | None = None,
     ):
         check_threshold(threshold, "model.threshold")
         check_tolerance(recon_tol, "model.recon_tol")
-        check_choice("model.dtype", dtype, DType)
         if not isinstance(min_pairs, int) or min_pairs < 1:
             raise ValueError(f"model.min_pairs={min_pairs!r} must be a positive integer")
         check_null_draws(null_draws, "model.null_draws")
         check_null_stride(null_stride, "model.null_stride")
-        super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=fold_norms)
+        super().__init__(
+            model=model,
+            gguf_file=gguf_file,
+            revision=revision,
+            fold_norms=fold_norms,
+            dtype=dtype,
+            device_map=device_map,
+            offload_folder=offload_folder,
+        )
         self.save_hyperparameters()
-        self.lm.to(DTYPES[dtype])
         self.selection = parse_head_selection(self.view, layers, heads)
         self.layer_list = list(self.selection)
         self.passes = layer_groups(self.layer_list, layers_per_pass)
@@ -233,7 +239,7 @@ class SADAnalysisModule(PretrainedLMModule):
 
     def _load_pass(self, p: int) -> None:
         """The bases (and null frames) of pass ``p``'s layers; the previous pass's are dropped first."""
-        dtype, hp = DTYPES[self.hparams.dtype], self.hparams
+        dtype, hp = self.analysis_dtype, self.hparams
         self.bases = {}
         where = f" (pass {p + 1}/{len(self.passes)})" if len(self.passes) > 1 else ""
         for l in tqdm(self.passes[p], desc=f"SAD bases{where}", disable=not self._is_zero()):
