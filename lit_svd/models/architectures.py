@@ -17,6 +17,7 @@ the token *meanings* are not the named model's, which does not matter for cost.
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import parse_qsl
 
 import torch
@@ -167,7 +168,7 @@ def arch_config_dict(arch: str, n_layers: int | None = None) -> dict:
     return cfg
 
 
-def arch_config(name: str):
+def arch_config(name: str) -> Any:  # a transformers PretrainedConfig
     """The transformers config object of an ``arch:`` name."""
     from transformers import AutoConfig
 
@@ -180,7 +181,7 @@ def arch_config(name: str):
     return config
 
 
-def build_arch_model(name: str, dtype: torch.dtype = torch.float32, seed: int = 0):
+def build_arch_model(name: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:  # PreTrainedModel
     """A random-weight model of ``name``'s exact architecture in ``dtype`` (eval mode; the default attention
     implementation, as ``load_causal_lm`` loads real models), initialised under ``seed``."""
     from transformers import AutoModelForCausalLM

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -163,7 +164,7 @@ def load_causal_lm(
     return _finish(model, tokenizer)
 
 
-def _placement(device_map, offload_folder) -> dict:
+def _placement(device_map: str | dict[str, int | str] | None, offload_folder: str | Path | None) -> dict:
     """``from_pretrained``'s placement keywords; ``offload_folder`` is required when a module goes to disk."""
     if device_map is None:
         if offload_folder is not None:
@@ -177,7 +178,7 @@ def _placement(device_map, offload_folder) -> dict:
     return placed
 
 
-def layer_offload_map(name_or_path: str, on_disk, gguf_file: str | None = None) -> dict[str, str]:
+def layer_offload_map(name_or_path: str, on_disk: Iterable[int], gguf_file: str | None = None) -> dict[str, str]:
     """A device map for ``load_causal_lm(name_or_path, device_map=..., offload_folder=...)`` that keeps every
     module on the CPU except the decoder blocks listed in ``on_disk`` (offloaded to disk). Built from the
     model's config on an empty (``meta``) skeleton, so no weight is read."""
