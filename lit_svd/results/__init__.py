@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from lit_svd.results.base import SCHEMA_VERSION, Provenance, Result
+from lit_svd.results.circuits import CircuitResult
 from lit_svd.results.directions import CompareDirectionsResult, DirectionCheckResult
 from lit_svd.results.masks import MaskBlocksResult, MaskCurveResult, MaskResult, MaskThresholdsResult
 from lit_svd.results.mounts import MountsResult
@@ -31,6 +32,7 @@ TYPES: tuple[type[Result], ...] = (
     CompareDirectionsResult,
     MountsResult,
     EvaluateResult,
+    CircuitResult,
 )
 BY_EXPERIMENT: dict[str, type[Result]] = {name: t for t in TYPES for name in (t.experiment, *t.aliases)}
 
@@ -60,6 +62,7 @@ __all__ = [
     "BY_EXPERIMENT",
     "SCHEMA_VERSION",
     "TYPES",
+    "CircuitResult",
     "CompareDirectionsResult",
     "DirectionCheckResult",
     "EvaluateResult",

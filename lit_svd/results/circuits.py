@@ -1,0 +1,173 @@
+"""Circuit graphs of singular directions (issue 24): the graph, its causal edge checks, faithfulness curves and
+the agreement with the other methods, as one typed result (``CircuitReport``; docs/circuits.md, "Outputs").
+
+A graph's nodes are named by ``str(Address)`` (``L3.ov.h2.d0``, ``L3.ov.h2.d0-3``, ``L3.b_O``, ``embed``) plus
+the root ``metric`` (the task's metric read through the final norm and the unembedding); an edge runs from a
+writer to the reader it feeds, with the mean signed contribution over the prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lit_svd.results._rows import flat
+from lit_svd.results.base import Result, doc_field, nan_field, optional
+
+ROOT = "metric"  # the graph's root node: the task metric's read
+NODE_KEYS = ("address", "layer", "kind", "group", "index", "size")
+EDGE_KEYS = ("writer", "reader", "weight", "abs_weight", "kept_in", "reader_kind")
+CHECK_KEYS = ("effect", "gap_fraction", "z", "pass_z", "pass")
+EDGE_COLUMNS = EDGE_KEYS + CHECK_KEYS
+NODE_COLUMNS = (*NODE_KEYS, "unit", "in_degree", "out_degree", "abs_in", "abs_out", "readout_plus", "readout_minus")
+SEP = " | "  # between readout tokens in the CSV and the page
+
+
+def edge_counts(edges: Iterable[dict]) -> dict[str, int]:
+    """``edges``; ``checked`` (a causal check ran: ``z`` is not None); ``pass_z`` (z at or above the level's);
+    ``pass`` (z and the minimum fraction of the metric gap both)."""
+    edges = list(edges)
+    checked = [e for e in edges if e.get("z") is not None]
+    return {
+        "edges": len(edges),
+        "checked": len(checked),
+        "pass_z": sum(bool(e.get("pass_z")) for e in checked),
+        "pass": sum(bool(e.get("pass")) for e in checked),
+    }
+
+
+def node_row(node: dict, edges: list[dict] | None = None) -> dict:
+    """A node's table row: its address fields, unit, degrees and summed |weight| in / out (over ``edges``), its
+    readout's tokens joined by ``SEP``."""
+    read = node.get("readout") or {}
+    row = {k: node.get(k) for k in (*NODE_KEYS, "unit")}
+    if edges is not None:
+        ins = [e for e in edges if e["reader"] == node["address"]]
+        outs = [e for e in edges if e["writer"] == node["address"]]
+        row.update(
+            in_degree=len(ins),
+            out_degree=len(outs),
+            abs_in=sum(e["abs_weight"] for e in ins),
+            abs_out=sum(e["abs_weight"] for e in outs),
+        )
+    row.update(readout_plus=SEP.join(read.get("plus", [])), readout_minus=SEP.join(read.get("minus", [])))
+    return row
+
+
+def edge_row(edge: dict) -> dict:
+    """An edge's table row, the columns of ``EDGE_COLUMNS`` (None where the edge was not checked)."""
+    return {k: edge.get(k) for k in EDGE_COLUMNS}
+
+
+@dataclass(kw_only=True)
+class CircuitResult(Result):
+    """One task's circuit graph of singular directions: nodes, edges with their causal checks, the counts, and
+    (where measured) faithfulness curves and the agreement with the mask run and SAD."""
+
+    experiment = "circuit_graph"
+    table_file = "edges.csv"
+    table_columns = EDGE_COLUMNS
+
+    task: str = doc_field("ioi, gp or gt")
+    model: str = doc_field("the model (alias, hub name, folder or GGUF file)")
+    n_prompts: int = doc_field("test prompts the graph is merged over")
+    options: dict = doc_field(
+        "the builder's options: threshold (minimum |mean contribution| as a fraction of the metric gap), depth,"
+        " readers (traced reader kinds), unit (direction / block / head); the check's level, z_pass,"
+        " min_gap_fraction, n_random"
+    )
+    metric: dict = doc_field("the task metric on the prompts: clean, corrupted, gap (= clean - corrupted)")
+    counts: dict = doc_field(
+        "nodes; edges; checked (edges with a causal check); pass_z (z >= z_pass); pass (z and gap fraction)"
+    )
+    nodes: list[dict] = doc_field(
+        "per node: address (str(Address), or 'metric' for the root), layer, kind, group, index, size, unit,"
+        " readout {side, plus [top_k], minus [top_k]} (optional)"
+    )
+    edges: list[dict] = nan_field(
+        "per edge writer -> reader: writer, reader (node addresses), weight (mean signed contribution over the"
+        " prompts), abs_weight (|weight|), kept_in (prompts whose graph kept it), reader_kind (logit, ov, qk_query,"
+        " qk_key, mlp), effect (metric change when only this edge is patched toward the corrupted run), gap_fraction"
+        " (effect / gap), z (against random edges of the same writer), pass_z, pass (null: not checked)"
+    )
+    faithfulness: dict | None = optional(
+        "per method (graph, eap, mask, random, ...): sizes [n] (edges kept), fractions [n] (of all edges),"
+        " values [n] ((m(C) - m(empty)) / (m(full) - m(empty))), cpr, cmd",
+        nan_ok=True,
+    )
+    agreement: list[dict] | None = optional(
+        "per source (mask, sad): units (universe size), n_graph, n_source, overlap, expected (by chance),"
+        " ratio (overlap / expected), p_value (hypergeometric, overlap at least this large)",
+        nan_ok=True,
+    )
+
+    def rows(self) -> list[dict]:
+        """One row per edge, the columns of ``EDGE_COLUMNS``."""
+        return [edge_row(e) for e in self.edges]
+
+    def node_rows(self) -> list[dict]:
+        """One row per node, the columns of ``NODE_COLUMNS`` (degrees and |weight| sums over ``edges``)."""
+        return [node_row(n, self.edges) for n in self.nodes]
+
+    def agreement_rows(self) -> list[dict]:
+        """The agreement table's rows (flat)."""
+        return [flat(r) for r in self.agreement or []]
+
+    # --- graphs --------------------------------------------------------------------------------------
+    def to_graph(self):
+        """The graph as a ``networkx.DiGraph``: node key = address, node attributes = the node's fields (without
+        ``address``), edge attributes = the edge's fields (without writer / reader); graph attributes: task,
+        model, n_prompts, options, metric, counts."""
+        import networkx as nx
+
+        g = nx.DiGraph(
+            task=self.task,
+            model=self.model,
+            n_prompts=self.n_prompts,
+            options=dict(self.options),
+            metric=dict(self.metric),
+            counts=dict(self.counts),
+        )
+        for node in self.nodes:
+            g.add_node(node["address"], **{k: v for k, v in node.items() if k != "address"})
+        for edge in self.edges:
+            g.add_edge(
+                edge["writer"], edge["reader"], **{k: v for k, v in edge.items() if k not in ("writer", "reader")}
+            )
+        return g
+
+    @classmethod
+    def from_graph(
+        cls, graph, checks: Iterable[dict] = (), readouts: dict | None = None, **fields: Any
+    ) -> CircuitResult:
+        """The result of a builder's graph (``networkx.DiGraph``: node key = address, attributes layer, kind,
+        group, index, size, unit; edge attributes weight, abs_weight, kept_in, reader_kind) and its causal check
+        rows (writer, reader, effect, gap_fraction, z, pass_z, pass); ``readouts``: ``{address: readout}``;
+        ``fields``: the other fields (task, model, n_prompts, options, metric, ...). Graph attributes fill the
+        fields not given. ``counts`` is computed. A check row whose edge is not in the graph fails."""
+        readouts = readouts or {}
+        for key in ("task", "model", "n_prompts", "options", "metric"):
+            if key not in fields and key in graph.graph:
+                fields[key] = graph.graph[key]
+        nodes = []
+        for key, attrs in graph.nodes(data=True):
+            node = {"address": str(key), **{k: attrs.get(k) for k in NODE_KEYS[1:]}}
+            node.update({k: v for k, v in attrs.items() if k not in NODE_KEYS})
+            if str(key) in readouts:
+                node["readout"] = readouts[str(key)]
+            nodes.append(node)
+        by_pair = {}
+        for writer, reader, attrs in graph.edges(data=True):
+            edge = {"writer": str(writer), "reader": str(reader), **{k: attrs.get(k) for k in EDGE_KEYS[2:]}}
+            edge.update({k: v for k, v in attrs.items() if k not in EDGE_KEYS})
+            edge.update({k: edge.get(k) for k in CHECK_KEYS})
+            by_pair[(edge["writer"], edge["reader"])] = edge
+        for row in checks:
+            pair = (str(row["writer"]), str(row["reader"]))
+            if pair not in by_pair:
+                raise ValueError(f"check row of edge {pair[0]} -> {pair[1]}: no such edge in the graph")
+            by_pair[pair].update({k: row.get(k) for k in CHECK_KEYS})
+        edges = sorted(by_pair.values(), key=lambda e: -(e.get("abs_weight") or 0.0))
+        counts = {"nodes": len(nodes), **edge_counts(edges)}
+        return cls(nodes=nodes, edges=edges, counts=counts, **fields)
