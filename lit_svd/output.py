@@ -113,12 +113,16 @@ def graphml_text(graph, nan_ok: bool = False) -> str:
                 out[str(key)] = value
         return out
 
-    plain = nx.DiGraph() if graph.is_directed() else nx.Graph()
+    plain = type(graph)()
     plain.graph.update(scalars(graph.graph, "graph"))
     for node, attrs in graph.nodes(data=True):
         plain.add_node(str(node), **scalars(attrs, str(node)))
-    for a, b, attrs in graph.edges(data=True):
-        plain.add_edge(str(a), str(b), **scalars(attrs, f"{a}->{b}"))
+    if graph.is_multigraph():
+        for a, b, key, attrs in graph.edges(keys=True, data=True):
+            plain.add_edge(str(a), str(b), key=str(key), **scalars(attrs, f"{a}->{b}"))
+    else:
+        for a, b, attrs in graph.edges(data=True):
+            plain.add_edge(str(a), str(b), **scalars(attrs, f"{a}->{b}"))
     return "\n".join(nx.generate_graphml(plain)) + "\n"
 
 

@@ -31,6 +31,7 @@ EDGES = [  # writer, reader, weight, reader_kind, check (effect, gap_fraction, z
     ("embed", "L0.ov.h1.d0", 0.8, "ov", (0.3, 0.06, 4.0, True, True)),
     ("embed", "L2.qk.h0.d1", -0.4, "qk_query", (0.01, 0.002, 3.1, True, False)),
     ("L0.ov.h1.d0", "L2.qk.h0.d1", 1.5, "qk_key", (0.9, 0.18, 7.5, True, True)),
+    ("L0.ov.h1.d0", "L2.qk.h0.d1", 0.3, "qk_query", (0.02, 0.004, 1.0, False, False)),  # a second reader kind
     ("L0.ov.h1.d2-3", "L2.ov.h0.d0", -0.7, "ov", (0.05, 0.01, 0.4, False, False)),
     ("L0.b_O", "L1.mlp_out.d4", 0.2, "mlp", None),
     ("L1.mlp_out.d4", "metric", 0.6, "logit", (0.4, 0.08, 5.0, True, True)),
@@ -40,18 +41,24 @@ READOUTS = {"L2.ov.h0.d0": {"side": "write", "plus": [" Mary", " John"], "minus"
 
 
 def builder_graph() -> nx.DiGraph:
-    """A graph as the builder hands it over (node key = address, the builder's attributes)."""
-    g = nx.DiGraph()
+    """A graph as the builder hands it over (node key = address, the builder's attributes, one edge per reader
+    kind keyed by it)."""
+    g = nx.MultiDiGraph()
     for key, (layer, kind, group, index, size) in NODES.items():
         g.add_node(key, layer=layer, kind=kind, group=group, index=index, size=size, unit="block")
     for w, r, weight, kind, _ in EDGES:
-        g.add_edge(w, r, weight=weight, abs_weight=abs(weight), kept_in=7, reader_kind=kind)
+        g.add_edge(w, r, key=kind, weight=weight, abs_weight=abs(weight), kept_in=7, reader_kind=kind)
     return g
 
 
 def check_rows() -> list[dict]:
     keys = ("effect", "gap_fraction", "z", "pass_z", "pass")
-    return [{"writer": w, "reader": r, **dict(zip(keys, c))} for w, r, _, _, c in EDGES if c is not None]
+    return [
+        {"writer": w, "reader": r, "reader_kind": k, **dict(zip(keys, c))} for w, r, _, k, c in EDGES if c is not None
+    ]
+
+
+TRIPLES = sorted((w, r, k) for w, r, _, k, _ in EDGES)
 
 
 FAITH = {
@@ -75,10 +82,10 @@ def make_result(**kw) -> CircuitResult:
 def test_result_from_the_builder_graph_and_back():
     res = make_result(faithfulness=FAITH)
     assert {n["address"] for n in res.nodes} == set(NODES)
-    assert {(e["writer"], e["reader"]) for e in res.edges} == {(w, r) for w, r, *_ in EDGES}
-    by_pair = {(e["writer"], e["reader"]): e for e in res.edges}
+    assert sorted((e["writer"], e["reader"], e["reader_kind"]) for e in res.edges) == TRIPLES
+    by_key = {(e["writer"], e["reader"], e["reader_kind"]): e for e in res.edges}
     for w, r, weight, kind, check in EDGES:
-        e = by_pair[(w, r)]
+        e = by_key[(w, r, kind)]
         assert e["weight"] == weight and e["abs_weight"] == abs(weight) and e["reader_kind"] == kind
         assert [e[k] for k in ("effect", "gap_fraction", "z", "pass_z", "pass")] == list(check or (None,) * 5)
     # counts against a brute-force count of the table above
@@ -98,7 +105,7 @@ def test_result_from_the_builder_graph_and_back():
     again = load_result(json.loads(res.to_json()))
     assert again == res and [r["writer"] for r in again.rows()] == [e["writer"] for e in res.edges]
     assert list(res.table().columns) == list(EDGE_COLUMNS)
-    assert next(r for r in res.node_rows() if r["address"] == "L2.qk.h0.d1")["in_degree"] == 2
+    assert next(r for r in res.node_rows() if r["address"] == "L2.qk.h0.d1")["in_degree"] == 3
 
 
 def test_a_check_of_an_edge_not_in_the_graph_fails():
@@ -122,9 +129,9 @@ def test_graphml_reads_back_as_the_same_graph(tmp_path):
     res = make_result()
     write_graphml(tmp_path / "graph.graphml", res.to_graph(), nan_ok=True)
     g = nx.read_graphml(tmp_path / "graph.graphml")
-    assert set(g.nodes) == set(NODES) and set(g.edges) == {(w, r) for w, r, *_ in EDGES}
+    assert set(g.nodes) == set(NODES) and sorted(g.edges(keys=True)) == TRIPLES
     for w, r, weight, kind, check in EDGES:
-        attrs = g.edges[w, r]
+        attrs = g.edges[w, r, kind]
         assert attrs["weight"] == pytest.approx(weight, rel=1e-15) and attrs["reader_kind"] == kind
         assert ("z" in attrs) == (check is not None)  # an unchecked edge has no z (None is no attribute)
         if check:
@@ -133,7 +140,7 @@ def test_graphml_reads_back_as_the_same_graph(tmp_path):
     assert json.loads(g.nodes["L2.ov.h0.d0"]["readout"]) == READOUTS["L2.ov.h0.d0"]
     assert json.loads(g.graph["options"])["depth"] == 2
     bad = res.to_graph()
-    bad.edges["embed", "L0.ov.h1.d0"]["z"] = math.nan
+    bad.edges["embed", "L0.ov.h1.d0", "ov"]["z"] = math.nan
     with pytest.raises(ValueError, match="embed->L0.ov.h1.d0.z is nan"):
         graphml_text(bad)
     assert 'key="d' in graphml_text(bad, nan_ok=True)
@@ -155,7 +162,7 @@ class _Page(HTMLParser):
         if tag == "circle" and "node" in a.get("class", ""):
             self.svg_nodes.append(a["data-address"])
         if tag == "line" and "edge" in a.get("class", ""):
-            self.svg_edges.append((a["data-writer"], a["data-reader"]))
+            self.svg_edges.append((a["data-writer"], a["data-reader"], a["data-kind"]))
         if tag == "table" and "id" in a:
             self._table = a["id"]
             self.tables[self._table] = {"head": [], "rows": []}
@@ -194,14 +201,15 @@ def test_the_page_draws_and_lists_every_node_and_edge_offline():
     parser = _Page()
     parser.feed(page)
     assert sorted(parser.svg_nodes) == sorted(NODES)
-    assert sorted(parser.svg_edges) == sorted((w, r) for w, r, *_ in EDGES)
+    assert sorted(parser.svg_edges) == TRIPLES
     assert parser.tables["nodes"]["head"] == list(NODE_COLUMNS)
     assert sorted(r[0] for r in parser.tables["nodes"]["rows"]) == sorted(NODES)
     edges = parser.tables["edges"]
     col = {c: i for i, c in enumerate(edges["head"])}
-    assert sorted((r[col["writer"]], r[col["reader"]]) for r in edges["rows"]) == sorted((w, r) for w, r, *_ in EDGES)
+    key = lambda row: (row[col["writer"]], row[col["reader"]], row[col["reader_kind"]])  # noqa: E731
+    assert sorted(map(key, edges["rows"])) == TRIPLES
     for row in edges["rows"]:
-        want = next(c for w, r, _, _, c in EDGES if (w, r) == (row[col["writer"]], row[col["reader"]]))
+        want = next(c for w, r, _, k, c in EDGES if (w, r, k) == key(row))
         assert row[col["z"]] == ("" if want is None else str(want[2]))
     assert {r[0] for r in parser.tables["faithfulness"]["rows"]} == set(FAITH)
     # the click panel's data: every node with its readout, every edge with its check
@@ -288,7 +296,7 @@ def test_the_report_writes_every_file_from_the_module_rows(tmp_path):
     assert sad["source"] == "sad" and sad["overlap"] == 1 and sad["units"] == 4 and sad["expected"] == 0.25
     graph = json.loads((folder / "graph.json").read_text())
     assert graph["nodes"] == res.to_dict()["nodes"] and graph["edges"] == res.to_dict()["edges"]
-    assert set(nx.read_graphml(folder / "graph.graphml").edges) == {(w, r) for w, r, *_ in EDGES}
+    assert sorted(nx.read_graphml(folder / "graph.graphml").edges(keys=True)) == TRIPLES
     assert (folder / "nodes.csv").read_text().splitlines()[0] == ",".join(NODE_COLUMNS)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

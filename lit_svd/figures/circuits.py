@@ -228,8 +228,8 @@ DX, DY, MARGIN = 70, 16, 40  # pixels per layer, per node, around the drawing
 
 def svg(result: CircuitResult) -> str:
     """The graph as inline SVG: ``<circle class="node" data-address=...>`` per node, ``<line class="edge"
-    data-writer=... data-reader=...>`` per edge (width by |weight|, colour by sign, dashed: failed check, faint:
-    not checked), layer labels on top."""
+    data-writer=... data-reader=... data-kind=...>`` per edge (width by |weight|, colour by sign, dashed: failed
+    check, faint: not checked), layer labels on top."""
     pos = layout(result)
     n_layers = n_layers_of(result)
     height = (max((y for _, y in pos.values()), default=0) + 1) * DY + 2 * MARGIN
@@ -249,9 +249,11 @@ def svg(result: CircuitResult) -> str:
         (x0, y0), (x1, y1) = xy(pos[e["writer"]]), xy(pos[e["reader"]])
         st = edge_style(e, top)
         dash = ' stroke-dasharray="4 3"' if st["dashed"] else ""
-        tip = f"{e['writer']} -> {e['reader']}: weight {pages.cell(e.get('weight'))}, z {pages.cell(e.get('z'))}"
+        tip = f"{e['writer']} -> {e['reader']} ({e.get('reader_kind')}):"
+        tip += f" weight {pages.cell(e.get('weight'))}, z {pages.cell(e.get('z'))}"
         parts.append(
             f'<line class="edge" data-writer="{pages.attr(e["writer"])}" data-reader="{pages.attr(e["reader"])}"'
+            f' data-kind="{pages.attr(e.get("reader_kind"))}"'
             f' x1="{x0:.1f}" y1="{y0:.1f}" x2="{x1:.1f}" y2="{y1:.1f}" stroke="{st["color"]}"'
             f' stroke-width="{st["width"]:.2f}" stroke-opacity="{st["alpha"]}"{dash}>'
             f"<title>{html.escape(tip)}</title></line>"

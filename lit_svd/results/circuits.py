@@ -60,6 +60,20 @@ def edge_row(edge: dict) -> dict:
     return {k: edge.get(k) for k in EDGE_COLUMNS}
 
 
+def _matching(edges: dict[tuple[str, str, str | None], dict], row: dict) -> list[dict]:
+    """The edge a check row names: by writer, reader and (when the row gives it) reader kind; a row without a
+    reader kind must name one edge."""
+    writer, reader = str(row["writer"]), str(row["reader"])
+    found = [e for (w, r, k), e in edges.items() if (w, r) == (writer, reader)]
+    if row.get("reader_kind") is not None:
+        found = [e for e in found if e["reader_kind"] == row["reader_kind"]]
+    if len(found) != 1:
+        kind = f" ({row['reader_kind']})" if row.get("reader_kind") is not None else ""
+        why = "no such edge in the graph" if not found else "several edges (give its reader_kind)"
+        raise ValueError(f"check row of edge {writer} -> {reader}{kind}: {why}")
+    return found
+
+
 @dataclass(kw_only=True)
 class CircuitResult(Result):
     """One task's circuit graph of singular directions: nodes, edges with their causal checks, the counts, and
@@ -116,12 +130,13 @@ class CircuitResult(Result):
 
     # --- graphs --------------------------------------------------------------------------------------
     def to_graph(self):
-        """The graph as a ``networkx.DiGraph``: node key = address, node attributes = the node's fields (without
-        ``address``), edge attributes = the edge's fields (without writer / reader); graph attributes: task,
-        model, n_prompts, options, metric, counts."""
+        """The graph as a ``networkx.MultiDiGraph`` (a ``DiGraph``; one edge per writer, reader and reader kind,
+        the kind is the edge key, as the builder makes it): node key = address, node attributes = the node's
+        fields (without ``address``), edge attributes = the edge's fields (without writer / reader); graph
+        attributes: task, model, n_prompts, options, metric, counts."""
         import networkx as nx
 
-        g = nx.DiGraph(
+        g = nx.MultiDiGraph(
             task=self.task,
             model=self.model,
             n_prompts=self.n_prompts,
@@ -132,9 +147,8 @@ class CircuitResult(Result):
         for node in self.nodes:
             g.add_node(node["address"], **{k: v for k, v in node.items() if k != "address"})
         for edge in self.edges:
-            g.add_edge(
-                edge["writer"], edge["reader"], **{k: v for k, v in edge.items() if k not in ("writer", "reader")}
-            )
+            attrs = {k: v for k, v in edge.items() if k not in ("writer", "reader")}
+            g.add_edge(edge["writer"], edge["reader"], key=edge.get("reader_kind"), **attrs)
         return g
 
     @classmethod
@@ -142,8 +156,9 @@ class CircuitResult(Result):
         cls, graph, checks: Iterable[dict] = (), readouts: dict | None = None, **fields: Any
     ) -> CircuitResult:
         """The result of a builder's graph (``networkx.DiGraph``: node key = address, attributes layer, kind,
-        group, index, size, unit; edge attributes weight, abs_weight, kept_in, reader_kind) and its causal check
-        rows (writer, reader, effect, gap_fraction, z, pass_z, pass); ``readouts``: ``{address: readout}``;
+        group, index, size, unit; edge attributes weight, abs_weight, kept_in, reader_kind; a ``MultiDiGraph`` may
+        hold one edge per reader kind) and its causal check rows (writer, reader, reader_kind, effect,
+        gap_fraction, z, pass_z, pass); ``readouts``: ``{address: readout}``;
         ``fields``: the other fields (task, model, n_prompts, options, metric, ...). Graph attributes fill the
         fields not given. ``counts`` is computed. A check row whose edge is not in the graph fails."""
         readouts = readouts or {}
@@ -157,17 +172,15 @@ class CircuitResult(Result):
             if str(key) in readouts:
                 node["readout"] = readouts[str(key)]
             nodes.append(node)
-        by_pair = {}
+        by_key: dict[tuple[str, str, str | None], dict] = {}
         for writer, reader, attrs in graph.edges(data=True):
             edge = {"writer": str(writer), "reader": str(reader), **{k: attrs.get(k) for k in EDGE_KEYS[2:]}}
             edge.update({k: v for k, v in attrs.items() if k not in EDGE_KEYS})
             edge.update({k: edge.get(k) for k in CHECK_KEYS})
-            by_pair[(edge["writer"], edge["reader"])] = edge
+            by_key[(edge["writer"], edge["reader"], edge["reader_kind"])] = edge
         for row in checks:
-            pair = (str(row["writer"]), str(row["reader"]))
-            if pair not in by_pair:
-                raise ValueError(f"check row of edge {pair[0]} -> {pair[1]}: no such edge in the graph")
-            by_pair[pair].update({k: row.get(k) for k in CHECK_KEYS})
-        edges = sorted(by_pair.values(), key=lambda e: -(e.get("abs_weight") or 0.0))
+            for edge in _matching(by_key, row):
+                edge.update({k: row.get(k) for k in CHECK_KEYS})
+        edges = sorted(by_key.values(), key=lambda e: -(e.get("abs_weight") or 0.0))
         counts = {"nodes": len(nodes), **edge_counts(edges)}
         return cls(nodes=nodes, edges=edges, counts=counts, **fields)
