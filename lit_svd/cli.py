@@ -130,6 +130,7 @@ class LitSVDCLI(LightningCLI):
             torch.set_num_threads(threads)
         warn_oversubscription(cfg.get("trainer", {}))
         check_names(cfg)
+        check_module_config(cfg)
         if self.subcommand in ("fit", "validate", "test", "predict") and cfg.get("ckpt_path") == "last":
             cfg["ckpt_path"] = str(last_checkpoint(cfg.get("trainer", {}).get("default_root_dir")))
 
@@ -161,6 +162,33 @@ def check_names(cfg) -> None:
         name = args.get(key) if hasattr(args, "get") else None
         if isinstance(name, str):
             check_available(name, key, args.get("revision"))
+
+
+def _init_args(section) -> dict:
+    args = (section or {}).get("init_args") if hasattr(section or {}, "get") else None
+    if args is None:
+        return {}
+    return dict(args.as_dict() if hasattr(args, "as_dict") else args)
+
+
+def check_module_config(cfg) -> None:
+    """A module class may check its options against the model (its config, its tokenizer: not its weights) and
+    the data before anything is built: ``check_config(model_args, data_args)`` (a static- or classmethod taking
+    the ``init_args`` of ``model`` and ``data``), raising a one-line ValueError."""
+    import importlib
+
+    model = cfg.get("model") or {}
+    path = model.get("class_path") if hasattr(model, "get") else None
+    if not isinstance(path, str) or "." not in path:
+        return
+    module, _, name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return  # jsonargparse reports an unknown class itself
+    check = getattr(cls, "check_config", None)
+    if callable(check):
+        check(_init_args(model), _init_args(cfg.get("data")))
 
 
 def warn_oversubscription(trainer: dict) -> None:

@@ -27,7 +27,7 @@ NODES = {  # address -> (layer, kind, group, index, size)
     "L2.ov.h0.d0": (2, "ov", 0, 0, 1),
     "metric": (3, "metric", 0, 0, 1),
 }
-EDGES = [  # writer, reader, weight, reader_kind, check (effect, gap_fraction, z, pass_z, pass) or None
+EDGES = [  # writer, reader, weight, reader_kind, check (effect, gap_fraction, z, passes_z, passes) or None
     ("embed", "L0.ov.h1.d0", 0.8, "ov", (0.3, 0.06, 4.0, True, True)),
     ("embed", "L2.qk.h0.d1", -0.4, "qk_query", (0.01, 0.002, 3.1, True, False)),
     ("L0.ov.h1.d0", "L2.qk.h0.d1", 1.5, "qk_key", (0.9, 0.18, 7.5, True, True)),
@@ -52,7 +52,7 @@ def builder_graph() -> nx.DiGraph:
 
 
 def check_rows() -> list[dict]:
-    keys = ("effect", "gap_fraction", "z", "pass_z", "pass")
+    keys = ("effect", "gap_fraction", "z", "passes_z", "passes")
     return [
         {"writer": w, "reader": r, "reader_kind": k, **dict(zip(keys, c))} for w, r, _, k, c in EDGES if c is not None
     ]
@@ -87,15 +87,15 @@ def test_result_from_the_builder_graph_and_back():
     for w, r, weight, kind, check in EDGES:
         e = by_key[(w, r, kind)]
         assert e["weight"] == weight and e["abs_weight"] == abs(weight) and e["reader_kind"] == kind
-        assert [e[k] for k in ("effect", "gap_fraction", "z", "pass_z", "pass")] == list(check or (None,) * 5)
+        assert [e[k] for k in ("effect", "gap_fraction", "z", "passes_z", "passes")] == list(check or (None,) * 5)
     # counts against a brute-force count of the table above
     checked = [c for *_, c in EDGES if c is not None]
     assert res.counts == {
         "nodes": len(NODES),
         "edges": len(EDGES),
         "checked": len(checked),
-        "pass_z": sum(c[3] for c in checked),
-        "pass": sum(c[4] for c in checked),
+        "passes_z": sum(c[3] for c in checked),
+        "passes": sum(c[4] for c in checked),
     }
     assert [abs(e["weight"]) for e in res.edges] == sorted((abs(w) for _, _, w, *_ in EDGES), reverse=True)
     # the networkx graph round trip and the JSON round trip
@@ -117,11 +117,11 @@ def test_a_check_of_an_edge_not_in_the_graph_fails():
 
 
 def test_edge_counts_count_unchecked_edges_as_not_checked():
-    assert edge_counts([{"z": None}, {"z": 2.0, "pass_z": True, "pass": False}, {"z": 0.1}]) == {
+    assert edge_counts([{"z": None}, {"z": 2.0, "passes_z": True, "passes": False}, {"z": 0.1}]) == {
         "edges": 3,
         "checked": 2,
-        "pass_z": 1,
-        "pass": 0,
+        "passes_z": 1,
+        "passes": 0,
     }
 
 
@@ -135,7 +135,7 @@ def test_graphml_reads_back_as_the_same_graph(tmp_path):
         assert attrs["weight"] == pytest.approx(weight, rel=1e-15) and attrs["reader_kind"] == kind
         assert ("z" in attrs) == (check is not None)  # an unchecked edge has no z (None is no attribute)
         if check:
-            assert attrs["z"] == check[2] and attrs["pass"] == check[4]
+            assert attrs["z"] == check[2] and attrs["passes"] == check[4]
     assert g.nodes["L0.ov.h1.d2-3"]["size"] == 2 and g.nodes["metric"]["kind"] == "metric"
     assert json.loads(g.nodes["L2.ov.h0.d0"]["readout"]) == READOUTS["L2.ov.h0.d0"]
     assert json.loads(g.graph["options"])["depth"] == 2

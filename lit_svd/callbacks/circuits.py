@@ -3,7 +3,7 @@
 After ``test`` (rank zero) it writes:
 
 * ``results.json`` (``lit_svd.results.CircuitResult``, experiment ``circuit_graph``) and ``edges.csv`` (one row
-  per edge: writer, reader, weight, abs_weight, kept_in, reader_kind, effect, gap_fraction, z, pass_z, pass);
+  per edge: writer, reader, weight, abs_weight, kept_in, reader_kind, effect, gap_fraction, z, passes_z, passes);
 * ``nodes.csv`` (one row per node: address fields, unit, degrees, |weight| in / out, readout tokens);
 * ``graph.json`` (task, model, options, metric, counts, nodes, edges: what a script needs to redraw the graph);
 * ``graph.graphml`` (the same graph for Gephi, Cytoscape, networkx: ``networkx.read_graphml``);

@@ -65,8 +65,8 @@ def edge_style(edge: dict, max_abs: float) -> dict:
     return {
         "width": 0.5 + 4.0 * abs(w) / max_abs if max_abs > 0 else 1.0,
         "color": POSITIVE if w >= 0 else NEGATIVE,
-        "dashed": edge.get("pass") is False,
-        "alpha": 0.35 if edge.get("pass") is None else 0.85,
+        "dashed": edge.get("passes") is False,
+        "alpha": 0.35 if edge.get("passes") is None else 0.85,
     }
 
 
@@ -118,7 +118,7 @@ def graph_figure(result: CircuitResult):
     c = result.counts
     ax.set_title(
         f"{result.model} {result.task}: {c.get('nodes', len(result.nodes))} nodes, {c.get('edges', 0)} edges,"
-        f" {c.get('pass', 0)}/{c.get('checked', 0)} pass (blue +, red -, dashed: fails)",
+        f" {c.get('passes', 0)}/{c.get('checked', 0)} pass (blue +, red -, dashed: fails)",
         fontsize=8,
     )
     ax.legend(fontsize=6, loc="upper left", ncols=2)
@@ -195,7 +195,7 @@ PAGE_SCRIPT = """(function(){
     var h="<table><tr><th>"+other+"</th><th>weight</th><th>reader kind</th><th>z</th><th>gap fraction</th>"+
       "<th>pass</th></tr>";
     list.forEach(function(e){h+="<tr><td>"+esc(other==="writer"?e.writer:e.reader)+"</td><td>"+num(e.weight)+"</td><td>"+
-      esc(e.reader_kind||"")+"</td><td>"+num(e.z)+"</td><td>"+num(e.gap_fraction)+"</td><td>"+num(e.pass)+"</td></tr>";});
+      esc(e.reader_kind||"")+"</td><td>"+num(e.z)+"</td><td>"+num(e.gap_fraction)+"</td><td>"+num(e.passes)+"</td></tr>";});
     return h+"</table>";
   }
   function show(address){
@@ -324,8 +324,8 @@ def html_page(result: CircuitResult) -> str:
             "edges",
             EDGE_COLUMNS,
             [edge_row(e) for e in content["edges"]],
-            row_attrs=lambda r: f'class="{"pass" if r["pass"] else "fail" if r["pass"] is False else ""}"',
-            cell_class=lambda c: "passes" if c == "pass" else "",
+            row_attrs=lambda r: f'class="{"pass" if r["passes"] else "fail" if r["passes"] is False else ""}"',
+            cell_class=lambda c: "passes" if c == "passes" else "",
         ),
         f'<script type="application/json" id="graph-data">{graph_data(result)}</script>',
     ]

@@ -18,22 +18,22 @@ from lit_svd.results.base import Result, doc_field, nan_field, optional
 ROOT = "metric"  # the graph's root node: the task metric's read
 NODE_KEYS = ("address", "layer", "kind", "group", "index", "size")
 EDGE_KEYS = ("writer", "reader", "weight", "abs_weight", "kept_in", "reader_kind")
-CHECK_KEYS = ("effect", "gap_fraction", "z", "pass_z", "pass")
+CHECK_KEYS = ("effect", "null_mean", "null_std", "z", "percentile", "gap_fraction", "passes_z", "passes")
 EDGE_COLUMNS = EDGE_KEYS + CHECK_KEYS
 NODE_COLUMNS = (*NODE_KEYS, "unit", "in_degree", "out_degree", "abs_in", "abs_out", "readout_plus", "readout_minus")
 SEP = " | "  # between readout tokens in the CSV and the page
 
 
 def edge_counts(edges: Iterable[dict]) -> dict[str, int]:
-    """``edges``; ``checked`` (a causal check ran: ``z`` is not None); ``pass_z`` (z at or above the level's);
-    ``pass`` (z and the minimum fraction of the metric gap both)."""
+    """``edges``; ``checked`` (a causal check ran: ``z`` is not None); ``passes_z`` (z at or above the level's);
+    ``passes`` (z and the minimum fraction of the metric gap both)."""
     edges = list(edges)
     checked = [e for e in edges if e.get("z") is not None]
     return {
         "edges": len(edges),
         "checked": len(checked),
-        "pass_z": sum(bool(e.get("pass_z")) for e in checked),
-        "pass": sum(bool(e.get("pass")) for e in checked),
+        "passes_z": sum(bool(e.get("passes_z")) for e in checked),
+        "passes": sum(bool(e.get("passes")) for e in checked),
     }
 
 
@@ -93,7 +93,7 @@ class CircuitResult(Result):
     )
     metric: dict = doc_field("the task metric on the prompts: clean, corrupted, gap (= clean - corrupted)")
     counts: dict = doc_field(
-        "nodes; edges; checked (edges with a causal check); pass_z (z >= z_pass); pass (z and gap fraction)"
+        "nodes; edges; checked (edges with a causal check); passes_z (z >= z_pass); passes (z and gap fraction)"
     )
     nodes: list[dict] = doc_field(
         "per node: address (str(Address), or 'metric' for the root), layer, kind, group, index, size, unit,"
@@ -101,9 +101,11 @@ class CircuitResult(Result):
     )
     edges: list[dict] = nan_field(
         "per edge writer -> reader: writer, reader (node addresses), weight (mean signed contribution over the"
-        " prompts), abs_weight (|weight|), kept_in (prompts whose graph kept it), reader_kind (logit, ov, qk_query,"
-        " qk_key, mlp), effect (metric change when only this edge is patched toward the corrupted run), gap_fraction"
-        " (effect / gap), z (against random edges of the same writer), pass_z, pass (null: not checked)"
+        " prompts), abs_weight (mean |contribution|), kept_in (prompts whose graph kept it), reader_kind (logit, ov,"
+        " qk_query, qk_key), effect (metric change when only this edge is patched toward the corrupted run),"
+        " gap_fraction (-effect / gap), null_mean, null_std, z (|effect| against random readers of the same"
+        " writer), percentile, passes_z (z alone), passes (z and |gap_fraction| >= the minimum) (null: not"
+        " checked); other keys of the builder (expanded_in, n_prompts) and of the check (gap, prompts) as given"
     )
     faithfulness: dict | None = optional(
         "per method (graph, eap, mask, random, ...): sizes [n] (edges kept), fractions [n] (of all edges),"
@@ -158,7 +160,7 @@ class CircuitResult(Result):
         """The result of a builder's graph (``networkx.DiGraph``: node key = address, attributes layer, kind,
         group, index, size, unit; edge attributes weight, abs_weight, kept_in, reader_kind; a ``MultiDiGraph`` may
         hold one edge per reader kind) and its causal check rows (writer, reader, reader_kind, effect,
-        gap_fraction, z, pass_z, pass); ``readouts``: ``{address: readout}``;
+        gap_fraction, z, passes_z, passes); ``readouts``: ``{address: readout}``;
         ``fields``: the other fields (task, model, n_prompts, options, metric, ...). Graph attributes fill the
         fields not given. ``counts`` is computed. A check row whose edge is not in the graph fails."""
         readouts = readouts or {}
@@ -180,7 +182,7 @@ class CircuitResult(Result):
             by_key[(edge["writer"], edge["reader"], edge["reader_kind"])] = edge
         for row in checks:
             for edge in _matching(by_key, row):
-                edge.update({k: row.get(k) for k in CHECK_KEYS})
+                edge.update({k: v for k, v in row.items() if k not in ("writer", "reader", "reader_kind")})
         edges = sorted(by_key.values(), key=lambda e: -(e.get("abs_weight") or 0.0))
         counts = {"nodes": len(nodes), **edge_counts(edges)}
         return cls(nodes=nodes, edges=edges, counts=counts, **fields)
