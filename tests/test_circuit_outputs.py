@@ -61,10 +61,10 @@ def check_rows() -> list[dict]:
 TRIPLES = sorted((w, r, k) for w, r, _, k, _ in EDGES)
 
 
-FAITH = {
-    "graph": {"sizes": [1, 3, 7], "fractions": [0.1, 0.4, 1.0], "values": [0.2, 0.8, 1.0], "cpr": 0.7, "cmd": 0.2},
-    "eap": {"sizes": [1, 3, 7], "fractions": [0.1, 0.4, 1.0], "values": [0.1, 0.5, 1.0], "cpr": 0.5, "cmd": 0.4},
-    "random": {"sizes": [1, 3, 7], "fractions": [0.1, 0.4, 1.0], "values": [0.0, 0.1, 1.0], "cpr": 0.2, "cmd": 0.8},
+FAITH = {  # as analysis/faithfulness.py's Curve.row gives them (sizes: fractions of the universe)
+    "graph": {"sizes": [0.1, 0.4, 1.0], "n_kept": [1, 4, 10], "values": [0.2, 0.8, 1.0], "cpr": 0.7, "cmd": 0.2},
+    "eap": {"sizes": [0.1, 0.4, 1.0], "n_kept": [1, 4, 10], "values": [0.1, 0.5, 1.0], "cpr": 0.5, "cmd": 0.4},
+    "random": {"sizes": [0.1, 0.4, 1.0], "n_kept": [1, 4, 10], "values": [0.0, 0.1, 1.0], "cpr": 0.2, "cmd": 0.8},
 }
 
 

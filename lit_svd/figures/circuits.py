@@ -23,7 +23,7 @@ MLP_KINDS = ("mlp_in", "mlp_gate", "mlp_out", "b_in", "b_gate", "b_out", "mlp_no
 KIND_ORDER = ("embed", "attn_norm_bias", "b_Q", "b_K", "q", "k", "qk", "b_V", "ov", "b_O", *MLP_KINDS,
               "final_norm_bias", "b_U", "metric")  # fmt: skip
 POSITIVE, NEGATIVE = "#2166ac", "#b2182b"  # edge colours: a positive mean contribution, a negative one
-RANDOM = ("random",)  # faithfulness methods drawn as the chance baseline
+RANDOM = "random"  # faithfulness methods named random* are drawn as the chance baseline
 
 
 def column(node: dict, n_layers: int) -> float:
@@ -126,25 +126,23 @@ def graph_figure(result: CircuitResult):
 
 
 def faithfulness_figure(result: CircuitResult):
-    """Faithfulness against the fraction of edges kept (log x), one curve per method; the random baseline grey
-    and dashed; CPR and CMD in the legend. y = 1: the full model, y = 0: everything ablated."""
+    """Faithfulness against the fraction of directions kept (log x), one curve per method; the random baseline
+    (``random*``) grey and dashed; CPR and CMD in the legend. y = 1: the full model, y = 0: everything ablated."""
     fig, ax = new_figure(figsize=(6, 4))
     palette = colors()
-    for i, (method, m) in enumerate(sorted(result.faithfulness.items(), key=lambda kv: kv[0] in RANDOM)):
+    for i, (method, m) in enumerate(sorted(result.faithfulness.items(), key=lambda kv: kv[0].startswith(RANDOM))):
         if not isinstance(m, dict) or not m.get("sizes"):
             continue
-        x = array(m.get("fractions") or m["sizes"])
-        y = array(m.get("values", m.get("faithfulness")))
+        x, y = array(m["sizes"]), array(m["values"])
         label = f"{method} (CPR {_num(m.get('cpr'))}, CMD {_num(m.get('cmd'))})"
-        if method in RANDOM:
+        if method.startswith(RANDOM):
             ax.plot(x, y, color="0.5", ls="--", marker=".", label=label)
         else:
             ax.plot(x, y, color=palette[i % len(palette)], marker="o", ms=3, label=label)
     ax.axhline(1.0, color="k", lw=0.6, ls=":")
     ax.axhline(0.0, color="k", lw=0.6, ls=":")
     ax.set_xscale("log")
-    ax.set_xlabel("fraction of edges kept" if any(m.get("fractions") for m in result.faithfulness.values()
-                                                  if isinstance(m, dict)) else "edges kept")  # fmt: skip
+    ax.set_xlabel("fraction of the universe's directions kept (MIB's grid)")
     ax.set_ylabel("faithfulness (m(C) - m(empty)) / (m(full) - m(empty))")
     ax.set_title(f"{result.model} {result.task}: faithfulness by circuit size", fontsize=9)
     ax.legend(fontsize=7)

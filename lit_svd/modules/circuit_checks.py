@@ -30,7 +30,9 @@ def check_options(threshold: float, depth: int, readers: Sequence[str], unit: st
     """threshold in (0, 1); depth an integer in 1 .. n_layers; readers known and present in the model; a known
     unit."""
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
-        raise ValueError(f"threshold={threshold!r}: must lie in (0, 1) (a share of sum |contributions| per reader)")
+        raise ValueError(
+            f"threshold={threshold!r}: must lie in (0, 1) (a share of the sum of absolute contributions per reader)"
+        )
     if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= n_layers:
         raise ValueError(f"depth={depth!r}: must be an integer in 1 .. {n_layers} (the model's layers)")
     readers = [readers] if isinstance(readers, str) else list(readers)

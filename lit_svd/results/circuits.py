@@ -108,8 +108,9 @@ class CircuitResult(Result):
         " checked); other keys of the builder (expanded_in, n_prompts) and of the check (gap, prompts) as given"
     )
     faithfulness: dict | None = optional(
-        "per method (graph, eap, mask, random, ...): sizes [n] (edges kept), fractions [n] (of all edges),"
-        " values [n] ((m(C) - m(empty)) / (m(full) - m(empty))), cpr, cmd",
+        "per method (graph, eap, mask, random, ...; analysis/faithfulness.py): sizes [n] (fractions of the"
+        " universe's directions kept, MIB's grid), n_kept [n], values [n] ((m(C) - m(empty)) / (m(full) -"
+        " m(empty))), metric [n], cpr, cmd",
         nan_ok=True,
     )
     agreement: list[dict] | None = optional(
