@@ -242,6 +242,7 @@ def test_layout_puts_nodes_by_layer_and_mlp_half_a_layer_right():
     assert pos["L0.ov.h1.d0"][0] == pos["L0.b_O"][0] == 0 and pos["L2.qk.h0.d1"][0] == 2
     column0 = sorted(pos[a][1] for a in NODES if pos[a][0] == 0)
     assert column0 == [0, 1, 2]  # one place per node
+    assert sorted(pos[a][1] for a in NODES if pos[a][0] == 2) == [0.25, 1.75]  # spread over the fullest column
 
 
 def test_figures_of_a_result_read_back_from_json():

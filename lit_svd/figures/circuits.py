@@ -14,6 +14,7 @@ import html
 import json
 
 import numpy as np
+from matplotlib.colors import to_hex
 
 from lit_svd.figures import pages
 from lit_svd.figures.base import array, colors, new_figure
@@ -41,16 +42,18 @@ def n_layers_of(result: CircuitResult) -> int:
     return max([int(x) for x in layers if x >= 0], default=-1) + 1
 
 
-def layout(result: CircuitResult) -> dict[str, tuple[float, int]]:
-    """``{address: (x, y)}``: x = ``column``, y = the node's rank in its column (by kind, head, direction)."""
+def layout(result: CircuitResult) -> dict[str, tuple[float, float]]:
+    """``{address: (x, y)}``: x = ``column``; y spreads each column's nodes (by kind, head, direction) evenly over
+    the height of the fullest column, so that columns of few nodes do not line up on one row."""
     n_layers = n_layers_of(result)
     by_x: dict[float, list[dict]] = {}
     for node in result.nodes:
         by_x.setdefault(column(node, n_layers), []).append(node)
+    height = max((len(v) for v in by_x.values()), default=1)
     out = {}
     for x, nodes in by_x.items():
         nodes.sort(key=lambda n: (_kind_rank(n.get("kind")), n.get("group") or 0, n.get("index") or 0, n["address"]))
-        out.update({n["address"]: (x, y) for y, n in enumerate(nodes)})
+        out.update({n["address"]: (x, (i + 0.5) * height / len(nodes) - 0.5) for i, n in enumerate(nodes)})
     return out
 
 
@@ -179,7 +182,7 @@ PAGE_CSS = """#wrap{display:flex;gap:1em;align-items:flex-start}
 svg .node{cursor:pointer;stroke:#222;stroke-width:.6}
 svg .node.sel{stroke:#f90;stroke-width:3}
 svg .edge.dim{opacity:.06}
-svg text{font-size:9px;fill:#333;pointer-events:none}
+svg text{font-size:9px;fill:#333;pointer-events:none;paint-order:stroke;stroke:#fff;stroke-width:3px}
 """
 
 PAGE_SCRIPT = """(function(){
@@ -187,7 +190,8 @@ PAGE_SCRIPT = """(function(){
   var detail=document.getElementById("detail");
   var ESC={"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;"};
   function esc(s){return String(s).replace(/[&<>"]/g,function(c){return ESC[c];});}
-  function num(x){return (x===null||x===undefined)?"":(typeof x==="number"?x.toPrecision(4):esc(x));}
+  function num(x){if(x===null||x===undefined) return ""; if(typeof x!=="number") return esc(x);
+    return Number.isInteger(x)?String(x):x.toPrecision(4);}
   function rows(list,other){
     if(!list.length) return "<p>none</p>";
     var h="<table><tr><th>"+other+"</th><th>weight</th><th>reader kind</th><th>z</th><th>gap fraction</th>"+
@@ -219,9 +223,10 @@ PAGE_SCRIPT = """(function(){
     c.addEventListener("click",function(){show(this.getAttribute("data-address"));});});
   Array.prototype.forEach.call(document.querySelectorAll("#nodes tbody tr"),function(tr){
     tr.style.cursor="pointer"; tr.addEventListener("click",function(){show(tr.cells[0].getAttribute("data-v"));});});
+  var m=/^#node=(.+)$/.exec(location.hash); if(m) show(decodeURIComponent(m[1]));
 })();"""
 
-DX, DY, MARGIN = 70, 16, 40  # pixels per layer, per node, around the drawing
+DX, DY, MARGIN = 100, 22, 40  # pixels per layer, per node, around the drawing
 
 
 def svg(result: CircuitResult) -> str:
@@ -230,7 +235,7 @@ def svg(result: CircuitResult) -> str:
     check, faint: not checked), layer labels on top."""
     pos = layout(result)
     n_layers = n_layers_of(result)
-    height = (max((y for _, y in pos.values()), default=0) + 1) * DY + 2 * MARGIN
+    height = (max((y for _, y in pos.values()), default=0) + 1) * DY + 2 * MARGIN + 10
     width = (n_layers + 2) * DX + 2 * MARGIN
 
     def xy(p):
@@ -260,7 +265,7 @@ def svg(result: CircuitResult) -> str:
     kinds = sorted({n.get("kind") for n in result.nodes}, key=_kind_rank)
     for n in result.nodes:
         x, y = xy(pos[n["address"]])
-        fill = palette[kinds.index(n.get("kind")) % len(palette)]
+        fill = to_hex(palette[kinds.index(n.get("kind")) % len(palette)])
         parts.append(
             f'<circle class="node" data-address="{pages.attr(n["address"])}" cx="{x:.1f}" cy="{y:.1f}" r="5"'
             f' fill="{fill}"><title>{html.escape(n["address"])}</title></circle>'
@@ -295,12 +300,20 @@ def html_page(result: CircuitResult) -> str:
         " (the reader's norm frozen at the clean run). Edge width: |weight|; colour: blue positive, red negative;"
         " dashed: the edge's causal check failed (z below the level, or an effect below the minimum fraction of the"
         " metric gap); faint: not checked. Click a node (or a row of the node table) for its readout and edges;"
-        " click a column header to sort."
+        " click a column header to sort. A link to PAGE#node=ADDRESS opens with that node shown."
+    )
+    c = result.counts
+    gap = result.metric.get("gap")
+    summary = (
+        f"{c.get('nodes', len(result.nodes))} nodes, {c.get('edges', len(result.edges))} edges;"
+        f" {c.get('passes', 0)} of {c.get('checked', 0)} checked edges pass the causal check"
+        f" ({c.get('passes_z', 0)} by z alone)" + (f"; metric gap (clean - corrupted) {gap:.4g}" if gap else "")
     )
     body = [
-        pages.facts(items),
-        f"<p>{about}</p>",
+        f"<p><strong>{html.escape(summary)}</strong></p>",
         f'<div id="wrap"><div id="graph">{svg(result)}</div><div id="detail"><p>click a node</p></div></div>',
+        f"<p>{about}</p>",
+        pages.facts(items),
     ]
     if result.faithfulness:
         rows = [
