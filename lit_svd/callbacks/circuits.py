@@ -14,8 +14,9 @@ After ``test`` (rank zero) it writes:
 * with ``mask_run``: the agreement of the graph's nodes with that finished mask run's kept directions, and with
   the module's top SAD terms of the graph's heads (``lit_svd.analysis.agreement``), in results.json.
 
-It reads the module's rows only (``graph``, ``checks``, ``readouts``, ``sad_terms``, ``faithfulness``, ``facts``);
-it never runs the model.
+It reads the module's rows only (``graph``, ``checks``, ``facts``, and where the module has them ``timing``,
+``readouts`` ``{address: {side, plus, minus}}``, ``sad_terms`` ``{(layer, head): [mean |c_k| per QK direction]}``,
+``faithfulness`` ``{method: curve row}``); it never runs the model.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class CircuitReport(Callback):
             checks=module.checks,
             readouts=getattr(module, "readouts", None),
             faithfulness=getattr(module, "faithfulness", None),
+            timing=getattr(module, "timing", None) or None,
             provenance=provenance(trainer, module),
             **module.facts,
         )

@@ -120,7 +120,8 @@ def graph_figure(result: CircuitResult):
     ax.set_xlabel("layer (MLP nodes half a layer right)")
     c = result.counts
     ax.set_title(
-        f"{result.model} {result.task}: {c.get('nodes', len(result.nodes))} nodes, {c.get('edges', 0)} edges,"
+        f"{display_name(result.model)} {result.task}: {c.get('nodes', len(result.nodes))} nodes,"
+        f" {c.get('edges', 0)} edges,"
         f" {c.get('passes', 0)}/{c.get('checked', 0)} pass (blue +, red -, dashed: fails)",
         fontsize=8,
     )
@@ -226,13 +227,13 @@ PAGE_SCRIPT = """(function(){
   var m=/^#node=(.+)$/.exec(location.hash); if(m) show(decodeURIComponent(m[1]));
 })();"""
 
-DX, DY, MARGIN = 100, 22, 40  # pixels per layer, per node, around the drawing
+DX, DY, MARGIN = 150, 22, 40  # pixels per layer, per node, around the drawing
 
 
 def svg(result: CircuitResult) -> str:
-    """The graph as inline SVG: ``<circle class="node" data-address=...>`` per node, ``<line class="edge"
+    """The graph as inline SVG: ``<circle class="node" data-address=...>`` per node, ``<path class="edge"
     data-writer=... data-reader=... data-kind=...>`` per edge (width by |weight|, colour by sign, dashed: failed
-    check, faint: not checked), layer labels on top."""
+    check, faint: not checked; an edge skipping a column arcs over it), layer labels on top."""
     pos = layout(result)
     n_layers = n_layers_of(result)
     height = (max((y for _, y in pos.values()), default=0) + 1) * DY + 2 * MARGIN + 10
@@ -254,12 +255,15 @@ def svg(result: CircuitResult) -> str:
         dash = ' stroke-dasharray="4 3"' if st["dashed"] else ""
         tip = f"{e['writer']} -> {e['reader']} ({e.get('reader_kind')}):"
         tip += f" weight {pages.cell(e.get('weight'))}, z {pages.cell(e.get('z'))}"
+        # an edge that skips a column arcs upward, so that it does not run through the nodes between
+        bend = 0.18 * abs(x1 - x0) if abs(x1 - x0) > 1.01 * DX else 0.0
+        cx, cy = (x0 + x1) / 2, (y0 + y1) / 2 - bend
         parts.append(
-            f'<line class="edge" data-writer="{pages.attr(e["writer"])}" data-reader="{pages.attr(e["reader"])}"'
+            f'<path class="edge" data-writer="{pages.attr(e["writer"])}" data-reader="{pages.attr(e["reader"])}"'
             f' data-kind="{pages.attr(e.get("reader_kind"))}"'
-            f' x1="{x0:.1f}" y1="{y0:.1f}" x2="{x1:.1f}" y2="{y1:.1f}" stroke="{st["color"]}"'
+            f' d="M{x0:.1f},{y0:.1f} Q{cx:.1f},{cy:.1f} {x1:.1f},{y1:.1f}" fill="none" stroke="{st["color"]}"'
             f' stroke-width="{st["width"]:.2f}" stroke-opacity="{st["alpha"]}"{dash}>'
-            f"<title>{html.escape(tip)}</title></line>"
+            f"<title>{html.escape(tip)}</title></path>"
         )
     palette = colors()
     kinds = sorted({n.get("kind") for n in result.nodes}, key=_kind_rank)
@@ -283,6 +287,11 @@ def graph_data(result: CircuitResult) -> str:
 
 
 FACTS = ("task", "model", "n_prompts")
+
+
+def display_name(model: str) -> str:
+    """A model's name for titles: an alias or hub name as given, a local path by its last part."""
+    return model.rstrip("/").rsplit("/", 1)[-1] if model.startswith(("/", ".", "~")) else model
 
 
 def html_page(result: CircuitResult) -> str:
@@ -340,5 +349,5 @@ def html_page(result: CircuitResult) -> str:
         ),
         f'<script type="application/json" id="graph-data">{graph_data(result)}</script>',
     ]
-    title = f"{result.model} {result.task}: circuit graph of singular directions"
+    title = f"{display_name(result.model)} {result.task}: circuit graph of singular directions"
     return pages.page(title, "\n".join(body), css=PAGE_CSS, script=PAGE_SCRIPT)

@@ -113,6 +113,7 @@ class CircuitResult(Result):
         " m(empty))), metric [n], cpr, cmd",
         nan_ok=True,
     )
+    timing: dict | None = optional("wall seconds of the run's parts (graph_s: building, check_s: edge checks)")
     agreement: list[dict] | None = optional(
         "per source (mask, sad): units (universe size), n_graph, n_source, overlap, expected (by chance),"
         " ratio (overlap / expected), p_value (hypergeometric, overlap at least this large)",
