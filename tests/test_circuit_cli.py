@@ -60,12 +60,34 @@ def test_the_shipped_config_fails_before_the_model_loads(capsys, no_model, args,
     assert 1 <= len(lines) <= 2 and text in lines[0], lines
 
 
+def mask_run(folder: Path, model_dir: str) -> tuple[Path, set]:
+    """A finished mask run's masks.pt over every OV map of the tiny model, keeping every even direction."""
+    import torch
+
+    from lit_svd.models import view as make_view
+    from lit_svd.models.intervene import build_components
+    from lit_svd.models.loading import load_causal_lm
+
+    view = make_view(load_causal_lm(model_dir)[0])
+    lambdas = {c.name: torch.full(c.shape, 1e-4) for c in build_components(view, ["ov"])}
+    kept = set()
+    for name, lam in lambdas.items():
+        lam[:, ::2] = 0.9
+        kept |= {(int(name.split(".")[0][1:]), g, k) for g in range(lam.shape[0]) for k in range(0, lam.shape[1], 2)}
+    folder.mkdir(parents=True)
+    torch.save({"lambdas": lambdas, "threshold": 1e-3, "model": model_dir}, folder / "masks.pt")
+    return folder, kept
+
+
 def test_a_tiny_llama_run_writes_every_output(tiny_dirs, tmp_path):
     model = tiny_dirs["llama"]
-    args = ["test", "--config", str(CONFIGS / "smollm2_ioi.yaml"), "--trainer.default_root_dir", str(tmp_path)]
+    masks, kept = mask_run(tmp_path / "masks", model)
+    out = tmp_path / "out"
+    args = ["test", "--config", str(CONFIGS / "smollm2_ioi.yaml"), "--trainer.default_root_dir", str(out)]
     args += ["--model.init_args.model", model, "--data.init_args.tokenizer", model]
+    args += ["--trainer.callbacks.init_args.mask_run", str(masks)]
     main(args + [x for kv in SMALL.items() for x in kv])
-    (folder,) = {p.parent for p in tmp_path.rglob("results.json")}
+    (folder,) = {p.parent for p in out.rglob("results.json")}
     names = {p.name for p in folder.iterdir()}
     assert {"results.json", "edges.csv", "nodes.csv", "graph.json", "graph.graphml", "circuit.html"} <= names
     assert "circuit_graph.png" in names
@@ -99,3 +121,9 @@ def test_a_tiny_llama_run_writes_every_output(tiny_dirs, tmp_path):
     parser.feed(page)
     assert sorted(parser.svg_nodes) == addresses and sorted(parser.svg_edges) == keys
     assert parser.urls == [] and "http://" not in page and "https://" not in page
+    # agreement with the mask run: the graph's OV direction nodes among its kept directions, counted here
+    (row,) = res.agreement
+    ov = {(n["layer"], n["group"], n["index"]) for n in res.nodes if n["kind"] == "ov"}
+    assert row["source"] == "mask" and row["units"] == 2 * 4 * 16 and row["n_source"] == len(kept) == 64
+    assert (row["n_graph"], row["overlap"]) == (len(ov), len(ov & kept))
+    assert row["expected"] == pytest.approx(len(ov) * 64 / 128)
