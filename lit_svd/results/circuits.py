@@ -37,22 +37,28 @@ def edge_counts(edges: Iterable[dict]) -> dict[str, int]:
     }
 
 
-def node_row(node: dict, edges: list[dict] | None = None) -> dict:
-    """A node's table row: its address fields, unit, degrees and summed |weight| in / out (over ``edges``), its
-    readout's tokens joined by ``SEP``."""
+def node_row(node: dict, edges: list[dict] | None = None, degrees: dict | None = None) -> dict:
+    """A node's table row: its address fields, unit, degrees and summed ``abs_weight`` in / out (over ``edges``, or
+    from ``degrees``, ``node_degrees(edges)``), its readout's tokens joined by ``SEP``."""
     read = node.get("readout") or {}
     row = {k: node.get(k) for k in (*NODE_KEYS, "unit")}
-    if edges is not None:
-        ins = [e for e in edges if e["reader"] == node["address"]]
-        outs = [e for e in edges if e["writer"] == node["address"]]
-        row.update(
-            in_degree=len(ins),
-            out_degree=len(outs),
-            abs_in=sum(e["abs_weight"] for e in ins),
-            abs_out=sum(e["abs_weight"] for e in outs),
-        )
+    if degrees is None and edges is not None:
+        degrees = node_degrees(edges)
+    if degrees is not None:
+        row.update(degrees.get(node["address"], {"in_degree": 0, "out_degree": 0, "abs_in": 0.0, "abs_out": 0.0}))
     row.update(readout_plus=SEP.join(read.get("plus", [])), readout_minus=SEP.join(read.get("minus", [])))
     return row
+
+
+def node_degrees(edges: Iterable[dict]) -> dict[str, dict]:
+    """Per node address: ``in_degree``, ``out_degree``, ``abs_in``, ``abs_out`` (summed ``abs_weight``)."""
+    out: dict[str, dict] = {}
+    for e in edges:
+        for key, side in ((e["reader"], "in"), (e["writer"], "out")):
+            d = out.setdefault(key, {"in_degree": 0, "out_degree": 0, "abs_in": 0.0, "abs_out": 0.0})
+            d[f"{side}_degree"] += 1
+            d[f"abs_{side}"] += e.get("abs_weight") or 0.0
+    return out
 
 
 def edge_row(edge: dict) -> dict:
@@ -126,7 +132,8 @@ class CircuitResult(Result):
 
     def node_rows(self) -> list[dict]:
         """One row per node, the columns of ``NODE_COLUMNS`` (degrees and |weight| sums over ``edges``)."""
-        return [node_row(n, self.edges) for n in self.nodes]
+        degrees = node_degrees(self.edges)
+        return [node_row(n, degrees=degrees) for n in self.nodes]
 
     def agreement_rows(self) -> list[dict]:
         """The agreement table's rows (flat)."""
