@@ -99,9 +99,9 @@ def graph_figure(result: CircuitResult):
     top = _max_abs(result)
     for e in sorted(result.edges, key=lambda e: abs(e.get("weight") or 0.0)):
         if e["writer"] in pos and e["reader"] in pos:
-            (x0, y0), (x1, y1) = pos[e["writer"]], pos[e["reader"]]
+            xs, ys = arc(pos[e["writer"]], pos[e["reader"]], height, n_layers_of(result))
             st = edge_style(e, top)
-            ax.plot([x0, x1], [y0, y1], color=st["color"], lw=st["width"], alpha=st["alpha"],
+            ax.plot(xs, ys, color=st["color"], lw=st["width"], alpha=st["alpha"],
                     ls="--" if st["dashed"] else "-", zorder=1)  # fmt: skip
     palette = colors()
     kinds = sorted({n.get("kind") for n in result.nodes}, key=_kind_rank)
@@ -117,6 +117,7 @@ def graph_figure(result: CircuitResult):
     ticks = list(range(-1, n_layers + 1))
     ax.set_xticks(ticks, ["emb", *map(str, range(n_layers)), "metric"], fontsize=6)
     ax.set_yticks([])
+    ax.invert_yaxis()  # as the page: the first node of a column on top
     ax.set_xlabel("layer (MLP nodes half a layer right)")
     c = result.counts
     ax.set_title(
@@ -127,6 +128,20 @@ def graph_figure(result: CircuitResult):
     )
     ax.legend(fontsize=6, loc="upper left", ncols=2)
     return fig
+
+
+def arc(p0: tuple[float, float], p1: tuple[float, float], height: float, n_layers: int, n: int = 24):
+    """Points of an edge from ``p0`` to ``p1``: a straight line between neighbouring columns, a quadratic arc
+    bending toward the top (smaller y) when it skips a column, as on the page."""
+    (x0, y0), (x1, y1) = p0, p1
+    if abs(x1 - x0) <= 1.01:
+        return [x0, x1], [y0, y1]
+    bend = min(0.45, 0.9 * abs(x1 - x0) / (n_layers + 1)) * height
+    t = np.linspace(0.0, 1.0, n)
+    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2 - bend
+    xs = (1 - t) ** 2 * x0 + 2 * (1 - t) * t * cx + t**2 * x1
+    ys = (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t**2 * y1
+    return xs, ys
 
 
 def faithfulness_figure(result: CircuitResult):
