@@ -221,6 +221,13 @@ def test_the_page_draws_and_lists_every_node_and_edge_offline():
     assert "@import" not in page and "url(" not in page
 
 
+def test_an_empty_graph_says_so():
+    empty = CircuitResult(task="ioi", model="m", n_prompts=4, options={"threshold": 0.05}, metric={"gap": 3.0},
+                          counts={"nodes": 0, "edges": 0, "checked": 0}, nodes=[], edges=[])  # fmt: skip
+    assert "The graph is empty: no writer reached threshold=0.05" in html_page(empty)
+    assert "The graph is empty" not in html_page(make_result())
+
+
 def test_the_page_escapes_token_text():
     class Tags(HTMLParser):
         def __init__(self):

@@ -22,6 +22,7 @@ It reads the module's rows only (``graph``, ``checks``, ``facts``, and where the
 from __future__ import annotations
 
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_svd.addresses import Address
 from lit_svd.analysis.agreement import agreement_rows
@@ -98,6 +99,11 @@ class CircuitReport(Callback):
 
     def on_test_end(self, trainer, module) -> None:
         result = self.result(trainer, module)
+        if not result.edges:
+            rank_zero_warn(
+                f"the circuit graph is empty: no writer reached threshold={result.options.get('threshold')} of a"
+                " reader's sum of |contributions| on any prompt; a lower threshold keeps more"
+            )
         write_result(trainer, result)
         if trainer.is_global_zero:
             folder = run_dir(trainer)

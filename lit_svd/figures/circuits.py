@@ -333,6 +333,11 @@ def html_page(result: CircuitResult) -> str:
         f" {c.get('passes', 0)} of {c.get('checked', 0)} checked edges pass the causal check"
         f" ({c.get('passes_z', 0)} by z alone)" + (f"; metric gap (clean - corrupted) {gap:.4g}" if gap else "")
     )
+    if not result.edges:
+        summary += (
+            f". The graph is empty: no writer reached threshold={result.options.get('threshold')} of a reader's sum"
+            " of |contributions| on any prompt; a lower threshold keeps more"
+        )
     body = [
         f"<p><strong>{html.escape(summary)}</strong></p>",
         f'<div id="wrap"><div id="graph">{svg(result)}</div><div id="detail"><p>click a node</p></div></div>',
