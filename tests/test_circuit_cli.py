@@ -42,7 +42,7 @@ def test_the_shipped_configs_parse(capsys, name):
     assert cfg["model"]["class_path"] == "lit_svd.modules.circuits.CircuitGraphModule"
     args = cfg["model"]["init_args"]
     assert args["model"] == ("gemma3-270m" if name.startswith("gemma") else "smollm2-135m")
-    assert (args["threshold"], args["depth"], args["readers"], args["unit"]) == (0.05, 2, ["qk", "ov"], "direction")
+    assert (args["threshold"], args["depth"], args["readers"], args["unit"]) == (0.002, 2, ["qk", "ov"], "direction")
     assert cfg["data"]["init_args"]["task"] == name.rsplit("_", 1)[1] and cfg["data"]["init_args"]["n_test"] == 128
     assert [c["class_path"] for c in cfg["trainer"]["callbacks"]] == ["lit_svd.callbacks.circuits.CircuitReport"]
 

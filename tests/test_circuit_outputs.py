@@ -243,13 +243,16 @@ def test_the_page_escapes_token_text():
     assert "&lt;b&gt;" in page and "b" not in tags.tags  # the token "<b>" is text, not a tag
 
 
-def test_layout_puts_nodes_by_layer_and_mlp_half_a_layer_right():
-    pos = layout(make_result())
-    assert pos["embed"][0] == -1 and pos["metric"][0] == 3 and pos["L1.mlp_out.d4"][0] == 1.5
-    assert pos["L0.ov.h1.d0"][0] == pos["L0.b_O"][0] == 0 and pos["L2.qk.h0.d1"][0] == 2
-    column0 = sorted(pos[a][1] for a in NODES if pos[a][0] == 0)
+def test_layout_puts_nodes_by_layer_and_the_mlp_right_of_its_attention():
+    pos = layout(make_result())  # embed, L0, L1 mlp, L2, metric hold nodes: columns 0 .. 4
+    assert pos["embed"][0] == 0 and pos["metric"][0] == 4 and pos["L1.mlp_out.d4"][0] == 2
+    assert pos["L0.ov.h1.d0"][0] == pos["L0.b_O"][0] == 1 and pos["L2.qk.h0.d1"][0] == 3
+    column0 = sorted(pos[a][1] for a in NODES if pos[a][0] == 1)
     assert column0 == [0, 1, 2]  # one place per node
-    assert sorted(pos[a][1] for a in NODES if pos[a][0] == 2) == [0.25, 1.75]  # spread over the fullest column
+    assert sorted(pos[a][1] for a in NODES if pos[a][0] == 3) == [0.25, 1.75]  # spread over the fullest column
+    sparse = make_result()
+    sparse.nodes = [n for n in sparse.nodes if n["address"] in ("L2.ov.h0.d0", "metric")]
+    assert layout(sparse) == {"L2.ov.h0.d0": (0, 0.0), "metric": (1, 0.0)}  # layers without nodes take no room
 
 
 def test_figures_of_a_result_read_back_from_json():

@@ -3,8 +3,8 @@
 ``circuit_agreement.png`` (overlap with the mask run and SAD against chance) and ``circuit.html`` (one offline
 page: the graph as inline SVG, click a node for its readout and edges, sortable tables of nodes and edges).
 
-The layout is shared by the figure and the page: x = the layer (the attention's nodes at the layer, the MLP's
-half a layer to the right, the embedding at -1, the metric after the last layer), y = the node's place among its
+The layout is shared by the figure and the page: one column per layer part that holds nodes, in order (the
+embedding, each layer's attention, its MLP, the metric; ``used_columns``), y = the node's place among its
 column's nodes (by kind, head, direction).
 """
 
@@ -42,13 +42,30 @@ def n_layers_of(result: CircuitResult) -> int:
     return max([int(x) for x in layers if x >= 0], default=-1) + 1
 
 
-def layout(result: CircuitResult) -> dict[str, tuple[float, float]]:
-    """``{address: (x, y)}``: x = ``column``; y spreads each column's nodes (by kind, head, direction) evenly over
-    the height of the fullest column, so that columns of few nodes do not line up on one row."""
+def used_columns(result: CircuitResult) -> list[float]:
+    """The columns that hold a node, in order (``column``: -1 the embedding, l the attention of layer l, l + 0.5
+    its MLP, ``n_layers`` the metric): one drawn column each, so that layers without nodes take no room."""
     n_layers = n_layers_of(result)
+    return sorted({column(n, n_layers) for n in result.nodes})
+
+
+def column_label(c: float, n_layers: int) -> str:
+    if c < 0:
+        return "emb"
+    if c >= n_layers:
+        return "metric"
+    return f"L{int(c)}" + (" mlp" if c != int(c) else "")
+
+
+def layout(result: CircuitResult) -> dict[str, tuple[float, float]]:
+    """``{address: (x, y)}``: x = the rank of the node's ``column`` among ``used_columns``; y spreads each column's
+    nodes (by kind, head, direction) evenly over the height of the fullest column, so that columns of few nodes
+    do not line up on one row."""
+    n_layers = n_layers_of(result)
+    rank = {c: i for i, c in enumerate(used_columns(result))}
     by_x: dict[float, list[dict]] = {}
     for node in result.nodes:
-        by_x.setdefault(column(node, n_layers), []).append(node)
+        by_x.setdefault(rank[column(node, n_layers)], []).append(node)
     height = max((len(v) for v in by_x.values()), default=1)
     out = {}
     for x, nodes in by_x.items():
@@ -95,11 +112,12 @@ def graph_figure(result: CircuitResult):
     """The graph layer by layer: node x = layer, edge width by |weight|, colour by sign, dashed = failed check."""
     pos = layout(result)
     height = max((y for _, y in pos.values()), default=0) + 1
-    fig, ax = new_figure(figsize=(max(6.0, 0.45 * (n_layers_of(result) + 2)), max(3.0, min(14.0, 0.18 * height + 2))))
+    layers = used_columns(result)
+    fig, ax = new_figure(figsize=(max(6.0, 0.8 * len(layers) + 1), max(3.0, min(14.0, 0.18 * height + 2))))
     top = _max_abs(result)
     for e in sorted(result.edges, key=lambda e: abs(e.get("weight") or 0.0)):
         if e["writer"] in pos and e["reader"] in pos:
-            xs, ys = arc(pos[e["writer"]], pos[e["reader"]], height, n_layers_of(result))
+            xs, ys = arc(pos[e["writer"]], pos[e["reader"]], height, len(layers))
             st = edge_style(e, top)
             ax.plot(xs, ys, color=st["color"], lw=st["width"], alpha=st["alpha"],
                     ls="--" if st["dashed"] else "-", zorder=1)  # fmt: skip
@@ -114,11 +132,10 @@ def graph_figure(result: CircuitResult):
             x, y = pos[n["address"]]
             ax.annotate(n["address"], (x, y), fontsize=5, xytext=(3, 2), textcoords="offset points")
     n_layers = n_layers_of(result)
-    ticks = list(range(-1, n_layers + 1))
-    ax.set_xticks(ticks, ["emb", *map(str, range(n_layers)), "metric"], fontsize=6)
+    ax.set_xticks(range(len(layers)), [column_label(x, n_layers) for x in layers], fontsize=6)
     ax.set_yticks([])
     ax.invert_yaxis()  # as the page: the first node of a column on top
-    ax.set_xlabel("layer (MLP nodes half a layer right)")
+    ax.set_xlabel("layer (columns that hold nodes; an MLP right of its layer's attention)")
     c = result.counts
     ax.set_title(
         f"{display_name(result.model)} {result.task}: {c.get('nodes', len(result.nodes))} nodes,"
@@ -134,7 +151,7 @@ def arc(p0: tuple[float, float], p1: tuple[float, float], height: float, n_layer
     """Points of an edge from ``p0`` to ``p1``: a straight line between neighbouring columns, a quadratic arc
     bending toward the top (smaller y) when it skips a column, as on the page."""
     (x0, y0), (x1, y1) = p0, p1
-    if abs(x1 - x0) <= 1.01:
+    if abs(x1 - x0) <= 1.01:  # neighbouring columns
         return [x0, x1], [y0, y1]
     bend = min(0.45, 0.9 * abs(x1 - x0) / (n_layers + 1)) * height
     t = np.linspace(0.0, 1.0, n)
@@ -252,16 +269,16 @@ def svg(result: CircuitResult) -> str:
     pos = layout(result)
     n_layers = n_layers_of(result)
     height = (max((y for _, y in pos.values()), default=0) + 1) * DY + 2 * MARGIN + 10
-    width = (n_layers + 2) * DX + 2 * MARGIN
+    width = max(len(used_columns(result)), 1) * DX + 2 * MARGIN
 
     def xy(p):
-        return MARGIN + (p[0] + 1) * DX, MARGIN + p[1] * DY + 10
+        return MARGIN + (p[0] + 0.5) * DX, MARGIN + p[1] * DY + 10
 
     top = _max_abs(result)
     parts = [f'<svg id="circuit" width="{width}" height="{height}" viewBox="0 0 {width} {height}">']
-    for layer in range(-1, n_layers + 1):
-        label = "emb" if layer == -1 else ("metric" if layer == n_layers else f"L{layer}")
-        parts.append(f'<text x="{MARGIN + (layer + 1) * DX}" y="14" text-anchor="middle">{label}</text>')
+    for i, c in enumerate(used_columns(result)):
+        label = column_label(c, n_layers)
+        parts.append(f'<text x="{MARGIN + (i + 0.5) * DX}" y="14" text-anchor="middle">{label}</text>')
     for e in sorted(result.edges, key=lambda e: abs(e.get("weight") or 0.0)):
         if e["writer"] not in pos or e["reader"] not in pos:
             continue
