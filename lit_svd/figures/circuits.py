@@ -247,7 +247,8 @@ PAGE_SCRIPT = """(function(){
     h+="<h3>in ("+ins.length+")</h3>"+rows(ins,"writer")+"<h3>out ("+outs.length+")</h3>"+rows(outs,"reader");
     detail.innerHTML=h;
     Array.prototype.forEach.call(document.querySelectorAll("svg .node"),function(c){
-      c.classList.toggle("sel",c.getAttribute("data-address")===address);});
+      var on=c.getAttribute("data-address")===address; c.classList.toggle("sel",on);
+      if(on&&c.scrollIntoView) c.scrollIntoView({block:"nearest",inline:"center"});});
     Array.prototype.forEach.call(document.querySelectorAll("svg .edge"),function(l){
       var on=l.getAttribute("data-writer")===address||l.getAttribute("data-reader")===address;
       l.classList.toggle("dim",!on);});
