@@ -48,6 +48,33 @@ def check_names(cfg) -> None:
             check_available(name, key, args.get("revision"))
 
 
+def _init_args(section) -> dict:
+    args = (section or {}).get("init_args") if hasattr(section or {}, "get") else None
+    if args is None:
+        return {}
+    return dict(args.as_dict() if hasattr(args, "as_dict") else args)
+
+
+def check_module_config(cfg) -> None:
+    """A module class may check its options against the model (its config, its tokenizer: not its weights) and
+    the data before anything is built: ``check_config(model_args, data_args)`` (a static- or classmethod taking
+    the ``init_args`` of ``model`` and ``data``), raising a one-line ValueError."""
+    import importlib
+
+    model = cfg.get("model") or {}
+    path = model.get("class_path") if hasattr(model, "get") else None
+    if not isinstance(path, str) or "." not in path:
+        return
+    module, _, name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return  # jsonargparse reports an unknown class itself
+    check = getattr(cls, "check_config", None)
+    if callable(check):
+        check(_init_args(model), _init_args(cfg.get("data")))
+
+
 def warn_oversubscription(trainer: dict) -> None:
     """One warning line when more CPU processes are asked for than there are cores (then the run goes on)."""
     devices, accelerator = trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto"))

@@ -12,7 +12,15 @@ import sys
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lit_svd.cli import PROG, RawEpilogFormatter, check_names, experiments_help, last_checkpoint, warn_oversubscription
+from lit_svd.cli import (
+    PROG,
+    RawEpilogFormatter,
+    check_module_config,
+    check_names,
+    experiments_help,
+    last_checkpoint,
+    warn_oversubscription,
+)
 from lit_svd.errors import ConfigError, debug, one_line_error, user_message
 
 
@@ -66,6 +74,7 @@ class LitSVDCLI(LightningCLI):
             torch.set_num_threads(threads)
         warn_oversubscription(cfg.get("trainer", {}))
         check_names(cfg)
+        check_module_config(cfg)
         if self.subcommand in ("fit", "validate", "test", "predict") and cfg.get("ckpt_path") == "last":
             cfg["ckpt_path"] = str(last_checkpoint(cfg.get("trainer", {}).get("default_root_dir")))
 

@@ -82,9 +82,53 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (a temporary file beside it, then a rename); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return path
+
+
 def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Path:
     """``obj`` as JSON (``to_jsonable``: non-finite numbers fail), written atomically."""
     return write_text(path, json.dumps(to_jsonable(obj, Path(path).name), indent=indent) + "\n")
+
+
+def graphml_text(graph, nan_ok: bool = False) -> str:
+    """A ``networkx`` graph as GraphML (``networkx.generate_graphml``). GraphML holds only scalars: every
+    attribute goes through ``to_jsonable`` (so a non-finite number fails unless ``nan_ok``), None values are left
+    out (an undefined value: no attribute), lists and dicts become JSON text."""
+    import networkx as nx
+
+    def scalars(attrs: dict, where: str) -> dict:
+        out = {}
+        for key, value in attrs.items():
+            value = to_jsonable(value, f"{where}.{key}", nan_ok)
+            if isinstance(value, (list, dict)):
+                value = json.dumps(value)
+            if value is not None:
+                out[str(key)] = value
+        return out
+
+    plain = type(graph)()
+    plain.graph.update(scalars(graph.graph, "graph"))
+    for node, attrs in graph.nodes(data=True):
+        plain.add_node(str(node), **scalars(attrs, str(node)))
+    if graph.is_multigraph():
+        for a, b, key, attrs in graph.edges(keys=True, data=True):
+            plain.add_edge(str(a), str(b), key=str(key), **scalars(attrs, f"{a}->{b}"))
+    else:
+        for a, b, attrs in graph.edges(data=True):
+            plain.add_edge(str(a), str(b), **scalars(attrs, f"{a}->{b}"))
+    return "\n".join(nx.generate_graphml(plain)) + "\n"
+
+
+def write_graphml(path: str | os.PathLike, graph, nan_ok: bool = False) -> Path:
+    """``graphml_text(graph, nan_ok)`` written atomically."""
+    return write_text(path, graphml_text(graph, nan_ok))
 
 
 def csv_text(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
@@ -134,10 +178,7 @@ def save_figure(trainer, fig, name: str, step: int | None = None) -> Path | None
     from lightning.pytorch.loggers import TensorBoardLogger
 
     png = figure_png(fig)  # drawn once: the PNG file and the TensorBoard image are the same pixels
-    path = run_dir(trainer) / f"{name}.png"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(png)
-    os.replace(tmp, path)
+    path = write_bytes(run_dir(trainer) / f"{name}.png", png)
     tb = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
     if tb:
         image = mpimg.imread(io.BytesIO(png), format="png")[..., :3]

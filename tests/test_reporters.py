@@ -20,6 +20,7 @@ REPORTERS = {  # file -> report callback classes
     "sad.py": ["SADReport"],
     "mounts.py": ["MountsReport"],
     "direction_report.py": ["DirectionReport"],
+    "circuits.py": ["CircuitReport"],
 }
 MODEL_NAMES = {
     "lm",

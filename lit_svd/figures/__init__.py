@@ -7,8 +7,9 @@ from __future__ import annotations
 
 def figures_of(result) -> dict:
     """The figures of any typed result (``lit_svd.results``), by its type."""
-    from lit_svd.figures import directions, masks, mounts, sad, tasks, toy, training
+    from lit_svd.figures import circuits, directions, masks, mounts, sad, tasks, toy, training
     from lit_svd.results import (
+        CircuitResult,
         CompareDirectionsResult,
         DirectionCheckResult,
         EvaluateResult,
@@ -34,5 +35,6 @@ def figures_of(result) -> dict:
         CompareDirectionsResult: directions.compare_figures,
         MountsResult: mounts.figures,
         EvaluateResult: tasks.figures,
+        CircuitResult: circuits.figures,
     }
     return draw[type(result)](result)

@@ -4,11 +4,11 @@ directions (``CompareDirectionsResult``: ``compare_directions.png``)."""
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import numpy as np
 
+from lit_svd.figures import pages
 from lit_svd.figures.base import new_figure
 from lit_svd.results.directions import COLUMNS, CompareDirectionsResult, DirectionCheckResult, direction_row
 
@@ -67,51 +67,6 @@ def compare_figures(result: CompareDirectionsResult) -> dict:
     return {"compare_directions": fig}
 
 
-def _cell(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return html.escape(str(value))
-
-
-PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<style>
-body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}}
-table{{border-collapse:collapse;font-size:13px}}
-th,td{{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}}
-th{{background:#eee;cursor:pointer;position:sticky;top:0}}
-th.asc:after{{content:" \\25B2"}} th.desc:after{{content:" \\25BC"}}
-tr.pass td.passes{{background:#d8f0d8}} tr.fail td.passes{{background:#f6dcdc}}
-td.tokens{{font-family:monospace;white-space:pre-wrap;max-width:22em}}
-dl{{display:grid;grid-template-columns:max-content auto;gap:2px 12px}} dt{{font-weight:600}}
-</style></head><body>
-<h1>{title}</h1>
-<dl>{facts}</dl>
-<p>{about}</p>
-<table id="directions"><thead><tr>{head}</tr></thead><tbody>
-{body}
-</tbody></table>
-<script>
-(function(){{
-  var table=document.getElementById("directions"), heads=table.tHead.rows[0].cells;
-  function key(cell){{var t=cell.getAttribute("data-v"); var x=parseFloat(t); return isNaN(x)?t:x;}}
-  for (var i=0;i<heads.length;i++) (function(col){{
-    heads[col].addEventListener("click",function(){{
-      var asc=!this.classList.contains("asc");
-      for (var j=0;j<heads.length;j++) heads[j].classList.remove("asc","desc");
-      this.classList.add(asc?"asc":"desc");
-      var body=table.tBodies[0], rows=Array.prototype.slice.call(body.rows);
-      rows.sort(function(a,b){{var x=key(a.cells[col]), y=key(b.cells[col]);
-        if (typeof x!==typeof y) {{x=String(x); y=String(y);}}
-        return (x<y?-1:x>y?1:0)*(asc?1:-1);}});
-      rows.forEach(function(r){{body.appendChild(r);}});
-    }});
-  }})(i);
-}})();
-</script></body></html>
-"""
-
-
 FACTS = (
     "run",
     "model",
@@ -131,22 +86,9 @@ FACTS = (
 
 def html_page(result: DirectionCheckResult) -> str:
     """The static, offline page of a direction check: its facts as a list, then the sortable table of its
-    directions (inline CSS and JavaScript, no network)."""
+    directions (inline CSS and JavaScript, no network; ``figures/pages.py``)."""
     content = result.to_dict()
-    facts = {k: content[k] for k in FACTS}
     title = f"{result.model} {result.task}: {result.claims} directions, blocks, causal check, readouts"
-    rows = result.directions
-    fact_html = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{_cell(v)}</dd>" for k, v in facts.items())
-    head = "".join(f"<th>{c}</th>" for c in COLUMNS)
-    lines = []
-    for row in rows:
-        flat = direction_row(row)
-        cells = []
-        for c in COLUMNS:
-            v = flat.get(c, "")
-            cls = ' class="tokens"' if c.startswith("readout_") else (' class="passes"' if c == "passes" else "")
-            cells.append(f'<td{cls} data-v="{html.escape(str(v), quote=True)}">{_cell(v)}</td>')
-        lines.append(f'<tr class="{"pass" if row["passes"] else "fail"}">{"".join(cells)}</tr>')
     about = (
         f"Each direction of the component (one head's OV map, or an MLP map) is patched alone at the answer"
         f" position toward the corrupted prompt's coefficient; effect = mean change of the task metric."
@@ -156,4 +98,13 @@ def html_page(result: DirectionCheckResult) -> str:
         f" +/- the direction (write side: through the final norm and unembedding; read side: token"
         f" embeddings through the layer's norm). Click a column header to sort."
     )
-    return PAGE.format(title=html.escape(title), facts=fact_html, about=about, head=head, body="\n".join(lines))
+    rows = [{**direction_row(r), "_passes": r["passes"]} for r in result.directions]
+    table = pages.sortable_table(
+        "directions",
+        COLUMNS,
+        rows,
+        row_attrs=lambda r: f'class="{"pass" if r["_passes"] else "fail"}"',
+        cell_class=lambda c: "tokens" if c.startswith("readout_") else ("passes" if c == "passes" else ""),
+    )
+    body = f"{pages.facts({k: content[k] for k in FACTS})}\n<p>{about}</p>\n{table}"
+    return pages.page(title, body)

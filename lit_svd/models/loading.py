@@ -363,3 +363,34 @@ def _save_plain(model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path) ->
     config.save_pretrained(folder)
     save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(folder)
+
+
+def load_config(name_or_path: str, *, gguf_file: str | None = None, revision: str | None = None):
+    """Only the Hugging Face config of ``load_causal_lm``'s model (no weights): from the conversion cache of a
+    GGUF model, else from the GGUF file's metadata, a local folder or the (local) hub cache. For checks that must
+    run before a model loads (the number of layers bounds an option)."""
+    from transformers import AutoConfig
+
+    if name_or_path in ASSEMBLED_ALIASES:
+        cached = _assembled_cache_dir(name_or_path)
+        if (cached / "config.json").is_file():
+            return AutoConfig.from_pretrained(cached)
+        gguf_path = resolve_alias(name_or_path)
+    else:
+        gguf_path = _gguf_path(name_or_path, gguf_file)
+    if gguf_path is not None:
+        cached = _gguf_cache_dir(gguf_path)
+        if (cached / "config.json").is_file():
+            return AutoConfig.from_pretrained(cached)
+        return AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    offline = not Path(name_or_path).expanduser().exists() and hub_offline()
+    try:
+        return AutoConfig.from_pretrained(name_or_path, revision=revision, local_files_only=offline)
+    except (OSError, ValueError) as err:
+        raise _unavailable("model", name_or_path, revision, offline, err) from err
+
+
+def n_layers_of(config) -> int:
+    """The number of transformer blocks of a Hugging Face config (its text config for multimodal ones)."""
+    config = getattr(config, "text_config", None) or config
+    return int(config.num_hidden_layers)

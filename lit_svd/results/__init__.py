@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from lit_svd.results.base import SCHEMA_VERSION, Provenance, Result
+from lit_svd.results.circuits import CircuitResult
 from lit_svd.results.directions import CompareDirectionsResult, DirectionCheckResult
 from lit_svd.results.faithfulness import FaithfulnessResult
 from lit_svd.results.masks import MaskBlocksResult, MaskCurveResult, MaskResult, MaskThresholdsResult
@@ -33,6 +34,7 @@ TYPES: tuple[type[Result], ...] = (
     MountsResult,
     EvaluateResult,
     FaithfulnessResult,
+    CircuitResult,
 )
 BY_EXPERIMENT: dict[str, type[Result]] = {name: t for t in TYPES for name in (t.experiment, *t.aliases)}
 
@@ -62,6 +64,7 @@ __all__ = [
     "BY_EXPERIMENT",
     "SCHEMA_VERSION",
     "TYPES",
+    "CircuitResult",
     "CompareDirectionsResult",
     "DirectionCheckResult",
     "EvaluateResult",
