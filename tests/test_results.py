@@ -34,6 +34,9 @@ def sample(cls: type[R.Result]) -> R.Result:
             values[f.name] = 3
         else:
             values[f.name] = "x"
+    if cls is R.FaithfulnessResult:  # its rows read curves: one curve of two sizes
+        curve = {"sizes": [0.5, 1.0], "n_kept": [1, 2], "values": [0.2, 1.0], "metric": [0.1, 0.5]}
+        values["faithfulness"] = {"eap_heads": {**curve, "cpr": 0.3, "cmd": 0.4, "seconds": 1.5}}
     return cls(**values)
 
 
