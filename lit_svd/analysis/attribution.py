@@ -19,7 +19,7 @@ taken only at the o-projection and MLP-down outputs, one backward.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +28,7 @@ from torch import Tensor
 from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
 from lit_svd.models.base import ModelView
 from lit_svd.models.hooks import Hook, first_input, hooks
-from lit_svd.models.points import run_with_cache
+from lit_svd.models.points import ActivationCache, run_with_cache
 
 
 @dataclass
@@ -85,7 +85,9 @@ def batch_attributions(view: ModelView, batch: dict, task: str | TaskScorer) -> 
     return Attributions(heads / n, mlps / n, n)
 
 
-def _reduce(view: ModelView, grads, store: dict, corrupt, heads: Tensor, mlps: Tensor) -> None:
+def _reduce(
+    view: ModelView, grads: Sequence[Tensor], store: dict, corrupt: ActivationCache, heads: Tensor, mlps: Tensor
+) -> None:
     """Fill ``heads [L, H]`` and ``mlps [L]`` with the sums over prompts and positions (module docstring)."""
     H, dh = view.n_heads, view.d_head
     for l in range(view.n_layers):

@@ -47,19 +47,24 @@ mixed OV reads, the other side of a QK term; contributions are exact pieces of t
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from lit_svd.addresses import Address
-from lit_svd.analysis.decompose import Decomposer, Reads, logit_reads, ov_reads, qk_reads
+from lit_svd.analysis.decompose import Decomposer, Reads, Side, Split, logit_reads, ov_reads, qk_reads
 from lit_svd.analysis.sad import causal_visibility
-from lit_svd.linalg import REL_GAP, direction_blocks
+from lit_svd.linalg import REL_GAP, DirectionBlocks, direction_blocks
 from lit_svd.metrics import TaskScorer, task_scorer
 from lit_svd.models.base import augment_inputs
+from lit_svd.models.points import ActivationCache
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 Unit = Literal["direction", "block", "head"]
 ReaderKind = Literal["logit", "ov", "qk_query", "qk_key"]
@@ -129,6 +134,18 @@ def concat_reads(parts: Sequence[Reads]) -> Reads:
         offsets.append(n)
         n += p.n_readers
     factored = all(p.basis is not None for p in parts)
+    addresses: list[Address] | None = None
+    if first.addresses is not None:
+        addresses = []
+        for p in parts:
+            if p.addresses is None:
+                raise ValueError("concat_reads: the first part has reader addresses, another has none")
+            addresses += p.addresses
+    coords: list[Tensor] = []
+    for p in parts if factored else []:
+        if p.coords is None:
+            raise ValueError("concat_reads: a part with a factored basis has no coords")
+        coords.append(p.coords)
     info_keys = set.intersection(*(set(p.info) for p in parts))
     return Reads(
         first.point,
@@ -140,21 +157,23 @@ def concat_reads(parts: Sequence[Reads]) -> Reads:
         torch.cat([p.reader + o for p, o in zip(parts, offsets)]),
         torch.cat([p.own_bias for p in parts]),
         [b for p in parts for b in p.bias],
-        None if first.addresses is None else [a for p in parts for a in p.addresses],
+        addresses,
         {k: torch.cat([p.info[k] for p in parts]) for k in info_keys},
         first.basis if factored else None,
-        torch.cat([p.coords for p in parts]) if factored else None,
+        torch.cat(coords) if factored else None,
     )
 
 
-def read_totals(dec: Decomposer, cache, reads: Reads) -> Tensor:
+def read_totals(dec: Decomposer, cache: ActivationCache, reads: Reads) -> Float[Tensor, " n_readers"]:
     """``[n_readers]``: each reader's coefficient on the cached run (``Split.total`` without the split)."""
     x = augment_inputs(cache[f"{reads.point}_normalized", reads.layer][reads.batch, reads.position].to(dec.dtype))
     per_row = reads.weight.to(dec.dtype) * (reads.vector.to(dec.dtype) * x).sum(-1)
     return torch.zeros(reads.n_readers, dtype=dec.dtype, device=per_row.device).index_add_(0, reads.reader, per_row)
 
 
-def row_scales(dec: Decomposer, cache, reads: Reads) -> tuple[Tensor, Tensor]:
+def row_scales(
+    dec: Decomposer, cache: ActivationCache, reads: Reads
+) -> tuple[Float[Tensor, "R d_model"], Float[Tensor, " R"]]:
     """``(vectors [R, d_model], scale [R])``: row ``i`` reads a residual write ``w`` at its position as
     ``scale[i] * vectors[i] . w`` (the clean norm factor and the row's weight in ``scale``; LayerNorm: centred)."""
     dt = dec.dtype
@@ -165,7 +184,13 @@ def row_scales(dec: Decomposer, cache, reads: Reads) -> tuple[Tensor, Tensor]:
     return r, reads.weight.to(dt) * factor
 
 
-def row_contributions(dec: Decomposer, cache, reads: Reads, table: Tensor, writers: Tensor) -> Tensor:
+def row_contributions(
+    dec: Decomposer,
+    cache: ActivationCache,
+    reads: Reads,
+    table: Float[Tensor, "B T n_writers"],
+    writers: Int[Tensor, " M"],
+) -> Float[Tensor, "R M"]:
     """``[R, M]``: the contribution of writer nodes ``writers`` (indices into ``dec.nodes``, not the embedding)
     to each row of ``reads`` (the pieces ``Split.values`` sums over a reader's rows)."""
     r, scale = row_scales(dec, cache, reads)
@@ -211,12 +236,14 @@ def _positions(weights: dict[int, float], threshold: float) -> dict[int, float]:
         return {}
     keep = {p: w / total for p, w in weights.items() if w / total >= threshold}
     if not keep:
-        keep = {max(weights, key=weights.get): 1.0}
+        keep = {max(weights, key=lambda p: weights[p]): 1.0}
     s = sum(keep.values())
     return {p: w / s for p, w in keep.items()}
 
 
-def metric_weights(dec: Decomposer, cache, batch: dict, task: str | TaskScorer) -> Tensor:
+def metric_weights(
+    dec: Decomposer, cache: ActivationCache, batch: dict, task: str | TaskScorer
+) -> Float[Tensor, "B vocab"]:
     """``[B, vocab]``: d metric / d logits at the clean answer logits (``TaskScorer.logit_weights``; exact and
     constant for the logit difference, the linearisation at the clean run for GT's probability difference).
     The logits are recomputed from the cache (the folded unembedding of ``final_normalized``)."""
@@ -244,7 +271,7 @@ class GraphBuilder:
 
     # --- one batch ----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def batch(self, cache, batch: dict) -> BatchGraphs:
+    def batch(self, cache: ActivationCache, batch: dict) -> BatchGraphs:
         """Every prompt's graph of ``batch`` (right-padded task batch with ``answer_pos``)."""
         dec, opt = self.dec, self.options
         table = dec.coefficient_table(cache)
@@ -268,7 +295,17 @@ class GraphBuilder:
             frontier = self._expand(out, cache, table, batch, frontier)
         return out
 
-    def _record(self, out, cache, table, reads, split, keys, owner, share=None):
+    def _record(
+        self,
+        out: BatchGraphs,
+        cache: ActivationCache,
+        table: Tensor,
+        reads: Reads,
+        split: Split,
+        keys: Sequence[tuple[int, Address | None, str]],
+        owner: Sequence[int],
+        share: Tensor | None = None,
+    ) -> dict[tuple[int, Address], dict[int, float]]:
         """Combine the split's readers into prompt-level readers ``keys`` (``owner[j]``: the key of split reader
         ``j``; ``share[j]``: its weight), keep writers, and return the next frontier ``{(prompt, head
         direction): {position: weight}}``."""
@@ -308,27 +345,37 @@ class GraphBuilder:
             self._index = {a: i for i, a in enumerate(self.dec.nodes)}
         return self._index
 
-    def _expand(self, out, cache, table, batch, frontier) -> dict:
+    def _expand(
+        self,
+        out: BatchGraphs,
+        cache: ActivationCache,
+        table: Tensor,
+        batch: dict,
+        frontier: dict[tuple[int, Address], dict[int, float]],
+    ) -> dict[tuple[int, Address], dict[int, float]]:
         dec, opt = self.dec, self.options
         ov_req: dict[tuple[int, Address], dict[tuple[int, int], float]] = {}
         qk_pos: dict[tuple[int, int, int], dict[int, float]] = {}  # (prompt, layer, head) -> {dest: weight}
         for (b, w), positions in frontier.items():
             kept = _positions(positions, opt.threshold)
             if "ov" in opt.readers:
-                acc = ov_req.setdefault((b, w), {})
+                acc_ov = ov_req.setdefault((b, w), {})
                 for d, x in kept.items():
-                    acc[(d, -1)] = acc.get((d, -1), 0.0) + x
+                    acc_ov[(d, -1)] = acc_ov.get((d, -1), 0.0) + x
             if "qk" in opt.readers:
-                acc = qk_pos.setdefault((b, w.layer, w.group), {})
+                acc_qk = qk_pos.setdefault((b, w.layer, w.group), {})
                 for d, x in kept.items():
-                    acc[d] = acc.get(d, 0.0) + x
-        nxt: dict = {}
+                    acc_qk[d] = acc_qk.get(d, 0.0) + x
+        nxt: dict[tuple[int, Address], dict[int, float]] = {}
         # OV: one split per head
-        by_head: dict[tuple[int, int], list] = defaultdict(list)
+        by_head: dict[tuple[int, int], list[tuple[int, Address, dict[tuple[int, int], float]]]] = defaultdict(list)
         for (b, w), ent in ov_req.items():
             by_head[(w.layer, w.group)].append((b, w, ent))
         for (l, h), items in sorted(by_head.items()):
-            parts, keys, owner, share = [], [], [], []
+            parts: list[Reads] = []
+            keys: list[tuple[int, Address | None, str]] = []
+            owner: list[int] = []
+            share: list[float] = []
             for b, w, ent in items:
                 tot = sum(ent.values())
                 ent = {k: v / tot for k, v in ent.items()}
@@ -343,12 +390,12 @@ class GraphBuilder:
         if qk_pos:
             mask = batch["attention_mask"].to(table.device)
             req: dict[tuple[int, Address], dict[tuple[int, int], float]] = {}
-            for (b, l, h), dests in sorted(qk_pos.items()):
-                tot = sum(dests.values())
+            for (b, l, h), dest_weights in sorted(qk_pos.items()):
+                tot = sum(dest_weights.values())
                 vis = causal_visibility(mask, self.view.window(l))[b]  # [T, T]
                 pat = cache["pattern", l][b, h]
                 pairs = []
-                for d, x in dests.items():
+                for d, x in dest_weights.items():
                     if vis[d].sum() < 2:
                         continue
                     s = int(torch.where(vis[d], pat[d], torch.full_like(pat[d], -1.0)).argmax())
@@ -362,10 +409,12 @@ class GraphBuilder:
                 top = terms.abs().topk(min(opt.qk_top, terms.shape[1]), dim=1).indices
                 for i, (d, s, x) in enumerate(pairs):
                     for k in top[i].tolist():
-                        acc = req.setdefault((b, Address(l, "qk", h, k)), {})
-                        acc[(d, s)] = acc.get((d, s), 0.0) + x
-            for side in ("query", "key"):
-                groups: dict = defaultdict(list)
+                        acc_req = req.setdefault((b, Address(l, "qk", h, k)), {})
+                        acc_req[(d, s)] = acc_req.get((d, s), 0.0) + x
+            sides: tuple[Side, Side] = ("query", "key")
+            for side in sides:
+                groups: dict[tuple[int, int], list[tuple[int, Address, dict[tuple[int, int], float]]]]
+                groups = defaultdict(list)
                 for (b, a), ent in req.items():
                     groups[(a.layer, a.group if side == "key" else 0)].append((b, a, ent))
                 for (l, _), items in sorted(groups.items()):
@@ -384,7 +433,17 @@ class GraphBuilder:
                     self._split_and_record(out, cache, table, parts, keys, owner, share, nxt)
         return nxt
 
-    def _split_and_record(self, out, cache, table, parts, keys, owner, share, nxt) -> None:
+    def _split_and_record(
+        self,
+        out: BatchGraphs,
+        cache: ActivationCache,
+        table: Tensor,
+        parts: Sequence[Reads],
+        keys: Sequence[tuple[int, Address | None, str]],
+        owner: Sequence[int],
+        share: Sequence[float],
+        nxt: dict[tuple[int, Address], dict[int, float]],
+    ) -> None:
         reads = concat_reads(parts)
         split = self.dec.split(cache, reads, table=table)
         share_t = torch.tensor(share, dtype=self.dec.dtype, device=split.values.device)
@@ -403,7 +462,7 @@ class Units:
 
     def __init__(self, dec: Decomposer, unit: Unit = "direction", rel_gap: float = REL_GAP):
         self.dec, self.unit, self.rel_gap = dec, unit, rel_gap
-        self._blocks: dict[tuple[int, str], object] = {}
+        self._blocks: dict[tuple[int, str], DirectionBlocks] = {}
         self._cache: dict[Address, Address] = {}
 
     def spectrum(self, layer: int, kind: str) -> Tensor:
@@ -419,6 +478,10 @@ class Units:
             return (w.mlp_read.pow(2).sum(0) + b.pow(2)).sqrt()[None]
         raise ValueError(f"no spectrum for kind {kind!r}")
 
+    @overload
+    def __call__(self, a: Address) -> Address: ...
+    @overload
+    def __call__(self, a: None) -> None: ...
     def __call__(self, a: Address | None) -> Address | None:
         if a is None or self.unit == "direction" or not a.is_direction:
             return a
@@ -457,7 +520,7 @@ class EdgeSums:
             idx.append(self._col[a])
         return torch.tensor(idx, dtype=torch.long)
 
-    def _row(self, key) -> dict[str, Tensor]:
+    def _row(self, key: tuple[Address | None, str]) -> dict[str, Tensor]:
         n = len(self.nodes)
         r = self.readers.setdefault(key, {name: torch.zeros(0, dtype=torch.float64) for name in ("sum", "abs", "kept")})
         if r["sum"].numel() < n:
@@ -507,7 +570,7 @@ class EdgeSums:
         """One flat dict per edge kept on at least one prompt: ``writer``, ``reader`` (``str`` of the address;
         ``metric`` for the root), ``reader_kind``, ``weight``, ``abs_weight``, ``kept_in``, ``expanded_in``,
         ``n_prompts``; sorted by ``abs_weight``, largest first."""
-        rows = []
+        rows: list[dict[str, Any]] = []
         n = max(self.n_prompts, 1)
         for (reader, kind), r in self.readers.items():
             for c in torch.nonzero(r["kept"] > 0).flatten().tolist():
@@ -536,7 +599,7 @@ def node_attributes(key: str, unit: str, n_layers: int) -> dict:
     return {"layer": a.layer, "kind": a.kind, "group": a.group, "index": a.index, "size": a.size, "unit": u}
 
 
-def to_networkx(edges: Sequence[dict], unit: str, n_layers: int):
+def to_networkx(edges: Sequence[dict], unit: str, n_layers: int) -> nx.MultiDiGraph:
     """A ``networkx.MultiDiGraph`` (a ``DiGraph`` subclass; one edge per (writer, reader, reader kind), the kind
     is the edge key) of ``edges`` (``EdgeSums.edges``): nodes keyed ``str(Address)`` / ``metric`` with
     ``node_attributes``; edges with ``weight``, ``abs_weight``, ``kept_in``, ``expanded_in``, ``reader_kind``."""
@@ -552,7 +615,7 @@ def to_networkx(edges: Sequence[dict], unit: str, n_layers: int):
     return G
 
 
-def graph_edges(G) -> list[dict]:
+def graph_edges(G: nx.MultiDiGraph) -> list[dict]:
     """The edges of a graph from ``to_networkx`` as flat dicts (``writer``, ``reader`` and the edge attributes)."""
     return [{"writer": u, "reader": v, **d} for u, v, d in G.edges(data=True)]
 
@@ -560,9 +623,9 @@ def graph_edges(G) -> list[dict]:
 def build_graph(
     dec: Decomposer,
     task: str | TaskScorer,
-    batches,
+    batches: Iterable[dict],
     options: GraphOptions | None = None,
-):
+) -> tuple[nx.MultiDiGraph, EdgeSums, list[BatchGraphs]]:
     """``(networkx graph, EdgeSums, [BatchGraphs])`` of the task over ``batches`` (an iterable of task batches):
     the whole pipeline of this module in one call (the Lightning module does the same batch by batch)."""
     builder = GraphBuilder(dec, task, options)

@@ -45,19 +45,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from lit_svd.addresses import Address
 from lit_svd.analysis.causal import MIN_GAP_FRACTION, N_RANDOM, Z_PASS, random_coords, summarize
 from lit_svd.analysis.circuit_graph import METRIC, BatchGraphs, concat_reads, metric_weights, row_scales
-from lit_svd.analysis.decompose import Decomposer, Reads, logit_reads, ov_reads, qk_reads
+from lit_svd.analysis.decompose import Decomposer, Reads, Side, logit_reads, ov_reads, qk_reads
 from lit_svd.analysis.sad import causal_visibility
 from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
+from lit_svd.models.base import ModelView
 from lit_svd.models.hooks import Hook, hooks
 from lit_svd.models.layer_passes import run_blocks
-from lit_svd.models.points import eager_attention
+from lit_svd.models.points import ActivationCache, eager_attention
 
 CHECKED_KINDS = ("logit", "ov", "qk_query", "qk_key")
 
@@ -96,15 +99,15 @@ class CheckContext:
     """One batch's clean and corrupted caches and coefficient tables, the clean and corrupted metrics."""
 
     batch: dict
-    clean: object
-    corrupt: object
+    clean: ActivationCache
+    corrupt: ActivationCache
     clean_table: Tensor
     corrupt_table: Tensor
     m_clean: Tensor  # [B]
     m_corrupt: Tensor  # [B]
     boundaries: dict = field(default_factory=dict)  # layer l -> block l - 1's output on the clean prompts
 
-    def boundary(self, view, layer: int):
+    def boundary(self, view: ModelView, layer: int) -> Any:
         """Block ``layer - 1``'s output on the clean prompts (recorded once per layer): the patched forwards of a
         reader at ``layer`` replay it instead of running the blocks below (``models.layer_passes``)."""
         if layer not in self.boundaries:
@@ -143,7 +146,9 @@ def check_context(dec: Decomposer, batch: dict, task: str | TaskScorer) -> Check
     )
 
 
-def write_change(dec: Decomposer, ctx: CheckContext, writers: Sequence[Address], b: Tensor, pos: Tensor) -> Tensor:
+def write_change(
+    dec: Decomposer, ctx: CheckContext, writers: Sequence[Address], b: Int[Tensor, " R"], pos: Int[Tensor, " R"]
+) -> Float[Tensor, "R d_model"]:
     """``[R, d_model]``: the change of the summed write of ``writers`` at rows ``(b, pos)`` from the clean to the
     corrupted prompt (coefficients from the corrupted run, write vectors fixed; the embedding: its own change;
     constant nodes: none)."""
@@ -159,7 +164,9 @@ def write_change(dec: Decomposer, ctx: CheckContext, writers: Sequence[Address],
     return out
 
 
-def read_changes(dec: Decomposer, ctx: CheckContext, reads: Reads, writers: Sequence[Address]) -> Tensor:
+def read_changes(
+    dec: Decomposer, ctx: CheckContext, reads: Reads, writers: Sequence[Address]
+) -> Float[Tensor, " n_readers"]:
     """``[n_readers]``: each reader's change when the writers' contributions take their corrupted values."""
     r, scale = row_scales(dec, ctx.clean, reads)
     change = write_change(dec, ctx, writers, reads.batch, reads.position)
@@ -219,6 +226,8 @@ def plan_edge(
     if not entries:
         return None
     prompts = sorted(entries)
+    if edge.reader is None:
+        raise ValueError(f"edge {edge}: a {edge.kind} edge needs a reader direction")
     l, h, k = edge.reader.layer, edge.reader.group, edge.reader.index
     B, T = batch["clean_ids"].shape
     if edge.kind == "ov":
@@ -238,7 +247,7 @@ def plan_edge(
         for e, (b, d) in enumerate(zip(pb, pd)):
             add[where[b], :, d] += (coords @ delta[e])[:, None] * dirs
         return EdgePlan(edge, torch.tensor(prompts), add=add, K=K)
-    side = edge.kind[3:]
+    side: Side = "query" if edge.kind == "qk_query" else "key"
     svd = dec.qk_basis(l)[2]
     K = svd.S.shape[-1]
     coords = torch.cat([torch.eye(K)[[k]], random_coords(n_random, K, gen)]).to(dt)
@@ -261,7 +270,7 @@ def plan_edge(
     return EdgePlan(edge, torch.tensor(prompts), score=score, K=K)
 
 
-def _ov_hook(view, layer: int, add: Tensor) -> Hook:
+def _ov_hook(view: ModelView, layer: int, add: Tensor) -> Hook:
     def hook(module, args, kwargs, out):
         site = view.site_output(layer, "o", out)
         return view.with_site_output(layer, "o", out, site + add.to(site.dtype))
@@ -269,7 +278,7 @@ def _ov_hook(view, layer: int, add: Tensor) -> Hook:
     return Hook(view.site_module(layer, "o"), hook, "post")
 
 
-def _qk_hook(view, layer: int, head: int, score: Tensor) -> Hook:
+def _qk_hook(view: ModelView, layer: int, head: int, score: Tensor) -> Hook:
     def hook(module, args, kwargs):
         m = kwargs.get("attention_mask")
         if m is None or not torch.is_floating_point(m):
@@ -284,17 +293,23 @@ def _qk_hook(view, layer: int, head: int, score: Tensor) -> Hook:
 @torch.no_grad()
 def patched_changes(
     dec: Decomposer, ctx: CheckContext, plan: EdgePlan, task: str | TaskScorer, rows_per_forward: int = 256
-) -> Tensor:
+) -> Float[Tensor, "P probes"]:
     """``[n_prompts, 1 + n_random]``: the metric's change (patched - clean) on the plan's prompts, per probe."""
     task = task_scorer(task)
     if plan.metric is not None:
         return plan.metric
     view, batch = dec.view, ctx.batch
     P = len(plan.prompts)
-    n_probes = (plan.add if plan.add is not None else plan.score).shape[1]
+    patch = plan.add if plan.add is not None else plan.score  # ov: add, qk: score
+    if patch is None:
+        raise ValueError(f"edge plan of {plan.edge}: none of metric, add, score is set")
+    reader = plan.edge.reader
+    if reader is None:
+        raise ValueError(f"edge plan of {plan.edge}: an ov / qk patch needs a reader direction")
+    n_probes = patch.shape[1]
     out = torch.empty(P, n_probes, dtype=torch.float64)
     flat = [(i, j) for i in range(P) for j in range(n_probes)]
-    l = plan.edge.reader.layer
+    l = reader.layer
     for start in range(0, len(flat), rows_per_forward):
         chunk = flat[start : start + rows_per_forward]
         pi = torch.tensor([plan.prompts[i] for i, _ in chunk])
@@ -304,10 +319,10 @@ def patched_changes(
         if plan.add is not None:
             hook = _ov_hook(view, l, plan.add[ii, jj])
         else:
-            hook = _qk_hook(view, l, plan.edge.reader.group, plan.score[ii, jj])
+            hook = _qk_hook(view, l, reader.group, patch[ii, jj])  # patch is plan.score
         got = []
 
-        def forward(sub=sub):
+        def forward(sub: dict = sub) -> None:
             got.append(forward_answer_logits(view.model, sub["clean_ids"], sub["attention_mask"], sub["answer_pos"]))
 
         with eager_attention(view.model), hooks(hook):
@@ -319,7 +334,7 @@ def patched_changes(
     return out
 
 
-def _rows(output, rows: Tensor):
+def _rows(output: Any, rows: Tensor) -> Any:
     """Rows ``rows`` of a block's recorded output (a tensor, or a tuple whose first part is the hidden states)."""
     if isinstance(output, (tuple, list)):
         return type(output)([output[0][rows], *output[1:]])

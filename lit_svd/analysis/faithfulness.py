@@ -132,7 +132,9 @@ class Universe:
             out[self.offsets[i] : self.offsets[i + 1]] = value.detach().double().cpu().flatten()
         return out
 
-    def scales(self, keep: Tensor, dtype: torch.dtype = torch.float32, device=None) -> dict[str, Tensor]:
+    def scales(
+        self, keep: Tensor, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    ) -> dict[str, Tensor]:
         """Scales of a circuit: 1 for the kept directions (``keep: [N]`` bool), 0 for the others."""
         if keep.shape != (len(self),):
             raise ValueError(f"keep has shape {tuple(keep.shape)}; expected ({len(self)},)")
@@ -230,8 +232,8 @@ class CurveSums:
         self.prompts += other.prompts
         for name, value in other.circuits.items():
             self.circuits[name] = self.circuits.get(name, torch.zeros_like(value)) + value
-        for name, value in other.seconds.items():
-            self.seconds[name] = self.seconds.get(name, 0.0) + value
+        for name, secs in other.seconds.items():
+            self.seconds[name] = self.seconds.get(name, 0.0) + secs
 
 
 def curves_from_sums(sums: CurveSums, sizes: Sequence[float], n: int) -> tuple[dict[str, Curve], dict]:

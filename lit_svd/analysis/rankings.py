@@ -20,7 +20,9 @@ given size keeps. Each is a permutation of the universe's flat indices, most imp
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -28,6 +30,11 @@ from torch import Tensor
 from lit_svd.addresses import Address
 from lit_svd.analysis.attribution import Attributions
 from lit_svd.analysis.faithfulness import Universe
+from lit_svd.linalg import SVD, svd_factored
+from lit_svd.models.base import ModelView
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 TAIL_SEED = 0  # the seeded random order of ties and unscored directions, fixed before any run
 
@@ -70,7 +77,7 @@ def address_scores(universe: Universe, scores: Mapping[Address, float]) -> tuple
     return out, {"nodes_used": used, "nodes_skipped": skipped, "directions_scored": int((~out.isnan()).sum())}
 
 
-def _node_address(node) -> Address | None:
+def _node_address(node: Any) -> Address | None:
     """A graph node's address (None for the root ``metric`` and other non-address keys)."""
     if isinstance(node, Address):
         return node
@@ -94,7 +101,7 @@ def edge_node_scores(edges: Iterable[dict]) -> dict[Address, float]:
     return out
 
 
-def graph_node_scores(graph) -> dict[Address, float]:
+def graph_node_scores(graph: nx.DiGraph) -> dict[Address, float]:
     """``edge_node_scores`` of a networkx graph keyed by ``str(Address)`` (edge attributes ``abs_weight`` or
     ``weight``; the root ``metric`` is not a direction); nodes without edges score 0."""
     out = edge_node_scores({"writer": u, "reader": v, **data} for u, v, data in graph.edges(data=True))
@@ -106,16 +113,14 @@ def graph_node_scores(graph) -> dict[Address, float]:
 
 
 @torch.no_grad()
-def qk_to_map_scores(view, universe: Universe, scores: Mapping[Address, float]) -> dict[Address, float]:
+def qk_to_map_scores(view: ModelView, universe: Universe, scores: Mapping[Address, float]) -> dict[Address, float]:
     """``scores`` with every ``qk`` node (a direction of SAD's basis, the SVD of a head's ``Omega(0) = A_q A_k^T``)
     replaced by scores on the universe's ``q`` directions of that head and ``k`` directions of its KV head: the
     node's score spread by the squared overlaps of its query-side (key-side) singular vector with the q (k) map's
     input singular vectors. The query-side vector lies in the q map's input span, so its squared overlaps sum to 1
     and the score is conserved on each side; a ``qk`` block spreads the score of each of its directions."""
-    from lit_svd.linalg import svd_factored
-
     out: dict[Address, float] = {}
-    bases: dict[int, tuple] = {}
+    bases: dict[int, SVD] = {}
     comps = {c.name: c for c in universe.components}
     group = view.n_heads // view.n_kv_heads
     for a, value in scores.items():
@@ -138,7 +143,9 @@ def qk_to_map_scores(view, universe: Universe, scores: Mapping[Address, float]) 
     return out
 
 
-def graph_ranking(universe: Universe, graph, view=None, tail_seed: int = TAIL_SEED) -> tuple[Tensor, dict]:
+def graph_ranking(
+    universe: Universe, graph: nx.DiGraph | list[dict], view: ModelView | None = None, tail_seed: int = TAIL_SEED
+) -> tuple[Tensor, dict]:
     """``(ranking, info)`` of a circuit graph (a networkx graph, or a list of edge rows): node scores
     (``graph_node_scores`` / ``edge_node_scores``), ``qk`` nodes spread over the q and k maps (``qk_to_map_scores``;
     needs ``view``), then ``address_scores`` and ``score_ranking``."""
@@ -152,7 +159,9 @@ def graph_ranking(universe: Universe, graph, view=None, tail_seed: int = TAIL_SE
     return score_ranking(flat, tail_seed), {**info, "graph_nodes": len(scores), "qk_nodes": n_qk}
 
 
-def run_graph_ranking(universe: Universe, folder, view=None, tail_seed: int = TAIL_SEED) -> tuple[Tensor, dict]:
+def run_graph_ranking(
+    universe: Universe, folder: str | os.PathLike, view: ModelView | None = None, tail_seed: int = TAIL_SEED
+) -> tuple[Tensor, dict]:
     """``graph_ranking`` of a finished circuit run (its results.json ``edges``, read with ``runs.load_run``)."""
     from lit_svd.runs import load_run
 

@@ -56,8 +56,10 @@ def load_result(source: str | os.PathLike | dict) -> Result:
             path = path / "results.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no results.json (has the run finished?)")
-        source = json.loads(path.read_text(encoding="utf-8"))
-    return result_type(source.get("experiment")).from_dict(source)
+        content: dict = json.loads(path.read_text(encoding="utf-8"))
+    else:
+        content = source
+    return result_type(content.get("experiment")).from_dict(content)
 
 
 __all__ = [

@@ -33,7 +33,7 @@ SCHEMA_VERSION = 1
 _MISSING = dataclasses.MISSING
 
 
-def doc_field(doc: str, default: Any = _MISSING, *, key: str | None = None, nan_ok: bool = False, **kw) -> Any:
+def doc_field(doc: str, default: Any = _MISSING, *, key: str | None = None, nan_ok: bool = False, **kw: Any) -> Any:
     """A dataclass field with its description (``doc``), JSON key (``key``, default: the field name) and NaN
     rule (``nan_ok``: NaN is written as null, an undefined value; otherwise a NaN fails the write).
     A mutable default is given as a factory: ``doc_field("...", list)``."""
@@ -43,7 +43,7 @@ def doc_field(doc: str, default: Any = _MISSING, *, key: str | None = None, nan_
     return field(default=default, metadata=meta, **kw)
 
 
-def nan_field(doc: str, default: Any = _MISSING, **kw) -> Any:
+def nan_field(doc: str, default: Any = _MISSING, **kw: Any) -> Any:
     """``doc_field`` whose NaN values are undefined (no pairs, no example, ...) and written as null."""
     return doc_field(doc, default, nan_ok=True, **kw)
 
@@ -123,7 +123,7 @@ def device_name(device: Any) -> str | None:
     return name
 
 
-def _hints(cls) -> dict[str, Any]:
+def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -136,7 +136,7 @@ class Result:
     aliases: ClassVar[tuple[str, ...]] = ()  # other ``experiment`` values this type reads (``experiment_name``)
     table_file: ClassVar[str | None] = None  # the CSV of ``table()`` that ``save`` writes beside results.json
     table_columns: ClassVar[tuple[str, ...] | None] = None  # its columns (default: the row keys)
-    sections: ClassVar[dict[str, type]] = {}  # fields holding a nested typed result: {field name: its type}
+    sections: ClassVar[dict[str, type[Result]]] = {}  # fields holding a nested typed result: {field name: its type}
 
     provenance: Provenance | None = doc_field("what produced the result (Provenance)", None)
     extra: dict = doc_field("results.json keys this type does not know, kept as read", dict)
@@ -221,8 +221,9 @@ class Result:
     @classmethod
     def from_json(cls, source: str | os.PathLike) -> Result:
         """The result of a results.json file (a path) or of its text."""
-        text = source
-        if isinstance(source, os.PathLike) or (isinstance(source, str) and not source.lstrip().startswith("{")):
+        if isinstance(source, str) and source.lstrip().startswith("{"):
+            text = source
+        else:
             text = Path(source).read_text(encoding="utf-8")
         return cls.from_dict(json.loads(text))
 
@@ -244,8 +245,9 @@ class Result:
         (atomically, the NaN policy of ``lit_svd.output``); returns the JSON path."""
         folder = Path(folder)
         path = write_text(folder / name, self.to_json())
-        if self.table_name():
-            write_text(folder / self.table_name(), csv_text(self.rows(), self.table_columns))
+        table_name = self.table_name()
+        if table_name:
+            write_text(folder / table_name, csv_text(self.rows(), self.table_columns))
         return path
 
     def table_name(self) -> str | None:
