@@ -230,7 +230,7 @@ def test_mask_config_errors(capsys, no_model, monkeypatch, args, option, text):
     "args,option",
     [
         (["--model.init_args.steer_positions", "first"], "model.init_args.steer_positions"),
-        (["--model.init_args.dtype", "float16"], "dtype"),
+        (["--model.init_args.dtype", "int8"], "dtype"),
     ],
 )
 def test_literal_options_of_other_modules(capsys, no_model, args, option):
