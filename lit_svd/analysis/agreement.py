@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from torch import Tensor
+
 from lit_svd.addresses import Address
 from lit_svd.analysis.masks import hard_masks
 
@@ -78,7 +80,7 @@ def overlap_row(
 
 
 # --- the sources -----------------------------------------------------------------------------------------
-def mask_universe(lambdas: Mapping[str, object], kinds: Sequence[str] | None = None) -> dict[Component, int]:
+def mask_universe(lambdas: Mapping[str, Tensor], kinds: Sequence[str] | None = None) -> dict[Component, int]:
     """``{(layer, kind, group): directions}`` of a mask run's masked components (``masks.pt["lambdas"]``:
     ``{"L3.ov": [groups, directions]}``), only ``kinds`` when given."""
     out = {}
@@ -90,7 +92,7 @@ def mask_universe(lambdas: Mapping[str, object], kinds: Sequence[str] | None = N
     return out
 
 
-def mask_kept(lambdas: Mapping[str, object], threshold: float, kinds: Sequence[str] | None = None) -> list[Address]:
+def mask_kept(lambdas: Mapping[str, Tensor], threshold: float, kinds: Sequence[str] | None = None) -> list[Address]:
     """The kept directions of a mask run (``lambda >= threshold``: ``analysis.masks.hard_masks``)."""
     out = []
     for name, hard in hard_masks(dict(lambdas), threshold).items():
@@ -126,7 +128,7 @@ def graph_heads(nodes: Iterable[Address], kind: str = "qk") -> set[tuple[int, in
 def agreement_rows(
     task: str,
     graph: Sequence[Address],
-    mask: tuple[Mapping[str, object], float] | None = None,
+    mask: tuple[Mapping[str, Tensor], float] | None = None,
     sad_terms: Mapping[tuple[int, int], Sequence[float]] | None = None,
     sad_top: int = 4,
     partition: Partition | None = None,
@@ -145,7 +147,7 @@ def agreement_rows(
     if sad_terms:
         heads = graph_heads(graph)
         terms = {h: v for h, v in sad_terms.items() if h in heads}
-        row = overlap_row(graph, sad_top_terms(terms, sad_top), sad_universe(terms), partition) if terms else None
-        if row is not None:
+        if terms:
+            row = overlap_row(graph, sad_top_terms(terms, sad_top), sad_universe(terms), partition)
             rows.append({"task": task, "source": "sad", "kinds": "qk", "top": sad_top, **row})
     return rows

@@ -365,12 +365,13 @@ def _save_plain(model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path) ->
     tokenizer.save_pretrained(folder)
 
 
-def load_config(name_or_path: str, *, gguf_file: str | None = None, revision: str | None = None):
+def load_config(name_or_path: str, *, gguf_file: str | None = None, revision: str | None = None) -> Any:
     """Only the Hugging Face config of ``load_causal_lm``'s model (no weights): from the conversion cache of a
     GGUF model, else from the GGUF file's metadata, a local folder or the (local) hub cache. For checks that must
     run before a model loads (the number of layers bounds an option)."""
     from transformers import AutoConfig
 
+    gguf_path: Path | None
     if name_or_path in ASSEMBLED_ALIASES:
         cached = _assembled_cache_dir(name_or_path)
         if (cached / "config.json").is_file():
@@ -390,7 +391,7 @@ def load_config(name_or_path: str, *, gguf_file: str | None = None, revision: st
         raise _unavailable("model", name_or_path, revision, offline, err) from err
 
 
-def n_layers_of(config) -> int:
+def n_layers_of(config: Any) -> int:
     """The number of transformer blocks of a Hugging Face config (its text config for multimodal ones)."""
     config = getattr(config, "text_config", None) or config
     return int(config.num_hidden_layers)

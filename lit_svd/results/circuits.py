@@ -164,7 +164,7 @@ class CircuitResult(Result):
 
     @classmethod
     def from_graph(
-        cls, graph, checks: Iterable[dict] = (), readouts: dict | None = None, **fields: Any
+        cls, graph: Any, checks: Iterable[dict] = (), readouts: dict | None = None, **fields: Any
     ) -> CircuitResult:
         """The result of a builder's graph (``networkx.DiGraph``: node key = address, attributes layer, kind,
         group, index, size, unit; edge attributes weight, abs_weight, kept_in, reader_kind; a ``MultiDiGraph`` may
