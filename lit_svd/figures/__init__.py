@@ -35,4 +35,7 @@ def figures_of(result) -> dict:
         MountsResult: mounts.figures,
         EvaluateResult: tasks.figures,
     }
-    return draw[type(result)](result)
+    kind = next((t for t in type(result).__mro__ if t in draw), None)  # a subclass draws as its type
+    if kind is None:
+        raise TypeError(f"no figures for {type(result).__name__}")
+    return draw[kind](result)
