@@ -155,7 +155,7 @@ def run_step(step: Step, model: str, out: Path, quick: bool, threads: int | None
     if step.call == "directions":
         before = State.read(out / step.after)
         if before is None or before.status != "done":
-            raise ReportError(f"{step.name} needs the {step.after} step, which has not finished")
+            raise ValueError(f"{step.name} needs the {step.after} step, which has not finished")
         return api.directions(out / before.run, **keys)
     if step.needs_config:
         api.config_for(step.call, model, step.task)  # FileNotFoundError: skipped
@@ -242,7 +242,8 @@ def report(
         folder.mkdir(parents=True, exist_ok=True)
         state.write(folder)
         states[step.name] = state
-        progress.finished(step, time.monotonic() - t0)
+        if state.status != "skipped":
+            progress.finished(step, time.monotonic() - t0)
         progress.line(i, step, state.status + (f" in {clock(state.seconds)}" if state.seconds is not None else ""))
         if state.status == "failed":
             print("\n".join(state.error), file=sys.stderr)
