@@ -74,15 +74,6 @@ QUICK: dict[str, dict[str, Any]] = {
     "mounts": {"test_tokens": 1024, "batch_size": 4, "steer_texts": 2, "steer_mounts": 2, "modes_sweep": [1, 2, 4]},
     "circuits": {},
 }
-# tiny random models (tests): tiles that fit a 64-wide model
-TINY: dict[str, dict[str, Any]] = {
-    "mounts": {
-        "seq_len": 32,
-        "tile_widths": {"q": 16, "k": 16, "v": 16, "o": 32, "gate": 32, "up": 32, "down": 64},
-        "k_active": 2,
-        "steer_tokens": 8,
-    },
-}
 HEADLINE = {  # experiment -> the figure shown first
     "sad": "sad_heatmap",
     "direction_mask": "masks_kept_ov",
@@ -138,8 +129,6 @@ def step_keys(step: Step, model: str, out: Path, quick: bool, threads: int | Non
     keys: dict[str, Any] = {"out": out / step.name}
     if quick:
         keys.update(QUICK.get(step.call, {}))
-    if model.startswith("tiny-"):
-        keys.update(TINY.get(step.call, {}))
     if threads is not None:
         keys["threads"] = threads
     if list((out / step.name).glob("**/checkpoints/last*.ckpt")):
