@@ -36,6 +36,7 @@ import functools
 import inspect
 import json
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -47,6 +48,7 @@ GENERIC = "smollm2"  # the configs used, with the model overridden, for a model 
 PREFIXES = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3_270m", "gpt2": "gpt2"}
 TOP_LEVEL = ("seed_everything", "threads", "ckpt_path")
 TINY = "tiny-"
+PROG = "python -m lit_svd"  # as lit_svd.cli.PROG
 
 
 @dataclass(frozen=True)
@@ -261,7 +263,9 @@ def _local_text(config: dict, keys: dict) -> dict:
 # --- running -----------------------------------------------------------------------------------------------
 def run_cli(args: list[str]) -> Path:
     """Run ``python -m lit_svd ARGS`` in this process (``lit_svd.cli.LitSVDCLI``, as ``cli.main``) and return
-    the run folder. A configuration error raises ValueError in one line (the CLI's message)."""
+    the run folder. A configuration error raises ValueError in one line (the CLI's message). While it runs,
+    ``sys.argv`` is that command line, so the result's provenance records the command that reproduces it.
+    One process: a multi-device (DDP) run is the command line's (Lightning relaunches ``sys.argv``)."""
     from jsonargparse import ArgumentError
     from lightning.pytorch import LightningDataModule, LightningModule
 
@@ -280,6 +284,7 @@ def run_cli(args: list[str]) -> Path:
     )
     from lit_svd.output import run_dir
 
+    argv, sys.argv = sys.argv, [PROG, *args]  # the provenance's command: the CLI command that reproduces the run
     with warnings.catch_warnings():
         if not _debug():
             quiet()
@@ -304,6 +309,8 @@ def run_cli(args: list[str]) -> Path:
             message = user_message(err)[0].removeprefix("error: ")
             kind = FileNotFoundError if isinstance(root_error(err), FileNotFoundError) else ValueError
             raise kind(message) from err
+        finally:
+            sys.argv = argv
     return run_dir(cli.trainer)
 
 

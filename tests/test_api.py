@@ -79,6 +79,9 @@ def test_sad_on_a_tiny_model_api_equals_cli(tmp_path):
     )
     result = ls.sad("tiny-llama", task="ioi", out=tmp_path, **SAD, **FAST)
     assert content(result.folder) == content(folder)
+    command = result.provenance.command  # the CLI command that reproduces the API's run
+    assert command[:4] == ["python -m lit_svd", "test", "--config", str(ROOT / "configs/sad/smollm2_ioi.yaml")]
+    assert "--data.init_args.n_test=8" in command and sys.argv[0] != "python -m lit_svd"
     assert list(result.table().columns) == documented_columns("SADResult")
     assert len(result.table()) == 2 * 4  # 2 layers x 4 heads
     html = result._repr_html_()
