@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from lit_svd.report import STEPS, State, select_steps
+from lit_svd.report import STEPS, Progress, State, select_steps, step_keys
 from tests.helpers import ROOT
 
-pytestmark = pytest.mark.slow  # whole reports (tiny models) in subprocesses
 MODEL = "tiny-llama"
 RUN_ONLY = ("created", "command", "git_commit", "git_dirty")
 
@@ -80,6 +79,7 @@ def full(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return out, run_report(out)
 
 
+@pytest.mark.slow  # whole reports (tiny models) in subprocesses
 def test_a_report_runs_every_step_and_writes_an_offline_index(full):
     out, proc = full
     for i, step in enumerate(STEPS):
@@ -105,6 +105,7 @@ def test_a_report_runs_every_step_and_writes_an_offline_index(full):
     assert len(controls) == 6  # sad, three mask runs, the direction check, mounts
 
 
+@pytest.mark.slow  # whole reports (tiny models) in subprocesses
 def test_a_killed_report_resumes_without_redoing_the_finished_step(full, tmp_path):
     out = tmp_path / "report"
     proc = subprocess.Popen(
@@ -137,6 +138,7 @@ def test_a_killed_report_resumes_without_redoing_the_finished_step(full, tmp_pat
         assert measured(out, step) == measured(full_out, step), step
 
 
+@pytest.mark.slow  # whole reports (tiny models) in subprocesses
 def test_a_failing_step_is_reported_and_the_others_run(tmp_path):
     out = tmp_path / "report"
     proc = run_report(out, "--steps", "directions_ioi,mounts", check=False)
@@ -166,3 +168,23 @@ def test_a_bad_option_fails_in_two_lines(tmp_path):
     ]
     assert not (tmp_path / "sad").exists()
     assert [s.name for s in select_steps("mounts,sad")] == ["sad", "mounts"]
+
+
+def test_a_step_with_a_checkpoint_resumes_from_it(tmp_path):
+    step = next(s for s in STEPS if s.name == "masks_ioi")
+    assert "ckpt_path" not in step_keys(step, MODEL, tmp_path, quick=True, threads=None)
+    ckpt = tmp_path / "masks_ioi" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"")
+    keys = step_keys(step, MODEL, tmp_path, quick=True, threads=1)
+    assert keys["ckpt_path"] == "last" and keys["out"] == tmp_path / "masks_ioi" and keys["threads"] == 1
+    assert keys["max_steps"] == 24  # --quick
+    assert "max_steps" not in step_keys(step, MODEL, tmp_path, quick=False, threads=None)
+
+
+def test_the_eta_scales_the_expected_costs_by_the_measured_speed():
+    steps = [s for s in STEPS if s.name in ("sad", "masks_ioi", "mounts")]
+    progress = Progress(steps, quick=False)
+    assert progress.eta(0) == 60.0 * (2.0 + 14.0 + 12.0)  # nothing measured yet: the expected minutes
+    progress.finished(steps[0], seconds=3 * 60.0 * 2.0)  # the first step took three times its expectation
+    assert progress.eta(1) == 3 * 60.0 * (14.0 + 12.0)
