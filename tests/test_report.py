@@ -178,7 +178,7 @@ def test_a_step_with_a_checkpoint_resumes_from_it(tmp_path):
     ckpt.write_bytes(b"")
     keys = step_keys(step, MODEL, tmp_path, quick=True, threads=1)
     assert keys["ckpt_path"] == "last" and keys["out"] == tmp_path / "masks_ioi" and keys["threads"] == 1
-    assert keys["max_steps"] == 24  # --quick
+    assert keys["max_steps"] == 64  # --quick
     assert "max_steps" not in step_keys(step, MODEL, tmp_path, quick=False, threads=None)
 
 
