@@ -37,4 +37,7 @@ def figures_of(result) -> dict:
         EvaluateResult: tasks.figures,
         CircuitResult: circuits.figures,
     }
-    return draw[type(result)](result)
+    kind = next((t for t in type(result).__mro__ if t in draw), None)  # a subclass draws as its type
+    if kind is None:
+        raise TypeError(f"no figures for {type(result).__name__}")
+    return draw[kind](result)
