@@ -7,7 +7,7 @@ __version__ = "0.2.0.dev0"
 _API = ("sad", "masks", "mounts", "directions", "run", "load", "method", "circuits", "METHODS")
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _API:  # by name: the package itself (its __version__, read by every layer) sits in no layer
         import importlib
 
