@@ -21,6 +21,7 @@ REPORTERS = {  # file -> report callback classes
     "mounts.py": ["MountsReport"],
     "direction_report.py": ["DirectionReport"],
     "circuits.py": ["CircuitReport"],
+    "faithfulness.py": ["FaithfulnessReport"],
 }
 MODEL_NAMES = {
     "lm",
