@@ -13,7 +13,8 @@ that only the new run has are listed, not failed (later changes add keys). Measu
 refactor: every value bitwise equal except 12 mounts ``steer_rho`` values (rel. diff <= 5.1e-9), where
 tied float32 logit changes now share their average rank (``linalg.spearman``) instead of an order by
 position. The temporary folder of the run
-is written as <tmp> in paths; the ``provenance`` block (what ran, not what was measured) is not compared, nor is a wall time.
+is written as <tmp> in paths; the ``provenance`` block (what ran, not what was measured) is not compared, nor is
+a wall time.
 
 Regenerated since, each for a stated reason: ``sad_training`` after the data change (``TextDataModule`` deals its
 windows into disjoint train / val / test splits and the SAD probe is the data module's held-out probe
