@@ -8,7 +8,8 @@ imported), and ``threads``. A check finds an unknown option, a value of the wron
 CLI (``lit_svd.errors``) and exits with code 2. Everything it cannot read with certainty (a class outside
 ``lit_svd``, an annotation naming a class, a ``class_path`` given on the command line, ``--help``,
 ``--print_config``) it leaves to LightningCLI, which still checks everything, including the value checks
-inside the classes' constructors (``lr > 0``, an existing text ``path``).
+inside the classes' constructors (an existing text ``path``). Value ranges written as jsonargparse's restricted
+types in a signature (``lr: PositiveFloat``) are checked here.
 """
 
 from __future__ import annotations
@@ -313,7 +314,11 @@ def _namespace(module: str) -> dict[str, Any]:
         return namespace
     _READING.add(module)
     for local, (source, name) in _imports(tree).items():
-        if source.startswith("lit_svd.") and source != module:
+        if source == "jsonargparse.typing":  # restricted types (PositiveFloat ...): a light import
+            import jsonargparse.typing
+
+            namespace[local] = getattr(jsonargparse.typing, name)
+        elif source.startswith("lit_svd.") and source != module:
             value = _namespace(source).get(name)
             if value is not None and name not in _BASE_NAMESPACE:
                 namespace[local] = value

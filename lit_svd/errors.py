@@ -62,6 +62,11 @@ def plain_cause(tail: str) -> str:
     """jsonargparse's wording of a type error in plain words ("expected a float, got abc")."""
     tail = re.split(r" ?Expected a <class 'NoneType'>| ?Given value type:| ?Subtypes:", tail)[0].strip()
     tail = re.sub(r"Expected a <class '(\w+)'>\. Got value: (.*)", r"expected a \1, got \2", tail)
+    # restricted types (jsonargparse.typing.PositiveFloat ...)
+    tail = re.sub(r"Not of type \w+: could not convert string to (\w+): '(.*)'", r"expected a \1, got \2", tail)
+    tail = re.sub(
+        r"Not of type \w+: (.*) does not conform to restriction v ?([<>=!]+) ?(\S+)", r"must be \2 \3, got \1", tail
+    )
     return re.sub(r"Expected a (typing\.)?Literal\[(.*?)\]\. Got value: (.*)", r"must be one of \2, got \3", tail)
 
 

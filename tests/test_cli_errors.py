@@ -114,6 +114,21 @@ def test_type_error_fails_fast():
     check_fast(proc, cpu, wall)
 
 
+def test_value_out_of_range_fails_fast():
+    """The issue's own case: a negative learning rate (``lr: PositiveFloat`` in the signature) fails before
+    Lightning is imported, in the same words as the full CLI gives where the fast check steps aside."""
+    proc, wall, cpu = run_cli(
+        "fit", "--config", str(CFG / "toy/single_pair.yaml"), "--model.init_args.lr", "-1", light=True
+    )
+    first = check(proc, "model.init_args.lr")[0]
+    assert first == "error: model.init_args.lr: must be > 0, got -1 (in ToyAlignmentModule)", first
+    check_fast(proc, cpu, wall)
+    full, _, _ = run_cli(
+        "fit", "--config", str(CFG / "toy/single_pair.yaml"), "--model.init_args.weight_decay", "-0.5", "--debug"
+    )
+    assert full.returncode != 0 and "weight_decay" in full.stderr and "does not conform" in full.stderr
+
+
 def test_unknown_model_end_to_end_fails_fast_with_two_lines():
     """The real name check (no guard) fails offline at once, with no network retries, before anything is built."""
     proc, wall, cpu = run_cli(

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from jsonargparse.typing import NonNegativeFloat, PositiveFloat
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
@@ -92,9 +93,9 @@ class DirectionMaskModule(PretrainedLMModule):
         components: Sequence[str] = ("qk", "ov", "mlp"),
         layers: Sequence[int] | None = None,
         alpha: float = 2e-4,
-        lr: float = 2e-2,
-        eps: float = 1e-7,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 2e-2,
+        eps: PositiveFloat = 1e-7,
+        weight_decay: NonNegativeFloat = 0.0,
         grad_clip: float = 1.0,
         lr_min: float | None = None,
         init: float = 0.99,

@@ -11,6 +11,7 @@ from typing import Literal
 
 import lightning.pytorch as pl
 import torch
+from jsonargparse.typing import NonNegativeFloat, PositiveFloat
 from torch import Tensor
 
 from lit_svd.choices import check_choice, choices
@@ -70,8 +71,8 @@ class LanguageModelModule(pl.LightningModule):
         vocab_size: int | None = None,
         vocab_top_k: int | None = 4096,
         rotary_pct: float = 0.25,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
+        lr: PositiveFloat = 1e-3,
+        weight_decay: NonNegativeFloat = 0.01,
         warmup_steps: int = 100,
         seed: int = 0,
     ):
@@ -226,8 +227,8 @@ class FineTuneLMModule(PretrainedLMModule):
         revision: str | None = None,
         trainable: Part = "attention",
         layers: list[int] | None = None,
-        lr: float = 1e-4,
-        weight_decay: float = 0.0,
+        lr: PositiveFloat = 1e-4,
+        weight_decay: NonNegativeFloat = 0.0,
         warmup_steps: int = 10,
     ):
         check_choice("model.trainable", trainable, Part)

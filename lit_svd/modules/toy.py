@@ -20,6 +20,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from jsonargparse.typing import NonNegativeFloat, PositiveFloat
 from torch import Tensor, nn
 
 from lit_svd.analysis.alignment import omega_svd
@@ -108,16 +109,16 @@ class ToyAlignmentModule(pl.LightningModule):
         d_head: int | list[int] | None = 10,
         template: dict[str, Any] | None = None,
         lambda_attn: float | list[float] = 1.0,
-        temperature: float = 0.1,
+        temperature: PositiveFloat = 0.1,
         n_instances: int | None = None,
         seed: int = 0,
         seeds: list[int] | None = None,
         importance_decay: float = 1.0,
         frozen_features: bool = False,
         interference: float | list[float | None] | None = None,
-        init_scale: float = 0.1,
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
+        init_scale: PositiveFloat = 0.1,
+        lr: PositiveFloat = 1e-3,
+        weight_decay: NonNegativeFloat = 0.0,
         grid: dict[str, list] | None = None,
         grid_seeds: int = 1,
     ):
