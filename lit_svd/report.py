@@ -1,4 +1,5 @@
-"""``python -m lit_svd report MODEL --out DIR [--steps sad,masks_ioi,...] [--quick]``: every method on one model.
+"""``python -m lit_svd report MODEL --out DIR [--steps sad,masks_ioi,...] [--quick] [--jobs N]``: every method on
+one model.
 
 Each step (``STEPS``: SAD on IOI, masks for IOI / GP / GT, the direction check of the IOI mask run, mounts,
 and the circuit graph where its config exists) runs through the Python API (``lit_svd.api``) into
@@ -11,6 +12,9 @@ and the circuit graph where its config exists) runs through the Python API (``li
 Then ``DIR/index.html``: one offline page (no network: figures are files beside it or inline PNG) with each
 step's headline figure, its control beside it (``lit_svd.figures.report``), the key numbers, and links to
 the step's results.json, table and pages. It is rewritten after every step, so a killed report has one too.
+
+``--jobs N``: N steps at once, each in its own process (``run_parallel``; the direction check still waits for
+the IOI mask run); on a machine with N free cores the report takes about 1/N of the time (one thread each).
 
 ``--quick``: reduced settings (``QUICK``: few prompts, steps and tokens) for a fast look. MODEL is any model
 the API takes: ``smollm2-135m``, ``gemma3-270m`` (their own configs), a hub name or folder (the generic
@@ -170,18 +174,21 @@ def clock(seconds: float) -> str:
 
 class Progress:
     """One line per step start and end on stderr: step i/n, name, elapsed, ETA from the expected costs
-    (scaled by how long the finished steps took against theirs)."""
+    (scaled by how long the finished steps took against theirs; divided among ``jobs`` parallel steps)."""
 
-    def __init__(self, steps: list[Step], quick: bool):
-        self.steps, self.quick, self.start = steps, quick, time.monotonic()
+    def __init__(self, steps: list[Step], quick: bool, jobs: int = 1):
+        self.steps, self.quick, self.jobs, self.start = steps, quick, jobs, time.monotonic()
         self.spent = self.expected_done = 0.0
+        self.left = {s.name for s in steps}  # not finished (for the ETA of parallel steps)
 
     def cost(self, step: Step) -> float:
         return 60.0 * (step.quick_minutes if self.quick else step.minutes)
 
     def eta(self, i: int) -> float:
         speed = self.spent / self.expected_done if self.expected_done else 1.0
-        return speed * sum(self.cost(s) for s in self.steps[i:])
+        if self.jobs == 1:
+            return speed * sum(self.cost(s) for s in self.steps[i:])
+        return speed * sum(self.cost(s) for s in self.steps if s.name in self.left) / self.jobs
 
     def line(self, i: int, step: Step, what: str) -> None:
         elapsed = time.monotonic() - self.start
@@ -195,17 +202,27 @@ class Progress:
     def finished(self, step: Step, seconds: float) -> None:
         self.spent += seconds
         self.expected_done += self.cost(step)
+        self.left.discard(step.name)
 
 
 def report(
-    model: str, out: str | os.PathLike, steps: str | None = None, quick: bool = False, threads: int | None = None
+    model: str,
+    out: str | os.PathLike,
+    steps: str | None = None,
+    quick: bool = False,
+    threads: int | None = None,
+    jobs: int = 1,
+    index: bool = True,
 ):
     """Run the report's steps on ``model`` into ``out`` (resumable) and write ``out/index.html``; returns
-    ``{step name: State}``."""
+    ``{step name: State}``. ``jobs`` > 1: that many steps at once, each in its own process (``run_parallel``);
+    ``index``: False leaves the page to the caller (a step run by a parallel report)."""
     chosen = select_steps(steps)
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    progress = Progress(chosen, quick)
+    progress = Progress(chosen, quick, jobs)
+    if jobs > 1:
+        return run_parallel(chosen, model, root, quick, threads, jobs, progress)
     states: dict[str, State] = {}
     for i, step in enumerate(chosen):
         folder = root / step.name
@@ -236,10 +253,73 @@ def report(
         progress.line(i, step, state.status + (f" in {clock(state.seconds)}" if state.seconds is not None else ""))
         if state.status == "failed":
             print("\n".join(state.error), file=sys.stderr)
-        write_index(root, model, chosen, quick)
-    path = write_index(root, model, chosen, quick)
-    print(f"report: {path}", file=sys.stderr)
+        if index:
+            write_index(root, model, chosen, quick)
+    if index:
+        print(f"report: {write_index(root, model, chosen, quick)}", file=sys.stderr)
     return states
+
+
+def run_parallel(
+    chosen: list[Step], model: str, root: Path, quick: bool, threads: int | None, jobs: int, progress: Progress
+) -> dict[str, State]:
+    """The steps ``jobs`` at a time, each as ``python -m lit_svd report MODEL --steps NAME`` in its own process
+    (its output in ``DIR/<step>/report.log``), in the report's order; a step waits for the one it reads
+    (``after``) when that one is part of the report. Resumable as the sequential report: a step whose step.json
+    says done is kept; a step whose process ends without a step.json is recorded as failed."""
+    import subprocess
+
+    order = {s.name: i for i, s in enumerate(chosen)}
+    names = set(order)
+    pending, states = list(chosen), {}
+    running: dict[str, tuple[Step, subprocess.Popen, float, Path]] = {}
+    try:
+        while pending or running:
+            for name, (step, proc, t0, log) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[name]
+                seconds = round(time.monotonic() - t0, 1)
+                state = State.read(root / name) or State(
+                    "failed",
+                    seconds=seconds,
+                    error=[f"error: the {name} step's process ended with code {proc.returncode}", f"hint: see {log}"],
+                )
+                states[name] = state
+                if state.status != "skipped":
+                    progress.finished(step, seconds)
+                took = f" in {clock(state.seconds)}" if state.seconds is not None else ""
+                progress.line(order[name], step, state.status + took)
+                if state.status == "failed":
+                    print("\n".join(state.error), file=sys.stderr)
+                write_index(root, model, chosen, quick)
+            for step in list(pending):
+                if len(running) >= jobs:
+                    break
+                if step.after in names and step.after not in states:
+                    continue  # its input is still to come
+                pending.remove(step)
+                state = State.read(root / step.name)
+                if state is not None and state.status == "done":
+                    progress.finished(step, 0.0)
+                    progress.line(order[step.name], step, "done before, kept")
+                    states[step.name] = state
+                    continue
+                (root / step.name).mkdir(parents=True, exist_ok=True)
+                log = root / step.name / "report.log"
+                command = [sys.executable, "-m", "lit_svd", "report", model, "--out", str(root), "--steps", step.name]
+                command += ["--quick"] * quick + (["--threads", str(threads)] if threads else []) + ["--no-index"]
+                with open(log, "w") as f:
+                    proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT)
+                running[step.name] = (step, proc, time.monotonic(), log)
+                progress.line(order[step.name], step, f"started (expected ~{clock(progress.cost(step))})")
+            time.sleep(0.5)
+    finally:
+        for _, proc, _, _ in running.values():  # interrupted: stop the steps still running
+            proc.terminate()
+            proc.wait()
+    print(f"report: {write_index(root, model, chosen, quick)}", file=sys.stderr)
+    return {s.name: states[s.name] for s in chosen if s.name in states}
 
 
 def _failed(err: BaseException, t0: float) -> State:
@@ -404,6 +484,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", default=None, help="comma-separated steps to run (default: all)")
     p.add_argument("--quick", action="store_true", help="reduced settings (few prompts, steps, tokens)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads of every step")
+    p.add_argument(
+        "--jobs", type=int, default=1, help="steps run at once, each in its own process (e.g. one per CPU core)"
+    )
+    p.add_argument("--no-index", action="store_true", help=argparse.SUPPRESS)  # a step of a parallel report
     return p
 
 
@@ -419,8 +503,10 @@ def main(argv: list[str] | None = None) -> None:
         args = p.parse_args(argv)
         if args.threads is not None and args.threads < 1:
             raise ReportError(f"--threads {args.threads}: must be a positive integer")
+        if args.jobs < 1:
+            raise ReportError(f"--jobs {args.jobs}: must be a positive integer")
         select_steps(args.steps)
-        states = report(args.model, args.out, args.steps, args.quick, args.threads)
+        states = report(args.model, args.out, args.steps, args.quick, args.threads, args.jobs, not args.no_index)
     except ReportError as err:
         lines = str(err).splitlines()
         print(f"error: {lines[0]}", file=sys.stderr)

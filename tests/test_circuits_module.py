@@ -18,10 +18,24 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+import torch
 
-from lit_svd.analysis.circuit_graph import GraphOptions, build_graph
+from lit_svd.addresses import Address
+from lit_svd.analysis.agreement import agreement_rows
+from lit_svd.analysis.circuit_graph import METRIC, GraphOptions, build_graph
 from lit_svd.analysis.edge_check import Edge, check_batch, check_context, judge_edge
+from lit_svd.analysis.sad import (
+    attention_inputs,
+    attention_probs,
+    causal_visibility,
+    contributions_at,
+    qk_heads_from_view,
+    relative,
+    scores,
+    select_pairs,
+)
 from lit_svd.datamodules.tasks import TaskDataModule
+from lit_svd.linalg import svd_factored
 from lit_svd.modules.circuits import CircuitGraphModule, checkable
 from tests.helpers import exact_rms_norms
 from tests.test_sad_module import tiny_lm_dir  # noqa: F401  (the session fixture: tiny Llama + word tokenizer)
@@ -86,6 +100,39 @@ def test_module_equals_the_analysis_functions(tiny_lm_dir, tmp_path):  # noqa: F
     )
     assert {n["node"] for n in rows["nodes"]} == set(module.graph.nodes)
     assert module.graph.graph["task"] == "ioi"
+    check_sad_terms(module, batches)
+
+
+def check_sad_terms(module, batches):
+    """The module's per-head mean |c_k| equals a recount from SAD's full term tensor (``contributions_at``) on
+    inputs taken by a separate hooked forward (``attention_inputs``), pairs chosen by ``select_pairs``: 1e-7 (the
+    two forwards differ at float32 rounding after the first layer: HF's eager softmax computes in float32)."""
+    view = module.view
+    sums, counts = {}, {}
+    with exact_rms_norms(module.lm):
+        for batch in batches:
+            ids, mask = batch["clean_ids"], batch["attention_mask"]
+            xs = attention_inputs(view, ids, mask, list(range(view.n_layers)))
+            for layer, x in xs.items():
+                qk = qk_heads_from_view(view, layer).to(torch.float64)
+                U = svd_factored(qk.A_q, qk.A_k).U
+                visible = causal_visibility(mask, view.window(layer))
+                l = scores(x, x, qk)
+                rel = relative(l, visible)
+                pairs = select_pairs(attention_probs(l, visible, qk.softcap), rel, visible)
+                c = contributions_at(x, x, visible, qk, U, pairs).abs()
+                head = pairs.nonzero()[:, 1]
+                for h in range(view.n_heads):
+                    sums[layer, h] = sums.get((layer, h), 0) + c[head == h].sum(0)
+                    counts[layer, h] = counts.get((layer, h), 0) + int((head == h).sum())
+    expected = {k: (sums[k] / counts[k]).tolist() for k in sums if counts[k]}
+    assert module.sad_terms.keys() == expected.keys() and len(expected) >= view.n_layers
+    for k, v in expected.items():
+        assert module.sad_terms[k] == pytest.approx(v, rel=1e-7, abs=1e-12), k
+    # the report's agreement row compares the graph's QK nodes with each graph head's top terms
+    nodes = [Address.parse(n) for n in module.graph.nodes if n != METRIC]
+    (row,) = agreement_rows("ioi", nodes, sad_terms=module.sad_terms)
+    assert row["source"] == "sad" and row["n_source"] == 4 * row["units"] // len(next(iter(expected.values())))
 
 
 def test_ddp_two_processes_equal_one(tiny_lm_dir, tmp_path):  # noqa: F811

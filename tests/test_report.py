@@ -141,6 +141,28 @@ def test_a_killed_report_resumes_without_redoing_the_finished_step(full, tmp_pat
 
 
 @pytest.mark.slow  # whole reports (tiny models) in subprocesses
+def test_parallel_steps_give_the_results_of_the_sequential_report(full, tmp_path):
+    """--jobs 2: two steps at once in their own processes; the direction check waits for the IOI mask run; every
+    step's results equal the sequential report's (run-only fields aside) and each step leaves its log."""
+    out = tmp_path / "report"
+    proc = run_report(out, "--steps", "sad,masks_ioi,directions_ioi", "--jobs", "2")
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("report [")]
+    started = [ln.split("]")[1].split(":")[0].strip() for ln in lines if "started" in ln]
+    assert started == ["sad", "masks_ioi", "directions_ioi"], lines
+    first_end = next(i for i, ln in enumerate(lines) if "masks_ioi: done" in ln)
+    assert lines.index(next(ln for ln in lines if "directions_ioi: started" in ln)) > first_end
+    full_out, _ = full
+    for step in ("sad", "masks_ioi", "directions_ioi"):
+        assert State.read(out / step).status == "done" and (out / step / "report.log").is_file()
+        assert measured(out, step) == measured(full_out, step), step
+    page = Page()
+    page.feed((out / "index.html").read_text())
+    assert {"sad", "masks_ioi", "directions_ioi"} <= page.ids
+    again = run_report(out, "--steps", "sad,masks_ioi,directions_ioi", "--jobs", "2")
+    assert again.stderr.count("done before, kept") == 3
+
+
+@pytest.mark.slow  # whole reports (tiny models) in subprocesses
 def test_a_failing_step_is_reported_and_the_others_run(tmp_path):
     out = tmp_path / "report"
     proc = run_report(out, "--steps", "directions_ioi,mounts", check=False)

@@ -679,6 +679,23 @@ def decompose_layer(
     return stats
 
 
+def abs_term_sums(
+    bases: LayerBases, x: Float[Tensor, "B T D"], attention_mask: Shaped[Tensor, "B T"], threshold: float | None = None
+) -> tuple[Float[Tensor, "h k"], Float[Tensor, " h"]]:
+    """Per head of ``bases`` (model order), the sum over every analysed pair of the batch (all destinations, SAD's
+    pair rule) of each QK direction's ``|c_k|``, and the number of pairs (float64): a head's mean ``|c_k|`` on a
+    task is their ratio over its prompts. ``x``: ``augment_inputs`` of the layer's normalised input."""
+    stats = decompose_layer(bases, x, attention_mask, threshold, keep_contributions=True)
+    assert stats.contributions is not None
+    n_model_heads = int(bases.heads.max()) + 1
+    head = stats.head.cpu()
+    sums = torch.zeros(n_model_heads, bases.U.shape[-1], dtype=torch.float64)
+    sums.index_add_(0, head, stats.contributions.abs().double().cpu())
+    counts = torch.zeros(n_model_heads, dtype=torch.float64)
+    counts.index_add_(0, head, torch.ones(len(head), dtype=torch.float64))
+    return sums, counts
+
+
 def head_means(
     head: Int[Tensor, " P"], values: Float[Tensor, "*batch P"], n_heads: int
 ) -> Float[Tensor, "*batch n_heads"]:

@@ -16,6 +16,8 @@ What the report callback reads (``callbacks/circuits.py``; it never runs the mod
 * ``edge_rows()``: the merged edges as flat dicts (``EdgeSums.edges``); ``node_rows()``: one dict per node
   (key and ``node_attributes``); ``checks``: one row per checked edge (``edge_check.judge_edge``: writer, reader,
   reader_kind, effect, null_mean, null_std, z, percentile, gap, gap_fraction, prompts, passes_z, passes);
+* ``sad_terms`` (``sad_terms: true``): ``{(layer, head): mean |c_k| per QK direction}`` over every pair SAD
+  analyses on the test prompts, summed over ranks (``analysis.sad.abs_term_sums``);
 * ``facts``: ``task``, ``model``, ``n_prompts``, ``options`` (the builder's and the check's: threshold, depth,
   readers, unit, qk_top, rel_gap, n_check, n_random, seed, level, z_pass, min_gap_fraction), ``metric`` (mean
   clean, corrupted and gap = clean - corrupted over the test prompts); ``timing`` (graph_s, check_s, per rank).
@@ -46,8 +48,10 @@ from lit_svd.analysis.circuit_graph import (
 )
 from lit_svd.analysis.decompose import Decomposer
 from lit_svd.analysis.edge_check import Edge, EdgeTotals, check_batch, check_context, judge_edge
+from lit_svd.analysis.sad import abs_term_sums, layer_bases
 from lit_svd.linalg import REL_GAP
 from lit_svd.metrics import task_scorer
+from lit_svd.models.base import augment_inputs
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -58,6 +62,18 @@ def checkable(edge: dict) -> bool:
     """An edge whose writer differs between the clean and the corrupted prompt (not a bias or norm bias)."""
     w = edge["writer"]
     return w == "embed" or not (w.split(".")[1] in CONSTANT_WRITERS or w.endswith("norm_bias"))
+
+
+def mean_terms(parts: list[dict[int, tuple[torch.Tensor, torch.Tensor]]]) -> dict[tuple[int, int], list[float]]:
+    """``{(layer, head): mean |c_k| per QK direction}`` from every rank's ``{layer: (sums [h, k], pairs [h])}``
+    (heads without an analysed pair are left out)."""
+    out: dict[tuple[int, int], list[float]] = {}
+    for layer in sorted({l for part in parts for l in part}):
+        sums = sum(part[layer][0] for part in parts if layer in part)
+        counts = sum(part[layer][1] for part in parts if layer in part)
+        for h in torch.nonzero(counts > 0).flatten().tolist():
+            out[(layer, h)] = (sums[h] / counts[h]).tolist()
+    return out
 
 
 def _gather(obj, trainer):
@@ -86,6 +102,8 @@ class CircuitGraphModule(PretrainedLMModule):
         n_random: random readers per checked edge in the null.
         seed: seeds the random readers.
         rows_per_forward: (prompt, probe) rows per patched forward (memory against speed).
+        sad_terms: also measure, per head, each QK direction's mean |c_k| over every pair SAD analyses on the test
+            prompts (all destinations): the report compares the graph's QK nodes with each graph head's top terms.
         dtype: cast the model (float64 for exact tests; null: as loaded).
         gguf_file: the GGUF file inside ``model`` when it is a folder.
         revision: hub revision.
@@ -104,6 +122,7 @@ class CircuitGraphModule(PretrainedLMModule):
         n_random: int = N_RANDOM,
         seed: int = 0,
         rows_per_forward: int = 256,
+        sad_terms: bool = True,
         dtype: Literal["float32", "float64"] | None = None,
         gguf_file: str | None = None,
         revision: str | None = None,
@@ -129,6 +148,7 @@ class CircuitGraphModule(PretrainedLMModule):
         self.checks: list[dict] = []
         self.facts: dict = {}
         self.timing: dict = {}
+        self.sad_terms: dict[tuple[int, int], list[float]] = {}
 
     @staticmethod
     def check_config(model_args, data_args) -> None:
@@ -150,7 +170,9 @@ class CircuitGraphModule(PretrainedLMModule):
         self.sums = EdgeSums()
         self.kept: list[tuple[dict, object]] = []  # (batch on the CPU, its BatchGraphs)
         self.metric_sums = torch.zeros(3, dtype=torch.float64)  # clean, corrupted, prompts
-        self._graph_s = 0.0
+        self._graph_s = self._sad_s = 0.0
+        self._sad_bases: dict = {}
+        self._sad_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (sum |c_k| [h, k], pairs [h])
 
     @torch.no_grad()
     def test_step(self, batch: dict, batch_idx: int) -> None:
@@ -161,6 +183,21 @@ class CircuitGraphModule(PretrainedLMModule):
         graphs.rows = []  # summed: the checks need only where each reader was read (entries)
         self.kept.append(({k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()}, graphs))
         self._graph_s += time.monotonic() - start
+        if self.hparams.sad_terms:
+            start = time.monotonic()
+            self._add_sad_terms(cache, batch["attention_mask"])
+            self._sad_s += time.monotonic() - start
+
+    def _add_sad_terms(self, cache, attention_mask: torch.Tensor) -> None:
+        for layer in range(self.view.n_layers):
+            if layer not in self._sad_bases:
+                self._sad_bases[layer] = layer_bases(self.view, layer, dtype=self.dec.dtype)
+            x = augment_inputs(cache["attn_normalized", layer].to(self.dec.dtype))
+            sums, counts = abs_term_sums(self._sad_bases[layer], x, attention_mask.to(x.device))
+            if layer in self._sad_sums:
+                old_sums, old_counts = self._sad_sums[layer]
+                sums, counts = old_sums + sums, old_counts + counts
+            self._sad_sums[layer] = (sums, counts)
 
     def on_test_epoch_end(self) -> None:
         hp, trainer = self.hparams, self.trainer
@@ -187,6 +224,7 @@ class CircuitGraphModule(PretrainedLMModule):
                 all_totals[e] = all_totals[e].add(t) if e in all_totals else t
             self.metric_sums += m
         self.checks = [judge_edge(e, all_totals[e]) for e in to_check if e in all_totals]
+        self.sad_terms = mean_terms(_gather(self._sad_sums, trainer))
         clean, corrupt, n = self.metric_sums.tolist()
         n = max(n, 1)
         self.facts = {
@@ -207,6 +245,8 @@ class CircuitGraphModule(PretrainedLMModule):
             "metric": {"clean": clean / n, "corrupted": corrupt / n, "gap": (clean - corrupt) / n},
         }
         self.timing = {"graph_s": self._graph_s, "check_s": check_s}
+        if hp.sad_terms:
+            self.timing["sad_terms_s"] = self._sad_s
         self.graph = to_networkx(edges, self.options.unit, self.view.n_layers)
         self.graph.graph.update({k: self.facts[k] for k in ("task", "model", "n_prompts", "options", "metric")})
         self.kept = []
