@@ -102,8 +102,36 @@ def evaluate(d: dict) -> tuple[str, str]:
     return f"{'; '.join(heads)} ({'/'.join(map(str, n))} test prompts)", "corrupted prompts: " + "; ".join(controls)
 
 
-HEADLINES = {"toy_alignment": toy_alignment, "sad": sad, "evaluate": evaluate}
+def circuit_graph(d: dict) -> tuple[str, str]:
+    c = d["counts"]
+    head = (
+        f"{d['task'].upper()}, {d['n_prompts']} prompts: {c['nodes']} nodes, {c['edges']} edges; of the"
+        f" {c['checked']} strongest edges {c['passes_z']} pass z, {c['passes']} also move >= 1 % of the gap"
+    )
+    rows = [
+        f"{r['source']}: overlap {r['overlap']} vs chance {_f(r['expected'], 3)} (p {_f(r['p_value'], 2)})"
+        for r in d.get("agreement") or []
+    ]
+    return head, "per edge 32 random readers of the same writer" + ("; agreement " + "; ".join(rows) if rows else "")
+
+
+def faithfulness(d: dict) -> tuple[str, str]:
+    cpr = {k: v["cpr"] for k, v in d["faithfulness"].items() if not k.startswith("random")}
+    head = f"{d['task'].upper()} CPR: " + ", ".join(f"{k} {_f(v, 3)}" for k, v in cpr.items())
+    r = d["random"]
+    return head, f"random rankings: CPR {_f(r['cpr_mean'], 3)} +- {_f(r['cpr_std'], 2)} ({r['seeds']} seeds)"
+
+
+HEADLINES = {
+    "toy_alignment": toy_alignment,
+    "sad": sad,
+    "evaluate": evaluate,
+    "circuit_graph": circuit_graph,
+    "faithfulness": faithfulness,
+}
 TITLES = {
+    "circuit_graph": "Circuit graphs ([circuits.md](circuits.md))",
+    "faithfulness": "Faithfulness curves ([circuits.md](circuits.md#faithfulness))",
     "toy_alignment": "Toy SVF alignment ([toy.md](toy.md))",
     "sad": "Sparse attention decomposition ([sad.md](sad.md))",
     "evaluate": "Task evaluation ([data.md](data.md))",
@@ -119,6 +147,7 @@ NOT_STORED = [
     "SAD over training and the mechanisms-during-training callbacks (sad.md, training.md)",
     "Gemma-3 SAD (11/72) and task figures (sad.md, data.md)",
     "Every benchmark ratio (guide.md, Benchmarks)",
+    "Faithfulness on SmolLM2 IOI with the 60-step mask and the TransformerLens comparison (circuits.md)",
 ]
 
 
