@@ -50,7 +50,7 @@ def main() -> None:
     from lit_svd.modules.direction_check import run_claims
 
     run = Path(args.run)
-    state, claims = run_claims(run, "kept", ["ov"])
+    state, claims, _ = run_claims(run, "kept", ["ov"])
     data = dict(yaml.safe_load((run / "config.yaml").read_text())["data"]["init_args"])
     data.pop("num_workers", None)
     dm = TaskDataModule(**data)

@@ -63,10 +63,11 @@ def main() -> None:
         rankings["eap_heads"], info["eap_heads"] = eap_ranking(universe, attr, view.n_kv_heads)
     if "mask" in args.methods:
         rankings["mask"], info["mask"] = mask_ranking(universe, mask.masks)
-    if args.graph_run and "graph" in args.methods:
-        from lit_svd.analysis.rankings import run_graph_ranking
+    for m in ("graph", "graph_mlp") if args.graph_run else ():
+        if m in args.methods:
+            from lit_svd.analysis.rankings import run_graph_ranking
 
-        rankings["graph"], info["graph"] = run_graph_ranking(universe, args.graph_run, view)
+            rankings[m], info[m] = run_graph_ranking(universe, args.graph_run, view, mlp_inputs=m == "graph_mlp")
     for s in args.seeds if "random" in args.methods else []:
         rankings[f"random_{s}"] = random_ranking(len(universe), s)
 

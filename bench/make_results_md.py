@@ -118,7 +118,9 @@ def circuit_graph(d: dict) -> tuple[str, str]:
 def faithfulness(d: dict) -> tuple[str, str]:
     cpr = {k: v["cpr"] for k, v in d["faithfulness"].items() if not k.startswith("random")}
     head = f"{d['task'].upper()} CPR: " + ", ".join(f"{k} {_f(v, 3)}" for k, v in cpr.items())
-    r = d["random"]
+    r = d.get("random")
+    if not r:  # a run of some rankings only: the random baseline is in the task's full run
+        return head, "no random ranking in this run (same prompts and ablation as the task's full run)"
     return head, f"random rankings: CPR {_f(r['cpr_mean'], 3)} +- {_f(r['cpr_std'], 2)} ({r['seeds']} seeds)"
 
 

@@ -74,7 +74,7 @@ QUICK: dict[str, dict[str, Any]] = {
         "batch_size": 8,
         "trajectory_every": 4,
     },
-    "directions": {"n_random": 8},
+    "directions": {"n_random": 8, "max_claims": 256},  # a 64-step mask can keep most directions
     "mounts": {"test_tokens": 1024, "batch_size": 4, "steer_texts": 2, "steer_mounts": 2, "modes_sweep": [1, 2, 4]},
     "circuits": {},
 }

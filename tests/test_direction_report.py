@@ -206,3 +206,29 @@ def test_a_different_test_split_fails_in_one_line(tiny_dirs, tmp_path):
     patchable += "choose one of ov, mlp_in, mlp_gate, mlp_out$"
     with pytest.raises(ValueError, match=patchable):
         DirectionCheckModule(run=str(run), kinds=["q"])
+
+
+def test_max_claims_checks_the_strongest_directions(tiny_dirs, tmp_path):
+    keep = {"L0.ov": [(0, 0), (0, 3), (2, 1)], "L1.ov": [(3, 0)]}
+    run = _mask_run(tmp_path / "run", tiny_dirs["llama"], keep)
+    state = torch.load(run / "masks.pt")
+    state["lambdas"]["L0.ov"][0, 3] = 0.5  # the weakest kept direction
+    state["lambdas"]["L1.ov"][3, 0] = 0.95  # the strongest
+    torch.save(state, run / "masks.pt")
+    res = _test(
+        "smollm2_ioi_directions.yaml", run, tiny_dirs["llama"], tmp_path / "o", "--model.init_args.max_claims", "2"
+    )
+    # 0.95 first, then the two at 0.9 by address: L0.ov (0, 0) before (2, 1)
+    assert [(r["component"], r["head"], r["direction"]) for r in res["directions"]] == [
+        ("L0.ov", 0, 0),
+        ("L1.ov", 3, 0),
+    ]
+    assert res["n_claimed"] == 4 and res["n_directions"] == 2 and res["max_claims"] == 2
+    from lit_svd.modules.direction_check import DirectionCheckModule
+
+    everything = DirectionCheckModule(run=str(run))
+    assert everything.n_claimed == 4 and sum(len(v) for v in everything.claims.values()) == 4
+    with pytest.raises(SystemExit):  # a restricted type: rejected by the config check, before the model loads
+        _test(
+            "smollm2_ioi_directions.yaml", run, tiny_dirs["llama"], tmp_path / "x", "--model.init_args.max_claims", "0"
+        )

@@ -88,6 +88,25 @@ def test_graph_ranking_sums_edge_weights_per_node(universe):
     assert top[4] == "L1.mlp_in.d5"
 
 
+def test_graph_mlp_ranks_an_mlp_layers_inputs_at_its_strongest_output_direction(universe):
+    edges = [
+        {"writer": "L0.mlp_out.d3", "reader": "L1.ov.h0.d0", "abs_weight": 2.0},
+        {"writer": "L0.mlp_out.d7", "reader": "metric", "abs_weight": 0.5},
+        {"writer": "L1.ov.h0.d0", "reader": "metric", "abs_weight": 1.0},
+    ]
+    plain, _ = graph_ranking(universe, edges)
+    ranking, info = graph_ranking(universe, edges, mlp_inputs=True)
+    K = universe.shapes[universe.names.index("L0.mlp_in")][1]
+    assert info["directions_scored"] == 3 + 2 * K  # layer 0's in and gate directions; layer 1 has no MLP node
+    top = [str(universe.address(int(i))) for i in ranking[: 2 + 2 * K]]
+    # L1.ov.h0.d0 (2 + 1) first, then L0.mlp_out.d3 (2), then layer 0's inputs at 2 by singular index
+    assert top[:2] == ["L1.ov.h0.d0", "L0.mlp_out.d3"]
+    assert [a.split(".")[-1] for a in top[2::2]] == [f"d{k}" for k in range(K)]
+    assert {a.rsplit(".", 1)[0] for a in top[2:]} == {"L0.mlp_in", "L0.mlp_gate"}
+    assert str(universe.address(int(ranking[2 + 2 * K]))) == "L0.mlp_out.d7"  # 0.5 after the inputs
+    assert [str(universe.address(int(i))) for i in plain[:3]] == ["L1.ov.h0.d0", "L0.mlp_out.d3", "L0.mlp_out.d7"]
+
+
 def test_qk_nodes_spread_over_the_q_and_k_maps_conserving_their_score():
     view = make_view(tiny_causal_lm("llama", seed=1))
     universe = Universe(universe_components(view))

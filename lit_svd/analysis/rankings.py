@@ -9,7 +9,10 @@ given size keeps. Each is a permutation of the universe's flat indices, most imp
   the run did not mask are unscored).
 * ``graph_ranking``: directions by their importance in a circuit graph: the sum of ``abs_weight`` (or
   ``|weight|``) over the node's edges, in and out; a block node gives its score to each of its directions, a
-  constant node (embedding, biases) is not in the universe and is skipped.
+  constant node (embedding, biases) is not in the universe and is skipped. With ``mlp_inputs`` (the ``graph_mlp``
+  method) every MLP layer with scored output directions also ranks its input and gate directions, each at the
+  layer's largest output-direction score (by singular index within the layer): the graph splits reads only up
+  to an MLP's output directions (the activation and gate are not linear), and those are computed from them.
 * ``unit_ranking`` / ``eap_ranking``: head-level attribution patching (``analysis.attribution``): heads and MLP
   layers by ``|attribution|``; a head brings its ``q`` and ``ov`` directions and, the first time one of its
   query heads comes, its KV head's ``k`` directions; an MLP layer brings ``mlp_in``, ``mlp_gate``, ``mlp_out``.
@@ -143,24 +146,60 @@ def qk_to_map_scores(view: ModelView, universe: Universe, scores: Mapping[Addres
     return out
 
 
+MLP_INPUT_TIE = 1e-9  # relative score step between consecutive singular indices of an MLP's input directions
+
+
+def mlp_input_scores(universe: Universe, scores: Mapping[Address, float]) -> dict[Address, float]:
+    """``scores`` plus, for every layer with scored ``mlp_out`` directions, each ``mlp_in`` / ``mlp_gate`` direction
+    of that layer in the universe at the layer's largest ``mlp_out`` score, lowered by ``MLP_INPUT_TIE`` relative
+    per singular index from d0 on: they follow that output direction, in singular order (d0 of both maps, d1, ...)."""
+    top: dict[int, float] = {}
+    for a, value in scores.items():
+        if a.kind == "mlp_out":
+            top[a.layer] = max(top.get(a.layer, 0.0), float(value))
+    out = dict(scores)
+    for layer, value in top.items():
+        for kind in ("mlp_in", "mlp_gate"):
+            name = f"L{layer}.{kind}"
+            if name not in universe.names:
+                continue
+            K = universe.shapes[universe.names.index(name)][1]
+            for k in range(K):
+                key = Address(layer, kind, 0, k)
+                out[key] = max(out.get(key, 0.0), value * (1 - MLP_INPUT_TIE * (k + 1)))
+    return out
+
+
 def graph_ranking(
-    universe: Universe, graph: nx.DiGraph | list[dict], view: ModelView | None = None, tail_seed: int = TAIL_SEED
+    universe: Universe,
+    graph: nx.DiGraph | list[dict],
+    view: ModelView | None = None,
+    tail_seed: int = TAIL_SEED,
+    mlp_inputs: bool = False,
 ) -> tuple[Tensor, dict]:
     """``(ranking, info)`` of a circuit graph (a networkx graph, or a list of edge rows): node scores
     (``graph_node_scores`` / ``edge_node_scores``), ``qk`` nodes spread over the q and k maps (``qk_to_map_scores``;
-    needs ``view``), then ``address_scores`` and ``score_ranking``."""
+    needs ``view``), with ``mlp_inputs`` the MLP input directions of its MLP layers (``mlp_input_scores``), then
+    ``address_scores`` and ``score_ranking``."""
     scores = edge_node_scores(graph) if isinstance(graph, list) else graph_node_scores(graph)
     n_qk = sum(a.kind == "qk" for a in scores)
     if n_qk:
         if view is None:
             raise ValueError("graph_ranking: the graph has qk nodes; give the model's view to map them onto q and k")
         scores = qk_to_map_scores(view, universe, scores)
+    n_nodes = len(scores)
+    if mlp_inputs:
+        scores = mlp_input_scores(universe, scores)
     flat, info = address_scores(universe, scores)
-    return score_ranking(flat, tail_seed), {**info, "graph_nodes": len(scores), "qk_nodes": n_qk}
+    return score_ranking(flat, tail_seed), {**info, "graph_nodes": n_nodes, "qk_nodes": n_qk}
 
 
 def run_graph_ranking(
-    universe: Universe, folder: str | os.PathLike, view: ModelView | None = None, tail_seed: int = TAIL_SEED
+    universe: Universe,
+    folder: str | os.PathLike,
+    view: ModelView | None = None,
+    tail_seed: int = TAIL_SEED,
+    mlp_inputs: bool = False,
 ) -> tuple[Tensor, dict]:
     """``graph_ranking`` of a finished circuit run (its results.json ``edges``, read with ``runs.load_run``)."""
     from lit_svd.runs import load_run
@@ -168,7 +207,7 @@ def run_graph_ranking(
     content = load_run(folder, need=("results",), what="circuit-graph run").content
     if "edges" not in content:
         raise ValueError(f"{folder}: results.json has no edges; give the folder of a finished circuit-graph run")
-    ranking, info = graph_ranking(universe, list(content["edges"]), view, tail_seed)
+    ranking, info = graph_ranking(universe, list(content["edges"]), view, tail_seed, mlp_inputs)
     return ranking, {**info, "graph_run": str(folder)}
 
 

@@ -45,6 +45,8 @@ class DirectionReport(Callback):
             claims=hp.claims,
             kinds=list(hp.kinds),
             **check_summary(rows),
+            n_claimed=module.n_claimed,
+            max_claims=hp.max_claims,
             min_gap_fraction=MIN_GAP_FRACTION if rows and "passes_gap" in rows[0] else None,
             level=LEVEL,
             z_pass=Z_PASS,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from jsonargparse.typing import PositiveInt
 from torch import Tensor
 from torchmetrics import Metric
 
@@ -62,9 +63,11 @@ class ProbeChanges(Metric):
         return {"mean": self.change / self.prompts.clamp_min(1), "prompts": self.prompts.clone()}
 
 
-def run_claims(run: Path, claims: str, kinds: Sequence[str]) -> tuple[dict, dict[str, list[Address]]]:
-    """``(masks_state, {component name: [Address of each claimed direction]})`` of a finished mask run
-    (``lit_svd.runs``)."""
+def run_claims(
+    run: Path, claims: str, kinds: Sequence[str], max_claims: int | None = None
+) -> tuple[dict, dict[str, list[Address]], int]:
+    """``(masks_state, {component name: [Address of each claimed direction]}, number claimed)`` of a finished mask
+    run (``lit_svd.runs``); with ``max_claims`` only that many are kept (``strongest_claims``)."""
     found = load_run(run, need=("masks",), what="direction-mask run")
     state = found.masks
     out: dict[str, list[Address]] = {}
@@ -83,7 +86,22 @@ def run_claims(run: Path, claims: str, kinds: Sequence[str]) -> tuple[dict, dict
             )
         for d in swap["directions"]:
             out.setdefault(d["component"], []).append(_claim(d["component"], d["head"], d["direction"]))
-    return state, out
+    n_claimed = sum(len(v) for v in out.values())
+    if max_claims is not None and n_claimed > max_claims:
+        out = strongest_claims(out, state["lambdas"], max_claims)
+    return state, out, n_claimed
+
+
+def strongest_claims(claims: dict[str, list[Address]], lambdas: dict[str, Tensor], n: int) -> dict[str, list[Address]]:
+    """The ``n`` claims with the largest mask values ``lambdas[component][group, direction]`` over all components
+    (ties by address), in the input's per-component order."""
+    ranked = sorted(
+        ((n_, a) for n_, addrs in claims.items() for a in addrs),
+        key=lambda item: (-float(lambdas[item[0]][item[1].group, item[1].index]), item[1]),
+    )
+    chosen = {a for _, a in ranked[:n]}
+    kept = {name: [a for a in addrs if a in chosen] for name, addrs in claims.items()}
+    return {name: addrs for name, addrs in kept.items() if addrs}
 
 
 def _claim(component: str, group: int, direction: int) -> Address:
@@ -112,6 +130,9 @@ class DirectionCheckModule(PretrainedLMModule):
         kinds: component kinds whose kept directions are checked (``ov``, ``mlp_in``, ``mlp_gate``, ``mlp_out``).
         n_random: random unit directions per head (group) in the null.
         seed: seeds the random directions.
+        max_claims: check at most this many claimed directions, those with the largest mask values (all kinds
+            together); ``null`` checks every claim. A barely trained mask keeps most directions, and the check
+            costs one patched forward row per (prompt, direction).
         rows_per_forward: (prompt, direction) rows per batched forward (memory against speed).
         top_k: tokens per readout side.
         rel_gap: relative gap below which neighbouring singular values share a block (``linalg.REL_GAP``).
@@ -129,6 +150,7 @@ class DirectionCheckModule(PretrainedLMModule):
         kinds: Sequence[str] = ("ov",),
         n_random: int = N_RANDOM,
         seed: int = 0,
+        max_claims: PositiveInt | None = None,
         rows_per_forward: int = 512,
         top_k: int = 8,
         rel_gap: float = REL_GAP,
@@ -146,7 +168,7 @@ class DirectionCheckModule(PretrainedLMModule):
         if not 0 <= rel_gap < 1:
             raise ValueError(f"rel_gap={rel_gap!r}: must be in [0, 1)")
         self.run_path = Path(run)
-        state, self.claims = run_claims(self.run_path, claims, kinds)
+        state, self.claims, self.n_claimed = run_claims(self.run_path, claims, kinds, max_claims)
         hp = state.get("hparams", {})
         super().__init__(
             model=model or state["model"],

@@ -36,7 +36,7 @@ from lit_svd.models.intervene import Intervention
 from lit_svd.modules.pretrained import PretrainedLMModule
 from lit_svd.runs import load_run
 
-Method = Literal["eap_heads", "mask", "graph", "random"]
+Method = Literal["eap_heads", "mask", "graph", "graph_mlp", "random"]
 
 
 class CurveStates(Metric):
@@ -71,8 +71,11 @@ def check_methods(methods: Sequence[str], mask_run: str | None, graph_run: str |
             raise ValueError(f"methods: {m!r} unknown; allowed: {', '.join(allowed)}")
     if "mask" in methods and mask_run is None:
         raise ValueError("methods has 'mask' but mask_run is null; give the folder of a finished direction-mask run")
-    if "graph" in methods and graph_run is None:
-        raise ValueError("methods has 'graph' but graph_run is null; give the folder of a finished circuit-graph run")
+    for m in ("graph", "graph_mlp"):
+        if m in methods and graph_run is None:
+            raise ValueError(
+                f"methods has {m!r} but graph_run is null; give the folder of a finished circuit-graph run"
+            )
     if "random" in methods and not seeds:
         raise ValueError("methods has 'random' but random_seeds is empty; give seeds, e.g. [0, 1, 2]")
 
@@ -84,7 +87,8 @@ class FaithfulnessModule(PretrainedLMModule):
         model: the model (default: the mask run's, else the graph run's).
         mask_run: folder of a finished direction-mask run (``masks.pt``; ``config.yaml`` for the split check).
         graph_run: folder of a finished circuit-graph run (``results.json`` with ``edges``).
-        methods: rankings to score: ``eap_heads``, ``mask``, ``graph``, ``random``.
+        methods: rankings to score: ``eap_heads``, ``mask``, ``graph``, ``graph_mlp`` (the graph with its MLP
+            layers' input and gate directions, ``analysis.rankings.mlp_input_scores``), ``random``.
         random_seeds: one random ranking per seed (``random_<seed>``).
         sizes: fractions of the universe's directions kept (MIB: 0.001 ... 1).
         layers: layers of the universe (default all).
@@ -120,8 +124,11 @@ class FaithfulnessModule(PretrainedLMModule):
         self.ranking_info: dict[str, dict] = {}
         if "mask" in methods:
             self.rankings["mask"], self.ranking_info["mask"] = mask_ranking(self.universe, masks)
-        if "graph" in methods:
-            self.rankings["graph"], self.ranking_info["graph"] = run_graph_ranking(self.universe, graph_run, self.view)
+        for m in ("graph", "graph_mlp"):
+            if m in methods:
+                self.rankings[m], self.ranking_info[m] = run_graph_ranking(
+                    self.universe, graph_run, self.view, mlp_inputs=m == "graph_mlp"
+                )
         if "random" in methods:
             for s in random_seeds:
                 self.rankings[f"random_{s}"] = random_ranking(len(self.universe), s)
