@@ -63,11 +63,11 @@ def main() -> None:
         rankings["eap_heads"], info["eap_heads"] = eap_ranking(universe, attr, view.n_kv_heads)
     if "mask" in args.methods:
         rankings["mask"], info["mask"] = mask_ranking(universe, mask.masks)
-    for m in ("graph", "graph_mlp") if args.graph_run else ():
-        if m in args.methods:
-            from lit_svd.analysis.rankings import run_graph_ranking
+    from lit_svd.analysis.rankings import GRAPH_RANKINGS, run_graph_ranking
 
-            rankings[m], info[m] = run_graph_ranking(universe, args.graph_run, view, mlp_inputs=m == "graph_mlp")
+    for m, mlp_inputs in GRAPH_RANKINGS.items() if args.graph_run else ():
+        if m in args.methods:
+            rankings[m], info[m] = run_graph_ranking(universe, args.graph_run, view, mlp_inputs=mlp_inputs)
     for s in args.seeds if "random" in args.methods else []:
         rankings[f"random_{s}"] = random_ranking(len(universe), s)
 

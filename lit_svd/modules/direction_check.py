@@ -96,7 +96,7 @@ def strongest_claims(claims: dict[str, list[Address]], lambdas: dict[str, Tensor
     """The ``n`` claims with the largest mask values ``lambdas[component][group, direction]`` over all components
     (ties by address), in the input's per-component order."""
     ranked = sorted(
-        ((n_, a) for n_, addrs in claims.items() for a in addrs),
+        ((name, a) for name, addrs in claims.items() for a in addrs),
         key=lambda item: (-float(lambdas[item[0]][item[1].group, item[1].index]), item[1]),
     )
     chosen = {a for _, a in ranked[:n]}

@@ -31,7 +31,7 @@ from lit_svd.analysis.faithfulness import (
     curves_from_sums,
     universe_components,
 )
-from lit_svd.analysis.rankings import eap_ranking, mask_ranking, random_ranking, run_graph_ranking
+from lit_svd.analysis.rankings import GRAPH_RANKINGS, eap_ranking, mask_ranking, random_ranking, run_graph_ranking
 from lit_svd.models.intervene import Intervention
 from lit_svd.modules.pretrained import PretrainedLMModule
 from lit_svd.runs import load_run
@@ -71,7 +71,7 @@ def check_methods(methods: Sequence[str], mask_run: str | None, graph_run: str |
             raise ValueError(f"methods: {m!r} unknown; allowed: {', '.join(allowed)}")
     if "mask" in methods and mask_run is None:
         raise ValueError("methods has 'mask' but mask_run is null; give the folder of a finished direction-mask run")
-    for m in ("graph", "graph_mlp"):
+    for m in GRAPH_RANKINGS:
         if m in methods and graph_run is None:
             raise ValueError(
                 f"methods has {m!r} but graph_run is null; give the folder of a finished circuit-graph run"
@@ -124,10 +124,10 @@ class FaithfulnessModule(PretrainedLMModule):
         self.ranking_info: dict[str, dict] = {}
         if "mask" in methods:
             self.rankings["mask"], self.ranking_info["mask"] = mask_ranking(self.universe, masks)
-        for m in ("graph", "graph_mlp"):
+        for m, mlp_inputs in GRAPH_RANKINGS.items():
             if m in methods:
                 self.rankings[m], self.ranking_info[m] = run_graph_ranking(
-                    self.universe, graph_run, self.view, mlp_inputs=m == "graph_mlp"
+                    self.universe, graph_run, self.view, mlp_inputs=mlp_inputs
                 )
         if "random" in methods:
             for s in random_seeds:
