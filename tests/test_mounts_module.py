@@ -19,7 +19,7 @@ from lit_svd.analysis import mounts as M
 from lit_svd.models import view as make_view
 from lit_svd.models.hooks import Hook, capture, hooks
 from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm
-from lit_svd.modules.mounts import MountsAnalysisModule, last_logits, steering, unembed_reading
+from lit_svd.modules.mounts import READING_SLICE, MountsAnalysisModule, last_logits, steering, unembed_reading
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEERED = ARCHITECTURES + ("qwen3",)  # Gemma-3's post norms are Gemma-2's, checked there
@@ -120,6 +120,11 @@ def test_unembedding_reading_matches_the_models_own_final_norm(arch):
     with torch.no_grad():
         want = head(norm(U.float())) - head(norm(torch.zeros(1, view.d_model)))
     torch.testing.assert_close(got.float(), want, rtol=1e-4, atol=1e-4)
+    # float64 directions: the vocabulary taken a slice at a time equals one whole product
+    W_U = view.unembed()[0]
+    assert W_U.shape[1] > READING_SLICE  # several slices
+    whole = (view.normalized("final", None, U) - view.normalized("final", None, torch.zeros_like(U[:1]))) @ W_U.double()
+    torch.testing.assert_close(unembed_reading(view, U, W_U), whole, rtol=1e-12, atol=1e-12)
 
 
 # --- the module on a tiny Llama saved to disk ---------------------------------------------------
@@ -425,6 +430,20 @@ def test_layers_per_pass_gives_exactly_the_table_of_one_pass(deep_tiny_dirs, arc
     assert json.dumps(split.rows) == json.dumps(one.rows)
     assert split._batches == [] and split._resume == {}  # the stored ids and boundaries are dropped
     assert set(split.plans) == {f"L{l}_{s}" for l in split.passes[-1] for s in split.sites}  # the last pass's only
+
+
+def test_runs_over_parts_of_the_layers_add_up_to_the_whole_table(deep_tiny_dirs):
+    """A site-layer's row depends on nothing but its own layer: runs over disjoint groups of layers (separate
+    processes, e.g. a 26-layer model split over several sessions) give exactly the rows of one whole run."""
+    batches = _batches(n=4, L=20)
+    kw = dict(model=deep_tiny_dirs["llama"], rules={"c1_min_layer": 0}, layers_per_pass=1, **PASS_KW)
+    whole = MountsAnalysisModule(**kw)
+    _run(whole, batches)
+    parts = [MountsAnalysisModule(**kw, layers=layers) for layers in ([2, 3], [0, 1])]
+    for part in parts:
+        _run(part, batches)
+    rows = sorted(parts[0].rows + parts[1].rows, key=lambda r: r["layer"])
+    assert json.dumps(rows) == json.dumps(whole.rows)
 
 
 def test_run_blocks_resumes_from_a_recorded_boundary_and_stops(deep_tiny_dirs):

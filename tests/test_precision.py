@@ -56,6 +56,46 @@ def test_bad_dtype_fails_naming_the_key():
         torch_dtype("int8", "model.dtype")
 
 
+def _vocab_copies(model, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Last-position logits of a ``logits_to_keep=1`` forward and how many ``aten::copy_`` calls in it
+    copy a tensor as large as the vocabulary matrix (a per-example copy of the unembedding)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    vocab = model.get_output_embeddings().weight.numel()
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        logits = model(input_ids=ids, logits_to_keep=1).logits[:, -1]
+    big = [e for e in prof.events() if e.name == "aten::copy_" and any(_numel(s) >= vocab for s in e.input_shapes if s)]
+    return logits, len(big)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def test_bf16_last_position_logits_do_not_copy_the_unembedding_per_example(tiny_dirs):
+    """A frozen bf16 model's ``logits_to_keep=1`` forward of a batch: through ``load_causal_lm`` the vocabulary
+    product is one plain product (no copy of the unembedding); the same model without the loader's pre-hook
+    copies it once per example (the case the hook exists for: 16.8 GB at Llama-3.1-8B, 16 prompts), and the
+    logits agree exactly with a forward of every position."""
+    from lit_svd.models.loading import load_causal_lm
+
+    lm, _ = load_causal_lm(tiny_dirs["llama"], dtype="bfloat16")
+    for p in lm.parameters():
+        p.requires_grad_(False)  # frozen, as every module holds it
+    ids = torch.randint(0, 2000, (4, 12), generator=torch.Generator().manual_seed(0))
+    logits, copies = _vocab_copies(lm, ids)
+    assert copies == 0
+    with torch.no_grad():
+        every = lm(input_ids=ids).logits[:, -1]
+    assert torch.equal(logits, every)
+    bare = tiny_causal_lm("llama", seed=0).to(torch.bfloat16).eval().requires_grad_(False)
+    _, bare_copies = _vocab_copies(bare, ids)
+    assert bare_copies >= 1  # the control: torch's unfolded bf16 product does copy it
+
+
 # --- each method in bf16 against float32 on a tiny Llama --------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_llama(tiny_dirs):

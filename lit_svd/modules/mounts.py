@@ -427,7 +427,7 @@ class MountsAnalysisModule(PretrainedLMModule):
     # --- the end: summaries, steering, pass rules ----------------------------------------------------
     def on_test_epoch_end(self) -> None:
         ctx = self._steer_context(self._steer_texts())
-        reading_W = self.view.unembed()[0].double()
+        reading_W = self.view.unembed()[0]  # float32: the readings take float64 products a slice at a time
         rows = []
         for p in range(len(self.passes)):
             if p > 0:
@@ -587,6 +587,9 @@ def last_logits(lm, texts: Tensor, cache=None) -> Tensor:
     return out.logits[:, -1].float()
 
 
+READING_SLICE = 16384  # vocabulary columns per product in unembed_reading
+
+
 def unembed_reading(view, U: Tensor, W_U: Tensor | None = None) -> Tensor:
     """How the unembedding reads write directions ``U: [n, d_model]``: the logit change of each
     direction through the model's own final norm, ``(norm(u) - norm(0)) W_U`` -> ``[n, vocab]``.
@@ -596,10 +599,13 @@ def unembed_reading(view, U: Tensor, W_U: Tensor | None = None) -> Tensor:
     soft-cap is monotone, so rank statistics of the reading do not depend on it."""
     if W_U is None:
         W_U = view.unembed()[0]
-    W_U = W_U.to(U.dtype)
     normed = view.normalized("final", None, U.to(W_U.device))
     zero = view.normalized("final", None, torch.zeros_like(U[:1]).to(W_U.device))
-    return ((normed - zero) @ W_U).cpu()
+    d = normed - zero
+    out = torch.empty(d.shape[0], W_U.shape[1], dtype=d.dtype)
+    for s in range(0, W_U.shape[1], READING_SLICE):  # no whole-vocabulary copy in U's dtype (Gemma-2: 4.7 GB float64)
+        out[:, s : s + READING_SLICE] = (d @ W_U[:, s : s + READING_SLICE].to(d.dtype)).cpu()
+    return out
 
 
 @contextmanager
