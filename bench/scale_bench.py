@@ -239,6 +239,13 @@ def llama_width(d: int) -> str:
     return str(folder)
 
 
+def _setup_fit(sizes: list[int], runs: list[dict]) -> dict:
+    """The mask's setup (model build + component SVDs) exponent, where the runs time it."""
+    if all("setup_s" in r for r in runs):
+        return {"setup": fit_exponent(sizes, [r["setup_s"] for r in runs])}
+    return {}
+
+
 def exponents(opts) -> dict:
     """Fitted growth exponents of time and peak RSS in d_model, layers and tokens (prompts for SAD)."""
     fits: dict = {}
@@ -252,6 +259,7 @@ def exponents(opts) -> dict:
             fits.setdefault(method, {})["d_model"] = {
                 "time": fit_exponent(widths, [r["method_s"] for r in res]),
                 "sizes": widths,
+                **_setup_fit(widths, res),
             }
         arch = opts.models[0]
         depth = [1, 2, 4]
@@ -261,7 +269,11 @@ def exponents(opts) -> dict:
         ]
         print(json.dumps({"scan": "layers", "method": method, "model": arch, "sizes": depth, "runs": res}), flush=True)
         if all("error" not in r for r in res):
-            fits[method]["layers"] = {"time": fit_exponent(depth, [r["method_s"] for r in res]), "model": arch}
+            fits.setdefault(method, {})["layers"] = {
+                "time": fit_exponent(depth, [r["method_s"] for r in res]),
+                "model": arch,
+                **_setup_fit(depth, res),
+            }
         if method in ("sad", "mounts"):
             base = size_of(method, opts)
             sizes = [base, 2 * base, 4 * base]

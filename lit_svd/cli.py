@@ -198,6 +198,17 @@ def main(args: list[str] | None = None):
             raise
         print("\n".join(user_message(err)), file=sys.stderr)
         sys.exit(2)
+    finally:
+        end_process_group()
+
+
+def end_process_group() -> None:
+    """Destroy the DDP process group, if one is up, before the interpreter exits (Lightning leaves it up; gloo's
+    threads torn down at exit can abort a finished run: "terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _is_user_error(err: BaseException) -> bool:

@@ -14,6 +14,7 @@ import lightning.pytorch as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from lit_svd.cli import end_process_group  # noqa: E402
 from lit_svd.datamodules.tasks import TaskDataModule  # noqa: E402
 from lit_svd.modules.circuits import CircuitGraphModule  # noqa: E402
 from tests.helpers import exact_rms_norms  # noqa: E402
@@ -42,4 +43,7 @@ def main(out: str, model_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    try:
+        main(*sys.argv[1:3])
+    finally:
+        end_process_group()  # before exit: a live gloo group can abort a finished run

@@ -15,6 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from lit_svd.cli import end_process_group  # noqa: E402
 from lit_svd.datamodules.tasks import TaskDataModule  # noqa: E402
 from lit_svd.datamodules.text import TextDataModule  # noqa: E402
 from lit_svd.metrics import LogitDifference  # noqa: E402
@@ -68,4 +69,7 @@ def main(out: str, tokenizer_dir: str, text_file: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    try:
+        main(*sys.argv[1:4])
+    finally:
+        end_process_group()  # before exit: a live gloo group can abort a finished run

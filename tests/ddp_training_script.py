@@ -20,6 +20,7 @@ from lit_svd.analysis.spectrum import spectrum_rows  # noqa: E402
 from lit_svd.callbacks.mounts_training import MountsCallback  # noqa: E402
 from lit_svd.callbacks.sad import SADCallback  # noqa: E402
 from lit_svd.callbacks.spectrum import SpectrumCallback  # noqa: E402
+from lit_svd.cli import end_process_group  # noqa: E402
 from lit_svd.datamodules.text import TextDataModule  # noqa: E402
 from lit_svd.models.loading import load_tokenizer  # noqa: E402
 from lit_svd.modules.language_model import LanguageModelModule  # noqa: E402
@@ -95,4 +96,7 @@ def main(out: str, devices: int, valid: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    try:
+        main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    finally:
+        end_process_group()  # before exit: a live gloo group can abort a finished run
