@@ -5,6 +5,7 @@
     python -m lit_svd.cli_tools mask-blocks RUN --out DIR [--rel-gaps 0.01 0.02 0.05]
     python -m lit_svd.cli_tools mask-thresholds RUN --out DIR [--thresholds 1e-3 0.01 0.1 0.5] [--max-kl 0.25]
     python -m lit_svd.cli_tools compare-directions MODEL_A MODEL_B --out DIR [--kinds qk ov] [--top 8]
+    python -m lit_svd.cli_tools mounts-merge RUN_A RUN_B ... --out DIR
 
 Each tool writes its typed result (``lit_svd.results``) as results.json, its table as CSV and its figure
 into its output; runs are read through ``lit_svd.runs``, figures drawn by ``lit_svd.figures``. Errors a
@@ -26,6 +27,9 @@ claims, receptors and steering rows with their block fields), blocks.json and ma
 lambdas small but above 1e-3) and evaluates each on the validation and test splits; the threshold is
 chosen on validation only. ``compare-directions`` follows the top singular directions of every head of
 one model into another of the same architecture (kept / block / lost, as tracking over training steps).
+``mounts-merge`` joins mounts runs over disjoint layers of one model with the same settings (a large model
+scored a group of layers per process, ``layers``) into the one table of a whole run: results.json with the pass
+tables and the real-against-null test recomputed over every site-layer, sites.csv and the depth figures.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from lit_svd.results import (
     MaskBlocksResult,
     MaskCurveResult,
     MaskThresholdsResult,
+    MountsResult,
     Provenance,
     Result,
 )
@@ -393,6 +398,57 @@ def compare_directions(args: argparse.Namespace) -> CompareDirectionsResult:
     return result
 
 
+# --- mounts-merge ------------------------------------------------------------------------------------------
+def mounts_merge(args: argparse.Namespace) -> MountsResult:
+    """Join mounts runs over disjoint layers of one model (same settings) into one whole-run table."""
+    from lit_svd.analysis.mounts_tables import mount_tables
+
+    parts = find_results(args.runs, experiment="tiled_mounts")
+    if len(parts) < 2:
+        raise ToolError(
+            f"mounts-merge needs two or more mounts runs; found {len(parts)} results.json under {args.runs}"
+        )
+    (label0, first), settings = parts[0], _merge_settings(parts[0][1])
+    owner: dict[tuple[int, str], str] = {}
+    for label, part in parts:
+        other = _merge_settings(part)
+        if other != settings:
+            keys = sorted(k for k in settings.keys() | other.keys() if settings.get(k) != other.get(k))
+            raise ToolError(
+                f"{label}: its settings differ from {label0}'s in {', '.join(keys)}; only layers may differ"
+            )
+        for row in part.sites:
+            key = (row["layer"], row["site"])
+            if key in owner:
+                raise ToolError(
+                    f"{label}: layer {key[0]} {key[1]} is also in {owner[key]}; parts must score disjoint layers"
+                )
+            owner[key] = label
+    site_order = list(dict.fromkeys(r["site"] for _, part in parts for r in part.sites))
+    rows = sorted(
+        (row for _, part in parts for row in part.sites), key=lambda r: (r["layer"], site_order.index(r["site"]))
+    )
+    result = MountsResult(
+        model=first.model,
+        config={**first.config, "layers": sorted({r["layer"] for r in rows})},
+        n_tokens=max(r["n_tokens"] for r in rows),
+        n_site_layers=len(rows),
+        tile_widths=first.tile_widths,
+        sites=rows,
+        **mount_tables(rows),
+    )
+    out = Path(args.out)
+    save(result, out, args)
+    print(f"{len(parts)} runs, {len(rows)} site-layers; passing {result.n_pass} (null {result.n_pass_null})")
+    print(f"results: {out / 'results.json'}")
+    return result
+
+
+def _merge_settings(result: MountsResult) -> dict:
+    """What must agree between the parts of one mounts run: the model and every setting but ``layers``."""
+    return {"model": result.model, **{k: v for k, v in result.config.items() if k != "layers"}}
+
+
 # --- the command line ------------------------------------------------------------------------------------
 class ToolParser(argparse.ArgumentParser):
     """Argument errors in the two-line form of ``python -m lit_svd`` (message, hint), exit code 2."""
@@ -460,6 +516,10 @@ def parser() -> argparse.ArgumentParser:
     cd.add_argument("--rel-gap", type=float, default=0.05, help="relative gap of a block (linalg.REL_GAP)")
     cd.add_argument("--min-cos", type=float, default=0.9, help="|cos| below which a direction is lost")
     cd.set_defaults(run=compare_directions)
+    mm = sub.add_parser("mounts-merge", help=mounts_merge.__doc__)
+    mm.add_argument("runs", nargs="+", help="mounts run folders (or results.json files) over disjoint layers")
+    mm.add_argument("--out", required=True, help="new output folder")
+    mm.set_defaults(run=mounts_merge)
     return p
 
 

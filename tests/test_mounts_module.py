@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
@@ -444,6 +445,50 @@ def test_runs_over_parts_of_the_layers_add_up_to_the_whole_table(deep_tiny_dirs)
         _run(part, batches)
     rows = sorted(parts[0].rows + parts[1].rows, key=lambda r: r["layer"])
     assert json.dumps(rows) == json.dumps(whole.rows)
+
+
+def _reported_run(module, batches, folder) -> Path:
+    """A test run with the mounts report, logging nowhere but ``folder``; returns its results.json."""
+    from lit_svd.callbacks.mounts import MountsReport
+
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        default_root_dir=str(folder),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[MountsReport()],
+    )
+    trainer.test(module, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False)
+    return Path(folder) / "results.json"
+
+
+def test_mounts_merge_joins_parts_into_the_whole_runs_results(deep_tiny_dirs, tmp_path, capsys):
+    """``cli_tools mounts-merge`` of two runs over disjoint layers writes the whole run's results: the same rows,
+    pass tables, null pass count and real-against-null test; parts that overlap or differ in a setting fail."""
+    from lit_svd.cli_tools import main as tools
+
+    batches = _batches(n=4, L=20)
+    kw = dict(model=deep_tiny_dirs["llama"], rules={"c1_min_layer": 0}, layers_per_pass=1, **PASS_KW)
+    whole = json.loads(_reported_run(MountsAnalysisModule(**kw), batches, tmp_path / "whole").read_text())
+    for name, layers in (("b", [2, 3]), ("a", [0, 1]), ("c", [3])):
+        _reported_run(MountsAnalysisModule(**kw, layers=layers), batches, tmp_path / name)
+    merged = tools(["mounts-merge", str(tmp_path / "b"), str(tmp_path / "a"), "--out", str(tmp_path / "m")])
+    got = json.loads((tmp_path / "m" / "results.json").read_text())
+    for key in ("sites", "pass_table", "n_pass", "pass_table_null", "n_pass_null", "discriminating", "site_summary"):
+        assert json.dumps(got[key]) == json.dumps(whole[key]), key
+    assert got["n_site_layers"] == len(whole["sites"]) and got["config"]["layers"] == [0, 1, 2, 3]
+    assert merged.n_pass == whole["n_pass"] and (tmp_path / "m" / "sites.csv").is_file()
+    with pytest.raises(SystemExit):
+        tools(["mounts-merge", str(tmp_path / "b"), str(tmp_path / "c"), "--out", str(tmp_path / "x")])
+    assert "layer 3 q is also in" in capsys.readouterr().err
+    _reported_run(MountsAnalysisModule(**{**kw, "null_stride": 1}, layers=[0]), batches, tmp_path / "d")
+    with pytest.raises(SystemExit):
+        tools(["mounts-merge", str(tmp_path / "b"), str(tmp_path / "d"), "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert "settings differ from" in err and "in null_stride;" in err
 
 
 def test_run_blocks_resumes_from_a_recorded_boundary_and_stops(deep_tiny_dirs):

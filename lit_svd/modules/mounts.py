@@ -602,7 +602,7 @@ def unembed_reading(view, U: Tensor, W_U: Tensor | None = None) -> Tensor:
     normed = view.normalized("final", None, U.to(W_U.device))
     zero = view.normalized("final", None, torch.zeros_like(U[:1]).to(W_U.device))
     d = normed - zero
-    out = torch.empty(d.shape[0], W_U.shape[1], dtype=d.dtype)
+    out = torch.empty(d.shape[0], W_U.shape[1], dtype=d.dtype, device="cpu")  # the readings leave the device
     for s in range(0, W_U.shape[1], READING_SLICE):  # no whole-vocabulary copy in U's dtype (Gemma-2: 4.7 GB float64)
         out[:, s : s + READING_SLICE] = (d @ W_U[:, s : s + READING_SLICE].to(d.dtype)).cpu()
     return out
