@@ -62,6 +62,20 @@ STEPS: tuple[Step, ...] = (
     Step("circuits_ioi", "circuits", "ioi", 10.0, 2.0, needs_config=True, title="Circuit graph (IOI)"),
 )
 
+# expected wall minutes of the full steps on other models, measured here (docs/api.md: Gemma-3 with --jobs 2);
+# a model not listed starts from SmolLM2's (Step.minutes) and the ETA rescales as its steps finish
+MEASURED_MINUTES: dict[str, dict[str, float]] = {
+    "gemma3-270m": {
+        "sad": 3.7,
+        "masks_ioi": 19.6,
+        "masks_gp": 14.2,
+        "masks_gt": 19.9,
+        "directions_ioi": 7.3,
+        "mounts": 13.0,
+        "circuits_ioi": 9.3,
+    },
+}
+
 # --quick: per API call, the reduced settings (keywords of lit_svd.api)
 QUICK: dict[str, dict[str, Any]] = {
     "sad": {"n_test": 16, "batch_size": 8, "null_draws": 4},
@@ -176,13 +190,15 @@ class Progress:
     """One line per step start and end on stderr: step i/n, name, elapsed, ETA from the expected costs
     (scaled by how long the finished steps took against theirs; divided among ``jobs`` parallel steps)."""
 
-    def __init__(self, steps: list[Step], quick: bool, jobs: int = 1):
+    def __init__(self, steps: list[Step], quick: bool, jobs: int = 1, model: str | None = None):
         self.steps, self.quick, self.jobs, self.start = steps, quick, jobs, time.monotonic()
         self.spent = self.expected_done = 0.0
         self.left = {s.name for s in steps}  # not finished (for the ETA of parallel steps)
+        self.measured = {} if quick else MEASURED_MINUTES.get(model or "", {})
 
     def cost(self, step: Step) -> float:
-        return 60.0 * (step.quick_minutes if self.quick else step.minutes)
+        """Expected seconds of ``step``: measured on this model where known, else SmolLM2's."""
+        return 60.0 * self.measured.get(step.name, step.quick_minutes if self.quick else step.minutes)
 
     def eta(self, i: int) -> float:
         speed = self.spent / self.expected_done if self.expected_done else 1.0
@@ -220,7 +236,7 @@ def report(
     chosen = select_steps(steps)
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    progress = Progress(chosen, quick, jobs)
+    progress = Progress(chosen, quick, jobs, model)
     if jobs > 1:
         return run_parallel(chosen, model, root, quick, threads, jobs, progress)
     states: dict[str, State] = {}

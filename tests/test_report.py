@@ -212,3 +212,6 @@ def test_the_eta_scales_the_expected_costs_by_the_measured_speed():
     assert progress.eta(0) == 60.0 * (2.0 + 14.0 + 12.0)  # nothing measured yet: the expected minutes
     progress.finished(steps[0], seconds=3 * 60.0 * 2.0)  # the first step took three times its expectation
     assert progress.eta(1) == 3 * 60.0 * (14.0 + 12.0)
+    gemma = Progress(steps, quick=False, model="gemma3-270m")  # measured minutes where the model has them
+    assert gemma.eta(0) == pytest.approx(60.0 * (3.7 + 19.6 + 13.0))
+    assert Progress(steps, quick=True, model="gemma3-270m").eta(0) == 60.0 * (0.3 + 5.0 + 2.0)  # --quick: SmolLM2's
