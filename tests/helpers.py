@@ -64,3 +64,23 @@ def exact_rms_norms(model):
     finally:
         for mod in patched:
             del mod.forward
+
+
+def run_test(module, batches: list, folder: str | Path | None = None, callbacks: list | None = None):
+    """``trainer.test`` of ``module`` over ``batches`` (one batch each) in this process, quietly: no logger, no
+    checkpoints, no bars; ``folder``: the run's default_root_dir (where a report callback writes). Returns
+    ``module``."""
+    import lightning.pytorch as pl
+
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        default_root_dir=None if folder is None else str(folder),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
+    trainer.test(module, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False)
+    return module

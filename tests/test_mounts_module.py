@@ -21,6 +21,7 @@ from lit_svd.models import view as make_view
 from lit_svd.models.hooks import Hook, capture, hooks
 from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm
 from lit_svd.modules.mounts import READING_SLICE, MountsAnalysisModule, last_logits, steering, unembed_reading
+from tests.helpers import run_test
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEERED = ARCHITECTURES + ("qwen3",)  # Gemma-3's post norms are Gemma-2's, checked there
@@ -140,15 +141,7 @@ def _batches(n=4, b=4, L=24, seed=0):
 
 
 def _run(module, batches):
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.test(module, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False)
+    run_test(module, batches)
     return {(r["site"], r["layer"]): r for r in module.rows}
 
 
@@ -437,17 +430,7 @@ def _reported_run(module, batches, folder) -> Path:
     """A test run with the mounts report, logging nowhere but ``folder``; returns its results.json."""
     from lit_svd.callbacks.mounts import MountsReport
 
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        default_root_dir=str(folder),
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[MountsReport()],
-    )
-    trainer.test(module, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False)
+    run_test(module, batches, folder, [MountsReport()])
     return Path(folder) / "results.json"
 
 

@@ -5,7 +5,6 @@ in memory (exactly: the same float32 values, the same operations)."""
 
 from __future__ import annotations
 
-import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -13,6 +12,7 @@ from lit_svd.analysis.decompose import Decomposer, mlp_reads, qk_reads
 from lit_svd.models import view as make_view
 from lit_svd.models.loading import layer_offload_map, load_causal_lm
 from lit_svd.models.tiny import tiny_causal_lm
+from tests.helpers import run_test
 
 ON_DISK = [1, 2]
 
@@ -89,19 +89,6 @@ def test_decomposition_of_a_read_in_an_offloaded_layer_equals_in_memory(placed):
     assert got[0][0].abs().sum() > 0
 
 
-def _test_run(module, batches):
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.test(module, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False)
-    return module
-
-
 def test_sad_and_mounts_modules_on_an_offloaded_model_equal_in_memory(deep_dir, tmp_path):
     from lit_svd.modules.mounts import MountsAnalysisModule
     from lit_svd.modules.sad import SADAnalysisModule
@@ -110,7 +97,7 @@ def test_sad_and_mounts_modules_on_an_offloaded_model_equal_in_memory(deep_dir, 
     batches = [{"input_ids": torch.randint(0, 2000, (3, 16), generator=g)} for _ in range(2)]
     place = {"device_map": layer_offload_map(deep_dir, ON_DISK), "offload_folder": str(tmp_path / "off")}
     sad = [
-        _test_run(SADAnalysisModule(model=deep_dir, min_pairs=1, input_key="input_ids", null_draws=4, **kw), batches)
+        run_test(SADAnalysisModule(model=deep_dir, min_pairs=1, input_key="input_ids", null_draws=4, **kw), batches)
         for kw in (place, {})
     ]
     assert sad[0].placed and not sad[1].placed and _meta(sad[0].lm, 1)  # Lightning left the placed model alone
@@ -121,7 +108,7 @@ def test_sad_and_mounts_modules_on_an_offloaded_model_equal_in_memory(deep_dir, 
         assert a["sparsity"] == b["sparsity"] and a["sparsity_null_draws"] == b["sparsity_null_draws"]
     tiles = {"q": 32, "k": 16, "v": 16, "o": 32, "gate": 32, "up": 32, "down": 64}
     kw = dict(model=deep_dir, tile_widths=tiles, modes_sweep=[1, 2], layers=[1, 3], sites=["q", "down"], steer_texts=2)
-    rows = [_test_run(MountsAnalysisModule(**kw, **p), batches).rows for p in (place, {})]
+    rows = [run_test(MountsAnalysisModule(**kw, **p), batches).rows for p in (place, {})]
     assert len(rows[0]) == len(rows[1]) == 4
     for a, b in zip(*rows):
         assert (a["site"], a["layer"]) == (b["site"], b["layer"])
@@ -140,9 +127,9 @@ def test_smollm2_with_ten_layers_on_disk_gives_the_in_memory_sad(tmp_path, smoll
     batches = [next(iter(dm.test_dataloader()))]
     place = {"device_map": layer_offload_map("smollm2-135m", range(10, 20)), "offload_folder": str(tmp_path)}
     kw = dict(model="smollm2-135m", layers=[5, 15], null_draws=4, min_pairs=1)
-    off = _test_run(SADAnalysisModule(**kw, **place), batches)
+    off = run_test(SADAnalysisModule(**kw, **place), batches)
     assert len(_meta(off.lm, 15)) == 9  # every weight of block 15 stays on disk between reads
-    mem = _test_run(SADAnalysisModule(**kw), batches)
+    mem = run_test(SADAnalysisModule(**kw), batches)
     got, want = off.results()["heads"], mem.results()["heads"]
     assert len(got) == len(want) == 18
     for a, b in zip(got, want):

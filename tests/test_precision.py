@@ -22,6 +22,7 @@ from lit_svd.models import view as make_view
 from lit_svd.models.intervene import build_components
 from lit_svd.models.loading import torch_dtype
 from lit_svd.models.tiny import tiny_causal_lm
+from tests.helpers import run_test
 
 TINY_TILES = {"q": 32, "k": 16, "v": 16, "o": 32, "gate": 32, "up": 32, "down": 64}
 
@@ -102,19 +103,6 @@ def tiny_llama(tiny_dirs):
     return tiny_dirs["llama"]
 
 
-def _test_run(module, batches):
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.test(module, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False)
-    return module
-
-
 def _batches(n=3, b=4, L=24):
     g = torch.Generator().manual_seed(0)
     return [{"input_ids": torch.randint(0, 2000, (b, L), generator=g)} for _ in range(n)]
@@ -127,7 +115,7 @@ def test_sad_in_bf16_is_close_to_float32_and_decomposes_in_float32(tiny_llama):
     for dt in ("float32", "bfloat16"):
         m = SADAnalysisModule(model=tiny_llama, dtype=dt, min_pairs=1, input_key="input_ids", null_draws=4)
         assert m.lm.dtype == torch_dtype(dt)
-        _test_run(m, _batches())
+        run_test(m, _batches())
         assert all(b.U.dtype == torch.float32 for b in m.bases.values())
         assert all(t.dtype == torch.float64 for t in m.stats.metric_state.values())
         got[dt] = m.results()["heads"]
@@ -158,7 +146,7 @@ def test_mounts_in_bf16_are_close_to_float32_with_float32_plans(tiny_llama):
             steer_mounts=2,
             rules={"c1_min_layer": 0},
         )
-        _test_run(m, _batches())
+        run_test(m, _batches())
         rows[dt] = {(r["site"], r["layer"]): r for r in m.rows}
         plan = m.plans["L1_q"] if getattr(m, "plans", None) else None
         if plan is not None:
