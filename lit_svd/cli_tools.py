@@ -401,7 +401,7 @@ def compare_directions(args: argparse.Namespace) -> CompareDirectionsResult:
 # --- mounts-merge ------------------------------------------------------------------------------------------
 def mounts_merge(args: argparse.Namespace) -> MountsResult:
     """Join mounts runs over disjoint layers of one model (same settings) into one whole-run table."""
-    from lit_svd.analysis.mounts_tables import mount_tables
+    from lit_svd.analysis.mounts_tables import mounts_result
 
     parts = find_results(args.runs, experiment="tiled_mounts")
     if len(parts) < 2:
@@ -428,14 +428,11 @@ def mounts_merge(args: argparse.Namespace) -> MountsResult:
     rows = sorted(
         (row for _, part in parts for row in part.sites), key=lambda r: (r["layer"], site_order.index(r["site"]))
     )
-    result = MountsResult(
+    result = mounts_result(
+        rows,
         model=first.model,
         config={**first.config, "layers": sorted({r["layer"] for r in rows})},
-        n_tokens=max(r["n_tokens"] for r in rows),
-        n_site_layers=len(rows),
         tile_widths=first.tile_widths,
-        sites=rows,
-        **mount_tables(rows),
     )
     out = Path(args.out)
     save(result, out, args)

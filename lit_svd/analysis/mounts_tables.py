@@ -1,11 +1,13 @@
-"""The tables of a tiled-mounts run, from its site-layer rows: pass counts per site and check, the per-site
-summary, and whether each check discriminates real matrices from their structureless nulls (one-sided
-Fisher exact test). A check that passes on the null at least as often as on the real matrices is
-*non-discriminating* at that site."""
+"""The result of a tiled-mounts run and its tables, from its site-layer rows: pass counts per site and
+check, the per-site summary, and whether each check discriminates real matrices from their structureless
+nulls (one-sided Fisher exact test). A check that passes on the null at least as often as on the real
+matrices is *non-discriminating* at that site."""
 
 from __future__ import annotations
 
 from lit_svd.analysis.mounts import STRATEGIES
+from lit_svd.results.base import Provenance
+from lit_svd.results.mounts import MountsResult
 
 CHECKS = ("A1", "A2", "A3", "A4", "B1", "C1", "pass")
 
@@ -85,14 +87,29 @@ def site_summary(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-def mount_tables(rows: list[dict]) -> dict:
-    """The results.json tables of a run's rows: ``pass_table``, ``n_pass``, ``site_summary`` and, where the
-    rows carry their nulls, ``pass_table_null``, ``n_pass_null`` and ``discriminating``."""
-    out = {"pass_table": pass_table(rows), "n_pass": sum(r["pass"] for r in rows), "site_summary": site_summary(rows)}
+def mounts_result(
+    rows: list[dict], *, model: str | None, config: dict, tile_widths: dict, provenance: Provenance | None = None
+) -> MountsResult:
+    """A mounts run's result from its site-layer rows: ``pass_table``, ``n_pass``, ``site_summary`` and, where
+    the rows carry their nulls, ``pass_table_null``, ``n_pass_null`` and ``discriminating``. The one place a
+    ``MountsResult`` is built: by the run (``MountsReport``) and by ``mounts-merge`` from its parts' rows."""
+    nulls: dict = {}
     if "null" in rows[0]:
-        out.update(
+        nulls = dict(
             pass_table_null=pass_table(rows, null=True),
             n_pass_null=sum(r["null"]["pass"] for r in rows),
             discriminating=discrimination(rows),
         )
-    return out
+    return MountsResult(
+        model=model,
+        config=config,
+        n_tokens=max(r["n_tokens"] for r in rows),
+        n_site_layers=len(rows),
+        tile_widths=tile_widths,
+        sites=rows,
+        pass_table=pass_table(rows),
+        n_pass=sum(r["pass"] for r in rows),
+        site_summary=site_summary(rows),
+        **nulls,
+        provenance=provenance,
+    )

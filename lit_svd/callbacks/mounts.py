@@ -1,15 +1,15 @@
 """Writes a tiled-mounts run: results.json (``lit_svd.results.MountsResult``), sites.csv and depth figures
-(rank zero only). The pass tables and the real-against-null discrimination are ``analysis.mounts_tables``."""
+(rank zero only). The result, its pass tables and the real-against-null discrimination come from
+``analysis.mounts_tables.mounts_result``."""
 
 from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from lit_svd.analysis.mounts_tables import mount_tables
+from lit_svd.analysis.mounts_tables import mounts_result
 from lit_svd.callbacks.provenance import provenance
 from lit_svd.figures.mounts import figures
 from lit_svd.output import save_figures, write_result
-from lit_svd.results.mounts import MountsResult
 
 
 class MountsReport(pl.Callback):
@@ -22,14 +22,11 @@ class MountsReport(pl.Callback):
         if not rows or not trainer.is_global_zero:
             return
         hp = dict(pl_module.hparams)
-        result = MountsResult(
+        result = mounts_result(
+            rows,
             model=hp.get("model"),
             config=hp,
-            n_tokens=max(r["n_tokens"] for r in rows),
-            n_site_layers=len(rows),
             tile_widths=dict(pl_module.tile_widths),
-            sites=rows,
-            **mount_tables(rows),
             provenance=provenance(trainer, pl_module),
         )
         write_result(trainer, result)
