@@ -1,6 +1,10 @@
 """lit_svd: singular-vector interpretability of transformers, on PyTorch Lightning."""
 
+from pathlib import Path
+
 __version__ = "0.2.0.dev0"
+PROG = "python -m lit_svd"  # the command line's name in usage lines, hints and provenance
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # the shipped configs: configs/<method>/<name>.yaml
 
 # The Python API (lit_svd/api.py), imported on first use so that `import lit_svd` stays cheap:
 # ls.sad, ls.masks, ls.mounts, ls.directions, ls.run, ls.load, ls.method and every method of api.METHODS.

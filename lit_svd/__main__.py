@@ -6,7 +6,8 @@ if __name__ == "__main__":
 
         report(sys.argv[2:])
     else:
-        from lit_svd.cli import PROG, main
+        from lit_svd import PROG
+        from lit_svd.cli import main
 
         sys.argv[0] = PROG  # usage lines read "python -m lit_svd ...", not "__main__.py"
         main()

@@ -9,7 +9,7 @@
     ls.run("configs/toy/single_pair.yaml", max_steps=100)    # any config file, any key overridden
 
 Every call builds the arguments of ``python -m lit_svd <fit|test> --config <configs/<method>/...yaml> ...``
-and runs ``lit_svd.cli.LitSVDCLI`` on them (the same parser, checks, module, data module, report callback and
+and runs ``lit_svd.cli_lightning.LitSVDCLI`` on them (the same parser, checks, module, data module, report callback and
 Trainer as the command line), then reads the run's results.json back through ``lit_svd.runs``. So the API
 and the CLI write the same results.json (tests/test_api.py compares them).
 
@@ -43,12 +43,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # as lit_svd.cli.CONFIGS (not imported: cheap import)
+from lit_svd import CONFIGS, PROG
+
 GENERIC = "smollm2"  # the configs used, with the model overridden, for a model without its own
 PREFIXES = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3_270m", "gpt2": "gpt2"}
 TOP_LEVEL = ("seed_everything", "threads", "ckpt_path")
 TINY = "tiny-"
-PROG = "python -m lit_svd"  # as lit_svd.cli.PROG
 
 
 @dataclass(frozen=True)
@@ -262,49 +262,29 @@ def _local_text(config: dict, keys: dict) -> dict:
 
 # --- running -----------------------------------------------------------------------------------------------
 def run_cli(args: list[str]) -> Path:
-    """Run ``python -m lit_svd ARGS`` in this process (``lit_svd.cli.LitSVDCLI``, as ``cli.main``) and return
-    the run folder. A configuration error raises ValueError in one line (the CLI's message). While it runs,
+    """Run ``python -m lit_svd ARGS`` in this process (``cli_lightning.lightning_cli``, as ``cli.main``) and
+    return the run folder. A configuration error raises ValueError in one line (the CLI's message). While it runs,
     ``sys.argv`` is that command line, so the result's provenance records the command that reproduces it.
     One process: a multi-device (DDP) run is the command line's (Lightning relaunches ``sys.argv``)."""
     from jsonargparse import ArgumentError
-    from lightning.pytorch import LightningDataModule, LightningModule
 
-    import lit_svd.callbacks  # noqa: F401  (short class_path names, as cli.main)
-    import lit_svd.datamodules  # noqa: F401
-    import lit_svd.modules  # noqa: F401
-    from lit_svd.cli import (
-        LitSVDCLI,
-        OneLineErrorParser,
-        _debug,
-        _is_user_error,
-        one_line_error,
-        quiet,
-        root_error,
-        user_message,
-    )
+    from lit_svd.cli import quiet
+    from lit_svd.cli_lightning import is_user_error, lightning_cli
+    from lit_svd.errors import debug, one_line_error, root_error, user_message
     from lit_svd.output import run_dir
 
     argv, sys.argv = sys.argv, [PROG, *args]  # the provenance's command: the CLI command that reproduces the run
     with warnings.catch_warnings():
-        if not _debug():
+        if not debug():
             quiet()
         try:
-            cli = LitSVDCLI(
-                LightningModule,
-                LightningDataModule,
-                subclass_mode_model=True,
-                subclass_mode_data=True,
-                parser_class=OneLineErrorParser,
-                save_config_kwargs={"overwrite": True},
-                parser_kwargs={"exit_on_error": False},
-                args=list(args),
-            )
+            cli = lightning_cli(list(args), exit_on_error=False)
         except ArgumentError as err:
-            if _debug():
+            if debug():
                 raise
             raise ValueError(one_line_error(str(err))) from None
         except Exception as err:
-            if _debug() or not _is_user_error(err):
+            if debug() or not is_user_error(err):
                 raise
             message = user_message(err)[0].removeprefix("error: ")
             kind = FileNotFoundError if isinstance(root_error(err), FileNotFoundError) else ValueError

@@ -3,25 +3,160 @@
 ``LitSVDCLI`` builds the data module before the model (data-config errors do not wait for a model load),
 applies ``--threads``, warns when CPU processes oversubscribe the cores, checks model and tokenizer names
 before anything loads, resolves ``--ckpt_path last`` and adds the step progress bar.
-``OneLineErrorParser`` prints parse errors in the two-line form of ``lit_svd.errors``.
+``OneLineErrorParser`` prints parse errors in the two-line form of ``lit_svd.errors``. ``lightning_cli`` runs
+it (for ``cli.main`` and the API's ``run_cli``); ``is_user_error`` tells an error a user fixes from a bug.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+from pathlib import Path
 
+from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lit_svd.cli import (
-    PROG,
-    RawEpilogFormatter,
-    check_module_config,
-    check_names,
-    experiments_help,
-    last_checkpoint,
-    warn_oversubscription,
-)
-from lit_svd.errors import ConfigError, debug, one_line_error, user_message
+from lit_svd import CONFIGS, PROG
+from lit_svd.errors import ConfigError, debug, one_line_error, root_error, user_message
+
+
+def lightning_cli(args: list[str] | None, **parser_kwargs) -> LitSVDCLI:
+    """Run the LightningCLI on ``args`` (None: ``sys.argv``), the package's classes known by short name."""
+    import lit_svd.callbacks  # noqa: F401  (register the package's classes: short class_path names resolve)
+    import lit_svd.datamodules  # noqa: F401
+    import lit_svd.modules  # noqa: F401
+
+    return LitSVDCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        parser_class=OneLineErrorParser,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs=parser_kwargs,
+        args=args,
+    )
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Errors a user fixes by changing the configuration or the input (else: a traceback, a bug)."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from lit_svd.models.loading import ModelUnavailableError
+
+    return isinstance(
+        root_error(err),
+        (ValueError, ModelUnavailableError, MisconfigurationException, FileNotFoundError, FloatingPointError),
+    )
+
+
+# --- checks before anything is built -----------------------------------------------------------------------
+def check_names(cfg) -> None:
+    """Model and tokenizer names that cannot be had fail before anything is built (offline: no network)."""
+    from lit_svd.model_names import check_available
+
+    for group, key in (("model", "model"), ("data", "tokenizer")):
+        args = (cfg.get(group) or {}).get("init_args") or {}
+        name = args.get(key) if hasattr(args, "get") else None
+        if isinstance(name, str):
+            check_available(name, key, args.get("revision"))
+
+
+def _init_args(section) -> dict:
+    args = (section or {}).get("init_args") if hasattr(section or {}, "get") else None
+    if args is None:
+        return {}
+    return dict(args.as_dict() if hasattr(args, "as_dict") else args)
+
+
+def check_module_config(cfg) -> None:
+    """A module class may check its options against the model (its config, its tokenizer: not its weights) and
+    the data before anything is built: ``check_config(model_args, data_args)`` (a static- or classmethod taking
+    the ``init_args`` of ``model`` and ``data``), raising a one-line ValueError."""
+    import importlib
+
+    model = cfg.get("model") or {}
+    path = model.get("class_path") if hasattr(model, "get") else None
+    if not isinstance(path, str) or "." not in path:
+        return
+    module, _, name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return  # jsonargparse reports an unknown class itself
+    check = getattr(cls, "check_config", None)
+    if callable(check):
+        check(_init_args(model), _init_args(cfg.get("data")))
+
+
+def warn_oversubscription(trainer: dict) -> None:
+    """One warning line when more CPU processes are asked for than there are cores (then the run goes on)."""
+    devices, accelerator = trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto"))
+    devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
+    if accelerator not in ("cpu", "auto") or not isinstance(devices, int) or os.environ.get("LOCAL_RANK", "0") != "0":
+        return  # (DDP workers re-run the command line: only the launching process warns)
+    if accelerator == "auto":
+        import torch
+
+        if torch.cuda.is_available():
+            return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if devices > cores:
+        print(
+            f"warning: trainer.devices={devices} CPU processes on {cores} cores oversubscribe the machine"
+            f" (each step waits for the slowest); use --trainer.devices {cores} or fewer",
+            file=sys.stderr,
+        )
+
+
+def last_checkpoint(root: str | os.PathLike | None) -> Path:
+    """The newest ``last.ckpt`` of the runs under ``root`` (``--ckpt_path last``; None: ./lightning_logs)."""
+    base = Path(root) if root else Path.cwd()
+    found = sorted(
+        base.glob("**/checkpoints/last*.ckpt" if root else "lightning_logs/*/checkpoints/last*.ckpt"),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if not found:
+        raise ConfigError(
+            f"ckpt_path=last: no checkpoints/last.ckpt under {str(base)!r}\n"
+            "hint: resume with the same --trainer.default_root_dir as the interrupted run, or give a"
+            " .ckpt path"
+        )
+    return found[-1]
+
+
+def experiments_help() -> str:
+    """One line per shipped config (configs/<method>/<name>.yaml): subcommand, path, its first comment sentence."""
+    if not CONFIGS.is_dir():
+        return ""
+    lines = [f"experiments (run one as: {PROG} <subcommand> --config <path>; any key can be overridden):"]
+    for method in sorted(p for p in CONFIGS.iterdir() if p.is_dir()):
+        for cfg in sorted(method.glob("*.yaml")):
+            text = cfg.read_text()
+            about = next((ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("#")), "")
+            about = re.split(r"\. | \(needs", about)[0].rstrip(".,")
+            about = about if len(about) <= 72 else about[:69].rsplit(" ", 1)[0] + " ..."
+            command = "fit " if "max_steps" in text else "test"
+            lines.append(f"  {command} {cfg.relative_to(CONFIGS.parent)!s:<38} {about}")
+    lines += [
+        "",
+        "subcommands: fit (train, then report), validate, test (analyse a frozen model), predict.",
+        f"`{PROG} fit --help` lists every option; `{PROG} fit --model.help CLASS` one module's arguments;",
+        "--debug (or LIT_SVD_DEBUG=1) shows tracebacks; --threads N sets torch's CPU threads.",
+    ]
+    return "\n".join(lines)
+
+
+class RawEpilogFormatter(DefaultHelpFormatter):
+    """Keeps the epilog's lines (the experiment table) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
+# --- the CLI ---------------------------------------------------------------------------------------------
 
 
 class OneLineErrorParser(LightningArgumentParser):

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_svd import PROG
 from lit_svd.errors import ConfigError, debug, fail, fail_with, one_line_error
 
 PACKAGE = Path(__file__).resolve().parent
-PROG = "python -m lit_svd"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 GROUPS = {"model": "modules", "data": "datamodules"}  # group -> subpackage whose __init__ names its classes
 _SKIP = ("-h", "--help", "--print_config", "--version")

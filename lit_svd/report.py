@@ -171,7 +171,7 @@ def run_step(step: Step, model: str, out: Path, quick: bool, threads: int | None
 
 def two_lines(err: BaseException) -> list[str]:
     """An error as the CLI shows it: the message, then a hint."""
-    from lit_svd.cli import user_message
+    from lit_svd.errors import user_message
 
     return user_message(err)
 

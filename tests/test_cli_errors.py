@@ -163,7 +163,7 @@ def test_missing_text_path_fails_before_the_model_loads(tmp_path):
 def test_devices_beyond_the_cores_warn_in_one_line_then_run(capsys):
     from lightning.pytorch import LightningDataModule, LightningModule
 
-    from lit_svd.cli import LitSVDCLI
+    from lit_svd.cli_lightning import LitSVDCLI
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cli = LitSVDCLI(

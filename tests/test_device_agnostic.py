@@ -179,7 +179,7 @@ def test_every_config_parses_with_gpu_devices(config, tiny_dirs):
     Hub-only models are swapped for a local tiny one (the CLI checks names before parsing further)."""
     from lightning.pytorch import LightningDataModule, LightningModule
 
-    from lit_svd.cli import LitSVDCLI
+    from lit_svd.cli_lightning import LitSVDCLI
 
     class ParseOnly(LitSVDCLI):
         def instantiate_classes(self) -> None:  # no model, data or trainer: parsing is what is checked

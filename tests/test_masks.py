@@ -433,7 +433,7 @@ def test_configs_instantiate_with_tiny_models(config, tiny_dirs, tokenizer):
     import yaml
     from lightning.pytorch import LightningDataModule, LightningModule
 
-    from lit_svd.cli import LitSVDCLI
+    from lit_svd.cli_lightning import LitSVDCLI
 
     arch = (
         "gpt_neox"

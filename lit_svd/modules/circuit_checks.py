@@ -1,6 +1,6 @@
 """The circuit graph's options checked against the model and the task **before the model loads** (issue 24):
 the CLI calls a module class's ``check_config(model_args, data_args)`` before it builds anything
-(``cli.check_module_config``); ``CircuitGraphModule.check_config`` is ``check_circuit_config``.
+(``cli_lightning.check_module_config``); ``CircuitGraphModule.check_config`` is ``check_circuit_config``.
 
 What needs the model is read without its weights: the number of layers from its config
 (``models.loading.load_config``), the tokenizer (``load_tokenizer``). Each failure is one line naming the key,
