@@ -686,7 +686,9 @@ def test_mask_thresholds_recuts_a_finished_run_and_chooses_on_validation(tiny_di
     assert 0 < rows[0.3]["kept_fraction"] < 1  # the run pruned something
     for split in ("val", "test"):
         assert rows[0.3][split]["kl_hard"] == pytest.approx(res["splits"][split]["kl_hard"], rel=1e-4, abs=1e-7)
-        assert rows[0.3][split]["kl_soft"] == pytest.approx(res["splits"][split]["kl_soft"], rel=1e-4, abs=1e-7)
+        # the soft KL comes by another path in the run than in the tool: float32 KL of near-equal distributions
+        # (7e-4 here) carries ~1e-7 of absolute noise (0.9e-7 measured; 1.05e-7 after a rounding-level change)
+        assert rows[0.3][split]["kl_soft"] == pytest.approx(res["splits"][split]["kl_soft"], rel=1e-4, abs=3e-7)
         assert rows[low][split]["kl_hard"] == pytest.approx(0.0, abs=1e-6)
     assert tool["chosen"]["threshold"] == 0.9  # every threshold qualifies: the sparsest
     assert (tmp_path / "cut" / "mask_thresholds.png").stat().st_size > 1000
