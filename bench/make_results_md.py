@@ -124,8 +124,21 @@ def faithfulness(d: dict) -> tuple[str, str]:
     return head, f"random rankings: CPR {_f(r['cpr_mean'], 3)} +- {_f(r['cpr_std'], 2)} ({r['seeds']} seeds)"
 
 
+def tiled_mounts(d: dict) -> tuple[str, str]:
+    found = [
+        f"{site} {check}"
+        for site, checks in (d.get("discriminating") or {}).items()
+        for check, yes in checks.items()
+        if yes
+    ]
+    head = f"{d['model']}: {d['n_pass']}/{d['n_site_layers']} site-layers pass every check ({d['n_tokens']} tokens)"
+    null = f"structureless null (same spectra, Haar vectors): {d.get('n_pass_null')}/{d['n_site_layers']}"
+    return head, f"{null}; checks where real beats null (Fisher, 5 %): {', '.join(found) or 'none'}"
+
+
 HEADLINES = {
     "toy_alignment": toy_alignment,
+    "tiled_mounts": tiled_mounts,
     "sad": sad,
     "evaluate": evaluate,
     "circuit_graph": circuit_graph,
@@ -137,6 +150,7 @@ TITLES = {
     "toy_alignment": "Toy SVF alignment ([toy.md](toy.md))",
     "sad": "Sparse attention decomposition ([sad.md](sad.md))",
     "evaluate": "Task evaluation ([data.md](data.md))",
+    "tiled_mounts": "Tiled-SVD mounts ([mounts.md](mounts.md), [scale.md](scale.md))",
 }
 
 # README figures whose runs were not stored (their numbers stay in the pages, marked as earlier runs).
