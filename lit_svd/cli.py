@@ -20,8 +20,7 @@ import os
 import sys
 import warnings
 
-from lit_svd.errors import DEBUG_ENV, user_message
-from lit_svd.errors import debug as _debug
+from lit_svd.errors import DEBUG_ENV, debug, user_message
 
 
 # --- entry point ---------------------------------------------------------------------------------------
@@ -55,7 +54,7 @@ def main(args: list[str] | None = None):
     from lit_svd.config_check import check_command_line
 
     check_command_line(argv[1:] if args is None else argv)  # exits in two lines on an error it finds
-    if not _debug():
+    if not debug():
         quiet()
     from lit_svd.cli_lightning import is_user_error, lightning_cli
 
@@ -64,7 +63,7 @@ def main(args: list[str] | None = None):
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:
-        if _debug() or not is_user_error(err):
+        if debug() or not is_user_error(err):
             raise
         print("\n".join(user_message(err)), file=sys.stderr)
         sys.exit(2)

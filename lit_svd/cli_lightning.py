@@ -157,8 +157,6 @@ class RawEpilogFormatter(DefaultHelpFormatter):
 
 
 # --- the CLI ---------------------------------------------------------------------------------------------
-
-
 class OneLineErrorParser(LightningArgumentParser):
     """Parse errors as one line instead of the usage block and a nested report."""
 
