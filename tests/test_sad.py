@@ -17,7 +17,7 @@ from lit_svd.analysis.sad import (
     scores,
     select_pairs,
 )
-from lit_svd.linalg import rolls_tovee_sparsity
+from lit_svd.linalg import haar_orthogonal, rolls_tovee_sparsity
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 
@@ -118,6 +118,10 @@ def test_rotated_control_sums_exactly_and_differs(rotary):
     c = relative(direction_terms(x, x, qk, U), vis)
     assert (c - c_rot).abs().max() > 1e-3
     torch.testing.assert_close(rotated_bases(U, seed=3), U_rot, rtol=0, atol=0)  # seeded: same on every rank
+    # another orthonormal basis of the same span (signs flipped, columns mixed: what another BLAS build may return)
+    P = haar_orthogonal(U.shape[-1], U.shape[0], generator=torch.Generator().manual_seed(1), dtype=U.dtype)
+    torch.testing.assert_close(rotated_bases(U @ P, seed=3), U_rot, **TOL)
+    assert (rotated_bases(U, seed=4) - U_rot).abs().max() > 1e-3  # the seed matters
 
 
 def test_visibility_rule():

@@ -16,8 +16,9 @@ augmented residual inputs ``x~ = [1, x]`` (bias row first, as in ``ModelView.qk`
 * ``N_recon``: the fewest directions, in decreasing order of ``c_k``, whose running sum reaches
   ``l~ - tol * sum_k |c_k|``; the default ``tol = 1e-4`` only absorbs float rounding, so this is the
   earlier code's 100 % rule;
-* control: the same decomposition in the rotated basis ``U Q`` with ``Q`` Haar-random ``[k, k]``
-  (a rotation *within* the head's singular subspace, so the terms still sum exactly to ``l~``).
+* control: the same decomposition in a Haar-random basis of the same span (``rotated_bases``: the law of ``U Q``
+  with ``Q`` Haar-random ``[k, k]``), a rotation *within* the head's singular subspace, so the terms still sum
+  exactly to ``l~``.
 
 Heads with query / key norms (Gemma-3 ``q_norm`` / ``k_norm``): the model's score is
 ``l(d, s) = f_q(d) f_k(s) rope(x~_d A_q, d) . rope(x~_s A_k, s)`` with the norms' gains folded into
@@ -45,7 +46,7 @@ import torch
 from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
-from lit_svd.linalg import REL_GAP, SVD, direction_blocks, haar_orthogonal, rolls_tovee_sparsity, svd_factored
+from lit_svd.linalg import REL_GAP, SVD, direction_blocks, rolls_tovee_sparsity, svd_factored
 from lit_svd.models.base import ModelView, augment_inputs, inverse_rms  # [1, x]; per-head norm factors
 from lit_svd.models.hooks import capture
 
@@ -201,16 +202,24 @@ def attention_window(view: ModelView, layer: int) -> int | None:
 def rotated_bases(
     U: Float[Tensor, "h D k"], seed: int = 0, head_ids: list[int] | None = None
 ) -> Float[Tensor, "h D k"]:
-    """The control basis ``U Q`` per head, ``Q`` Haar-random ``[k, k]``, drawn for each head from
-    ``(seed, head id)`` alone: the same on every rank, whichever other heads are analysed."""
+    """The control basis per head: a Haar-random orthonormal basis of the span of ``U`` (the orthonormalised
+    projection ``U U^T G`` of a Gaussian ``G: [D, k]`` drawn from ``(seed, head id)`` alone: the same on every rank,
+    whichever other heads are analysed). Its law is that of ``U Q`` with ``Q`` Haar ``[k, k]``, but it depends only
+    on the span of ``U``, not on which orthonormal basis of it the SVD returned: a singular vector's sign, or a
+    rotation inside a block of near-equal singular values, that another BLAS build picks differently leaves the
+    control unchanged."""
     head_ids = list(range(U.shape[0])) if head_ids is None else list(head_ids)
-    Q = torch.stack(
+    D, k = U.shape[-2:]
+    G = torch.stack(
         [
-            haar_orthogonal(U.shape[-1], generator=torch.Generator().manual_seed(seed * 1_000_003 + h), dtype=U.dtype)
+            torch.randn(D, k, generator=torch.Generator().manual_seed(seed * 1_000_003 + h), dtype=torch.float64)
             for h in head_ids
         ]
     ).to(U.device)
-    return U @ Q
+    U64 = U.to(torch.float64)
+    Q, R = torch.linalg.qr(U64 @ (U64.mT @ G))
+    Q = Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
+    return Q.to(U.dtype)
 
 
 def causal_visibility(attention_mask: Shaped[Tensor, "B T"], window: int | None = None) -> Bool[Tensor, "B T T"]:
