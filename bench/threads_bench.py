@@ -46,18 +46,25 @@ def run_together(commands: list[list[str]], env: dict, logs: Path) -> list[tuple
     output in ``logs``/<i>.log, the last lines printed when it fails)."""
     logs.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    procs = {}
-    for i, c in enumerate(commands):
-        with open(logs / f"{i}.log", "w") as log:
-            procs[subprocess.Popen(c, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).pid] = i
+    started: dict[int, subprocess.Popen] = {}
     out: dict[int, tuple[float, float, int]] = {}
-    while len(out) < len(commands):
-        pid, status, usage = os.wait4(-1, 0)
-        if pid in procs:
-            code = os.waitstatus_to_exitcode(status)
-            out[procs[pid]] = (time.monotonic() - start, usage.ru_utime + usage.ru_stime, code)
-            if code:
-                print((logs / f"{procs[pid]}.log").read_text()[-2000:], file=sys.stderr)
+    try:
+        for i, c in enumerate(commands):
+            with open(logs / f"{i}.log", "w") as log:
+                started[i] = subprocess.Popen(c, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        index = {p.pid: i for i, p in started.items()}
+        while len(out) < len(commands):
+            pid, status, usage = os.wait4(-1, 0)
+            if pid in index:
+                code = os.waitstatus_to_exitcode(status)
+                started[index[pid]].returncode = code  # reaped here: Popen must not wait for it again
+                out[index[pid]] = (time.monotonic() - start, usage.ru_utime + usage.ru_stime, code)
+                if code:
+                    print((logs / f"{index[pid]}.log").read_text()[-2000:], file=sys.stderr)
+    finally:  # interrupted: the runs do not outlive the bench
+        for i, p in started.items():
+            if i not in out:
+                p.kill()
     return [out[i] for i in range(len(commands))]
 
 
