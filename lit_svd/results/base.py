@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lit_svd.output import csv_text, to_jsonable, write_text
-from lit_svd.results.show import pick, short_repr
+from lit_svd.results.show import pick, result_html, short_repr
 
 SCHEMA_VERSION = 1
 _MISSING = dataclasses.MISSING
@@ -148,7 +148,7 @@ class Result:
 
     provenance: Provenance | None = doc_field("what produced the result (Provenance)", None)
     extra: dict = doc_field("results.json keys this type does not know, kept as read", dict)
-    folder: Path | None = field(default=None, compare=False, metadata={"doc": "the run folder it was read from"})
+    folder: Path | None = field(default=None, compare=False, metadata={"doc": "the run folder read from or saved to"})
 
     # --- the fields ------------------------------------------------------------------------------------
     @classmethod
@@ -276,8 +276,8 @@ class Result:
         model, task, source = (getattr(self, k, None) for k in ("model", "task", "source"))
         if not task and self.provenance is not None:
             task = pick(self.provenance, ("config/data/init_args/task",)).get("task")
-        parts = [str(model) if model else (f"run {source}" if source else "")]
-        return ", ".join(p for p in (*parts, f"task {task}" if task else "") if p)
+        parts = [str(model) if model else f"run {source}" if source else "", f"task {task}" if task else ""]
+        return ", ".join(p for p in parts if p)
 
     def __repr__(self) -> str:
         return short_repr(self)
@@ -291,8 +291,6 @@ class Result:
 
     def _repr_html_(self) -> str:
         """Jupyter's display: ``lit_svd.results.show.result_html``."""
-        from lit_svd.results.show import result_html
-
         return result_html(self)
 
 
