@@ -1,8 +1,9 @@
 """The LightningCLI behind ``python -m lit_svd`` (imported by ``cli.main`` once the fast check has passed).
 
 ``LitSVDCLI`` builds the data module before the model (data-config errors do not wait for a model load),
-applies ``--threads``, warns when CPU processes oversubscribe the cores, checks model and tokenizer names
-before anything loads, resolves ``--ckpt_path last`` and adds the step progress bar.
+applies ``--threads`` (without it, the run takes its share of the cores: ``lit_svd.threads``), warns when CPU
+processes oversubscribe the cores, checks model and tokenizer names before anything loads, resolves
+``--ckpt_path last`` and adds the step progress bar.
 ``OneLineErrorParser`` prints parse errors in the two-line form of ``lit_svd.errors``. ``lightning_cli`` runs
 it (for ``cli.main`` and the API's ``run_cli``); ``is_user_error`` tells an error a user fixes from a bug.
 """
@@ -20,6 +21,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_svd import CONFIGS, PROG
 from lit_svd.errors import ConfigError, debug, one_line_error, root_error, user_message
+from lit_svd.threads import fixed_threads
 
 
 def lightning_cli(args: list[str] | None, **parser_kwargs) -> LitSVDCLI:
@@ -187,8 +189,8 @@ class LitSVDCLI(LightningCLI):
             "--threads",
             type=int | None,
             default=None,
-            help="torch CPU threads for this run (null: OMP_NUM_THREADS, else torch's default);"
-            " 1 is fastest on a shared machine",
+            help="torch CPU threads for this run (null: OMP_NUM_THREADS, else this run's share of the cores:"
+            " cores // lit_svd runs alive, re-read as runs start and end; lit_svd.threads)",
         )
         # data before model: jsonargparse instantiates groups of equal depth in the order they were added
         actions = parser._actions
@@ -199,12 +201,13 @@ class LitSVDCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         threads = cfg.get("threads")
-        if threads is not None:
-            if threads < 1:
-                raise ConfigError(f"threads={threads}: must be a positive integer or null")
+        if threads is not None and threads < 1:
+            raise ConfigError(f"threads={threads}: must be a positive integer or null")
+        self.fixed_threads = fixed_threads(threads)  # None: the run shares the cores (lit_svd.threads)
+        if self.fixed_threads is not None:
             import torch
 
-            torch.set_num_threads(threads)
+            torch.set_num_threads(self.fixed_threads)
         warn_oversubscription(cfg.get("trainer", {}))
         check_names(cfg)
         check_module_config(cfg)
@@ -227,4 +230,8 @@ class LitSVDCLI(LightningCLI):
         given = list(config.get("callbacks") or []) + list(callbacks)
         if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in given):
             callbacks = [*callbacks, StepProgressBar()]
+        if getattr(self, "fixed_threads", None) is None:
+            from lit_svd.callbacks.threads import ThreadShare
+
+            callbacks = [*callbacks, ThreadShare()]
         return super()._instantiate_trainer(config, callbacks)

@@ -75,8 +75,10 @@ class Run:
 
     @cached_property
     def result(self) -> Result:
-        """results.json as its typed result (``lit_svd.results.load_result``)."""
-        return load_result(self.content)
+        """results.json as its typed result (``lit_svd.results.load_result``), its ``folder`` the run's."""
+        result = load_result(self.content)
+        result.folder = self.folder
+        return result
 
 
 def load_run(folder: str | os.PathLike, need: Sequence[Part] = (), what: str = "run") -> Run:
