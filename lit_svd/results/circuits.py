@@ -103,9 +103,9 @@ class CircuitResult(Result):
     model: str = doc_field("the model (alias, hub name, folder or GGUF file)")
     n_prompts: int = doc_field("test prompts the graph is merged over")
     options: dict = doc_field(
-        "the builder's options: threshold (minimum |mean contribution| as a fraction of the metric gap), depth,"
-        " readers (traced reader kinds), unit (direction / block / head); the check's level, z_pass,"
-        " min_gap_fraction, n_random"
+        "the builder's options: threshold (a writer's share of a reader's sum of |contributions|), position_share"
+        " (a position's share of a kept head direction's), depth, readers (traced reader kinds), unit (direction /"
+        " block / head); the check's level, z_pass, min_gap_fraction, n_random"
     )
     metric: dict = doc_field("the task metric on the prompts: clean, corrupted, gap (= clean - corrupted)")
     counts: dict = doc_field(
