@@ -32,3 +32,9 @@ def check_choice(name: str, value: Any, options: Any, where: str = "") -> Any:
     if isinstance(value, (str, int, bool, type(None))) and value in allowed:
         return value
     raise ValueError(f"{name}={value!r} is unknown{where}; choose one of {', '.join(map(str, allowed))}")
+
+
+# the linear maps of a transformer layer, named as every view names them (``models.base.ModelView.site_module``);
+# here, below torch, so that the command line's fast check can judge a site before the model loads
+Site = Literal["q", "k", "v", "o", "gate", "up", "down"]
+SITES: tuple[Site, ...] = choices(Site)

@@ -7,9 +7,9 @@ imported), and ``threads``. A check finds an unknown option, a value of the wron
 ``Literal[...]``, a model or tokenizer name that cannot be had; it prints the same two lines as the full
 CLI (``lit_svd.errors``) and exits with code 2. Everything it cannot read with certainty (a class outside
 ``lit_svd``, an annotation naming a class, a ``class_path`` given on the command line, ``--help``,
-``--print_config``) it leaves to LightningCLI, which still checks everything, including the value checks
-inside the classes' constructors (an existing text ``path``). Value ranges written as jsonargparse's restricted
-types in a signature (``lr: PositiveFloat``) are checked here.
+``--print_config``) it leaves to LightningCLI, which still checks everything, including what the classes'
+constructors judge only once the model or the tokenizer is loaded. Value ranges written as jsonargparse's
+restricted types in a signature (``lr: PositiveFloat``) are checked here, and each class's ``options_check``.
 """
 
 from __future__ import annotations
@@ -178,6 +178,8 @@ def check_options(signature: Signature, given: dict) -> None:
         check(**kwargs)
     except ValueError as err:
         raise ConfigError(f"{err}\nhint: run again with --debug (or LIT_SVD_DEBUG=1) for the traceback") from None
+    except TypeError:  # a value of a type the signature does not judge here: the full CLI judges it
+        return
 
 
 def typed(param: Parameter, value: Any) -> Any:
@@ -189,8 +191,14 @@ def typed(param: Parameter, value: Any) -> Any:
             value = yaml.safe_load(value)
         except yaml.YAMLError:
             return str(value)
-    floats = param.annotation is float or float in typing.get_args(param.annotation)
-    return float(value) if floats and isinstance(value, int) and not isinstance(value, bool) else value
+    annotation = param.annotation
+    floats = float in typing.get_args(annotation) or inspect.isclass(annotation) and issubclass(annotation, float)
+    if floats and isinstance(value, (int, str)) and not isinstance(value, bool):
+        try:  # YAML reads 1e-3 as a string; the parser reads it as a float
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _parse_error(group: str, subcommand: str, message: str) -> None:

@@ -221,7 +221,7 @@ def task_scorer(task: str | TaskScorer) -> TaskScorer:
     """The scorer of ``task`` ("ioi", "gp", "gt" or an alias; a scorer is returned as it is)."""
     if isinstance(task, TaskScorer):
         return task
-    from lit_svd.datamodules.tasks import canonical_task
+    from lit_svd.data_options import canonical_task
 
     key = canonical_task(task)
     return ProbDiffScorer() if key == "gt" else LogitDiffScorer(key)

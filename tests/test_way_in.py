@@ -94,6 +94,67 @@ def test_bad_input_of_each_kind_fails_in_two_lines_before_torch(tmp_path, kind, 
     assert not (tmp_path / "r" / "sad").exists()  # no step started
 
 
+# one option per module and data module that only its constructor judged before (each now has its torch-free
+# ``options_check``, which the fast check runs); bench/config_errors_bench.py times these cases for docs/api.md
+MODULE_CASES = [
+    (
+        "toy",
+        ["fit", "--config", "configs/toy/single_pair.yaml", "--model.init_args.importance_decay", "2"],
+        "error: importance_decay=2.0: must lie in (0, 1]",
+    ),
+    (
+        "toy data",
+        ["fit", "--config", "configs/toy/single_pair.yaml", "--data.init_args.p", "1.5"],
+        "error: p=1.5: every activation probability must lie in (0, 1]",
+    ),
+    (
+        "mounts",
+        ["test", "--config", "configs/mounts/smollm2_wikitext.yaml", "--model.init_args.fit_fraction", "1.5"],
+        "error: fit_fraction=1.5 is not allowed: it must lie strictly between 0 and 1",
+    ),
+    (
+        "mounts layers",
+        ["test", "--config", "configs/mounts/smollm2_wikitext.yaml", "--model.init_args.layers", "[30]"],
+        "error: layers: layer 30 is out of range; the model has 30 layers (0..29)",
+    ),
+    (
+        "text data",
+        ["test", "--config", "configs/mounts/smollm2_wikitext.yaml", "--data.init_args.path", "no.txt"],
+        "error: path='no.txt' does not exist",
+    ),
+    (
+        "direction check",
+        ["test", "--config", "configs/masks/smollm2_ioi_directions.yaml", "--model.init_args.n_random", "1"],
+        "error: n_random=1: the null needs at least 2 random directions",
+    ),
+    (
+        "language model",
+        ["fit", "--config", "configs/sad/train_tiny_lm.yaml", "--model.init_args.n_heads", "3"],
+        "error: model.d_model=128 is not divisible by model.n_heads=3",
+    ),
+    (
+        "fine-tune",
+        ["fit", "--config", "configs/training/smollm2_finetune_ioi.yaml", "--model.init_args.layers", "[30]"],
+        "error: model.layers: layer 30 is out of range; the model has 30 layers (0..29)",
+    ),
+    (
+        "task data",
+        ["validate", "--config", "configs/masks/smollm2_ioi.yaml", "--data.init_args.n_test", "-1"],
+        "error: n_test=-1 is invalid; give a non-negative integer",
+    ),
+]
+
+
+@pytest.mark.parametrize("case, args, first", MODULE_CASES, ids=[c[0] for c in MODULE_CASES])
+def test_a_constructor_check_fails_in_two_lines_before_torch(case, args, first):
+    proc, wall = lit_svd(*args)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 2, proc.stderr[-2000:]  # LIGHT adds a line if torch was imported
+    assert lines[0] == first or lines[0].startswith(first), lines
+    assert lines[1].startswith("hint"), lines
+    assert wall < WALL_S, f"{case}: {wall:.1f} s"
+
+
 def test_the_tools_are_callable_from_python(tmp_path):
     import lit_svd as ls
 

@@ -32,13 +32,12 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from lit_svd.addresses import Address
-from lit_svd.choices import choices
+from lit_svd.analysis.direction_options import PATCHABLE
 from lit_svd.metrics import TaskScorer, task_scorer
 from lit_svd.models.base import ModelView
 from lit_svd.models.fanout import last_token_copies, prefix_cache
@@ -51,8 +50,6 @@ N_RANDOM = 32  # random directions per group (head) in the null, fixed before an
 MIN_GAP_FRACTION = (
     0.01  # a gap pass also needs |effect| >= 1 % of the clean - corrupted metric gap; fixed before any run
 )
-Patchable = Literal["ov", "mlp_in", "mlp_gate", "mlp_out"]
-PATCHABLE: tuple[Patchable, ...] = choices(Patchable)
 
 
 @dataclass

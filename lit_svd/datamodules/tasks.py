@@ -65,10 +65,9 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from lit_svd.data_options import canonical_task, check_task_data_options
 from lit_svd.datamodules import task_words as words
 from lit_svd.datamodules.common import ResumableTrainOrder, ShardSampler, rank_and_world, resolve_tokenizer
-
-TASK_ALIASES = {"gender_pronoun": "gp", "greater_than": "gt"}
 
 
 @dataclass(frozen=True)
@@ -316,14 +315,6 @@ class GreaterThanTask(PromptTask):
 TASKS: dict[str, type[PromptTask]] = {"ioi": IOITask, "gp": GenderPronounTask, "gt": GreaterThanTask}
 
 
-def canonical_task(task: str) -> str:
-    """ "ioi" / "gp" / "gt" for a task name or alias; one-line error otherwise."""
-    key = TASK_ALIASES.get(task, task)
-    if key not in TASKS:
-        raise ValueError(f"task={task!r} is unknown; choose one of {', '.join(list(TASKS) + list(TASK_ALIASES))}")
-    return key
-
-
 def make_task(task: str, tokenizer) -> PromptTask:
     return TASKS[canonical_task(task)](tokenizer)
 
@@ -415,6 +406,9 @@ class TaskDataModule(ResumableTrainOrder, pl.LightningDataModule):
         test_last: draw the test split after validation and train (see the module docstring).
     """
 
+    # the options judged before anything loads (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.data_options:check_task_data_options"
+
     def __init__(
         self,
         task: Literal["ioi", "gp", "gt", "gender_pronoun", "greater_than"] = "ioi",
@@ -430,12 +424,7 @@ class TaskDataModule(ResumableTrainOrder, pl.LightningDataModule):
         order_seed: int | None = None,
     ):
         super().__init__()
-        for key, value in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test), ("batch_size", batch_size)):
-            if value < 0 or (key == "batch_size" and value < 1):
-                raise ValueError(
-                    f"{key}={value} is invalid; give a {'positive' if key == 'batch_size' else 'non-negative'} integer"
-                )
-        canonical_task(task)  # fail on a bad name before loading the tokenizer
+        check_task_data_options(task, n_train, n_val, n_test, batch_size)  # before the tokenizer loads
         self.tokenizer = resolve_tokenizer(tokenizer)
         self.task = make_task(task, self.tokenizer)
         total, space = n_train + n_val + n_test, self.task.space_size

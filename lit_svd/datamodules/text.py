@@ -34,6 +34,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from lit_svd.data_options import check_text_data_options, check_text_path
 from lit_svd.datamodules.common import ResumableTrainOrder, ShardSampler, rank_and_world, resolve_tokenizer
 
 LOCAL_WIKITEXT = "../shared/data/wikitext-2/valid.txt"
@@ -41,9 +42,8 @@ LOCAL_WIKITEXT = "../shared/data/wikitext-2/valid.txt"
 
 def read_local_text(path: str) -> list[str]:
     """The texts of a file, or of every ``*.txt`` file under a folder (sorted); fails on missing or empty."""
+    check_text_path(path)
     root = Path(path)
-    if not root.exists():
-        raise ValueError(f"path={path!r} does not exist; give a text file or a folder of .txt files")
     files = sorted(root.rglob("*.txt")) if root.is_dir() else [root]
     texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
     if not any(t.strip() for t in texts):
@@ -172,6 +172,9 @@ class TextDataModule(ResumableTrainOrder, pl.LightningDataModule):
         num_workers: DataLoader workers.
     """
 
+    # the options judged before anything is read (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.data_options:check_text_data_options"
+
     def __init__(
         self,
         tokenizer: Any = "smollm2-135m",
@@ -188,14 +191,7 @@ class TextDataModule(ResumableTrainOrder, pl.LightningDataModule):
         num_workers: int = 0,
     ):
         super().__init__()
-        for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
-            if value < 1:
-                raise ValueError(f"{key}={value} is invalid; give a positive integer")
-        for key, value in (("n_tokens", n_tokens), ("val_tokens", val_tokens), ("test_tokens", test_tokens)):
-            if value < 0:
-                raise ValueError(f"{key}={value} is invalid; give an integer >= 0")
-        if n_tokens + val_tokens + test_tokens == 0:
-            raise ValueError("n_tokens, val_tokens and test_tokens are all 0; give at least one split tokens")
+        check_text_data_options(path, seq_len, n_tokens, val_tokens, test_tokens, batch_size)
         texts = read_local_text(path) if path is not None else read_hub_text(dataset, dataset_config, split)
         self.tokenizer = resolve_tokenizer(tokenizer)
         self.ids = tokenize_texts(self.tokenizer, texts)

@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from lit_svd.data_options import check_sparse_feature_options
+
 
 def stream_seed(seed: int, rank: int, worker: int = 0) -> int:
     """A 63-bit generator seed that differs for every (seed, rank, worker)."""
@@ -47,11 +49,6 @@ class SparseFeatureStream(IterableDataset):
             yield sample_sparse_features(g, self.batch_size, self.n_tokens, self.n_features, self.p)
 
 
-def _check_positive(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r}: must be a positive integer")
-
-
 class SparseFeatureDataModule(pl.LightningDataModule):
     """Sparse feature stream for ``ToyAlignmentModule``.
 
@@ -65,6 +62,9 @@ class SparseFeatureDataModule(pl.LightningDataModule):
         num_workers: DataLoader worker processes (each gets its own seed).
     """
 
+    # the options judged before anything is built (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.data_options:check_sparse_feature_options"
+
     def __init__(
         self,
         n_features: int = 20,
@@ -76,17 +76,7 @@ class SparseFeatureDataModule(pl.LightningDataModule):
         num_workers: int = 0,
     ):
         super().__init__()
-        for name, value in (("n_features", n_features), ("n_keys", n_keys), ("batch_size", batch_size)):
-            _check_positive(name, value)
-        probs = [float(p)] if isinstance(p, (int, float)) else [float(v) for v in p]
-        if isinstance(p, (list, tuple)) and n_instances not in (None, len(probs)):
-            raise ValueError(f"p has {len(probs)} values but n_instances={n_instances}; give one p per instance")
-        n_instances = len(probs) if n_instances is None else n_instances
-        _check_positive("n_instances", n_instances)
-        if not probs or any(not 0.0 < v <= 1.0 for v in probs):
-            raise ValueError(f"p={p!r}: every activation probability must lie in (0, 1]")
-        if num_workers < 0:
-            raise ValueError(f"num_workers={num_workers}: must be >= 0")
+        probs, n_instances = check_sparse_feature_options(n_features, n_keys, p, n_instances, batch_size, num_workers)
         # no save_hyperparameters: the module's hparams (seed, n_features) would clash in the logger merge
         self.n_features, self.n_keys, self.batch_size = n_features, n_keys, batch_size
         self.n_instances, self.seed, self.num_workers = n_instances, seed, num_workers

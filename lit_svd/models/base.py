@@ -42,7 +42,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from lit_svd.choices import check_choice, choices
+from lit_svd.choices import SITES, Site, check_choice, choices
 from lit_svd.linalg import FactoredABt
 from lit_svd.models.points import (  # noqa: F401  (NormPoint, PostNormPoint, HFModule: re-exported)
     ActivationCache,
@@ -53,8 +53,6 @@ from lit_svd.models.points import (  # noqa: F401  (NormPoint, PostNormPoint, HF
     run_with_cache,
 )
 
-Site = Literal["q", "k", "v", "o", "gate", "up", "down"]
-SITES: tuple[Site, ...] = choices(Site)
 NORM_POINTS: tuple[NormPoint, ...] = choices(NormPoint)
 HeadNormSite = Literal["q", "k"]
 # Where each site sits: its module and the part of that module's output that is the site (``_sites``).

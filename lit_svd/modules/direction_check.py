@@ -28,7 +28,6 @@ from lit_svd.addresses import Address
 from lit_svd.analysis.blocks import component_blocks, direction_block
 from lit_svd.analysis.causal import (
     N_RANDOM,
-    PATCHABLE,
     Probes,
     corrupted_coefficients,
     judge,
@@ -36,9 +35,9 @@ from lit_svd.analysis.causal import (
     patched_metrics,
     probe_set,
 )
+from lit_svd.analysis.direction_options import check_direction_check_options
 from lit_svd.analysis.masks import hard_masks
 from lit_svd.analysis.readouts import readouts
-from lit_svd.choices import check_choice
 from lit_svd.linalg import REL_GAP
 from lit_svd.models.intervene import Component, build_components
 from lit_svd.modules.pretrained import PretrainedLMModule, run_loading
@@ -138,6 +137,9 @@ class DirectionCheckModule(PretrainedLMModule):
         model: the model (default: the run's; its gguf_file, revision and fold_norms are the run's too).
     """
 
+    # the options judged before anything loads (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.analysis.direction_options:check_direction_check_options"
+
     def __init__(
         self,
         run: str,
@@ -152,14 +154,7 @@ class DirectionCheckModule(PretrainedLMModule):
         model: str | None = None,
         **loading,
     ):
-        for kind in kinds:
-            check_choice("kinds", kind, PATCHABLE, where=" among the kinds that can be patched")
-        if n_random < 2:
-            raise ValueError(f"n_random={n_random}: the null needs at least 2 random directions")
-        if rows_per_forward < 1:
-            raise ValueError(f"rows_per_forward={rows_per_forward}: must be >= 1")
-        if not 0 <= rel_gap < 1:
-            raise ValueError(f"rel_gap={rel_gap!r}: must be in [0, 1)")
+        check_direction_check_options(run, kinds, n_random, rows_per_forward, top_k, rel_gap)
         self.run_path = Path(run)
         state, self.claims, self.n_claimed = run_claims(self.run_path, claims, kinds, max_claims)
         super().__init__(model=model or state["model"], **run_loading(state.get("hparams", {}), loading))

@@ -7,19 +7,20 @@ is a plain Hugging Face causal LM, so ``self.view`` (``lit_svd.models.view``) re
 
 from __future__ import annotations
 
-from typing import Literal
-
 import lightning.pytorch as pl
 import torch
 from jsonargparse.typing import NonNegativeFloat, PositiveFloat
 from torch import Tensor
 
-from lit_svd.choices import check_choice, choices
-from lit_svd.models.base import SITES
+from lit_svd.analysis.language_model_options import (
+    Arch,
+    Part,
+    check_fine_tune_options,
+    check_language_model_options,
+)
+from lit_svd.choices import SITES
 from lit_svd.modules.pretrained import PretrainedLMModule
-
-Arch = Literal["gpt2", "gpt_neox"]
-ARCHS: tuple[Arch, ...] = choices(Arch)
+from lit_svd.option_checks import check_indices
 
 
 def top_k_id_map(loader, full_vocab: int, k: int) -> Tensor:
@@ -60,6 +61,9 @@ class LanguageModelModule(pl.LightningModule):
         seed: initialisation seed.
     """
 
+    # the options judged before anything is built (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.analysis.language_model_options:check_language_model_options"
+
     def __init__(
         self,
         arch: Arch = "gpt2",
@@ -77,27 +81,19 @@ class LanguageModelModule(pl.LightningModule):
         seed: int = 0,
     ):
         super().__init__()
-        check_choice("model.arch", arch, Arch)
-        for key, value in (
-            ("n_layers", n_layers),
-            ("d_model", d_model),
-            ("n_heads", n_heads),
-            ("max_positions", max_positions),
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"model.{key}={value!r} must be a positive integer")
-        if d_model % n_heads:
-            raise ValueError(f"model.d_model={d_model} is not divisible by model.n_heads={n_heads}")
-        if vocab_size is not None and vocab_size < 2:
-            raise ValueError(f"model.vocab_size={vocab_size!r} must be >= 2 (or null: the datamodule tokenizer's)")
-        if vocab_top_k is not None and (not isinstance(vocab_top_k, int) or vocab_top_k < 1):
-            raise ValueError(f"model.vocab_top_k={vocab_top_k!r} must be a positive integer or null")
-        if not 0.0 < rotary_pct <= 1.0:
-            raise ValueError(f"model.rotary_pct={rotary_pct!r} must lie in (0, 1]")
-        if not lr > 0 or weight_decay < 0 or warmup_steps < 0:
-            raise ValueError(
-                f"model.lr={lr!r} must be > 0, weight_decay={weight_decay!r} and warmup_steps={warmup_steps!r} >= 0"
-            )
+        check_language_model_options(
+            arch,
+            n_layers,
+            d_model,
+            n_heads,
+            max_positions,
+            vocab_size,
+            vocab_top_k,
+            rotary_pct,
+            lr,
+            weight_decay,
+            warmup_steps,
+        )
         self.save_hyperparameters()
         self.lm = None
         self._view = None
@@ -192,7 +188,6 @@ def with_warmup(opt: torch.optim.Optimizer, warmup_steps: int) -> dict:
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-Part = Literal["all", "attention", "mlp"]
 PART_SITES: dict[Part, tuple[str, ...]] = {
     "all": SITES,
     "attention": ("q", "k", "v", "o"),
@@ -219,6 +214,8 @@ class FineTuneLMModule(PretrainedLMModule):
     """
 
     shares_model = False  # trains: its weights are its own
+    # the options judged before anything loads (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.analysis.language_model_options:check_fine_tune_options"
 
     def __init__(
         self,
@@ -229,15 +226,12 @@ class FineTuneLMModule(PretrainedLMModule):
         warmup_steps: int = 10,
         **loading,
     ):
-        check_choice("model.trainable", trainable, Part)
-        if not lr > 0 or weight_decay < 0 or warmup_steps < 0:
-            raise ValueError(
-                f"model.lr={lr!r} must be > 0, weight_decay={weight_decay!r} and warmup_steps={warmup_steps!r} >= 0"
-            )
+        check_fine_tune_options(trainable, layers, lr, weight_decay, warmup_steps)
         super().__init__(**loading)
         self.save_hyperparameters()
         v = self.view
-        self.train_layers = list(range(v.n_layers)) if layers is None else [v.check_layer(int(l)) for l in layers]
+        check_indices("model.layers", "layer", layers or (), v.n_layers)
+        self.train_layers = list(range(v.n_layers)) if layers is None else [int(l) for l in layers]
         sites = [s for s in PART_SITES[trainable] if s != "gate" or v.gated_mlp]
         for l in self.train_layers:
             for s in sites:

@@ -39,11 +39,13 @@ from tqdm.auto import tqdm
 
 from lit_svd.analysis import mounts as M
 from lit_svd.analysis.mounts import RESIDUAL_SITES
+from lit_svd.analysis.mounts_options import check_mounts_options
 from lit_svd.choices import check_choice
 from lit_svd.models.base import SITES
 from lit_svd.models.hooks import Hook, first_input, hooks
 from lit_svd.models.layer_passes import layer_groups, pass_bounds, run_blocks
 from lit_svd.modules.pretrained import PretrainedLMModule
+from lit_svd.option_checks import check_indices
 
 DEFAULT_TILE_WIDTHS = M.PAPER_TILE_WIDTHS  # "fixed": the paper's absolute widths
 NULL_SEED, NULL_LAYER_STRIDE = M.NULL_SEED, M.NULL_LAYER_STRIDE  # the null of (layer, site): M.null_seed
@@ -121,6 +123,9 @@ class MountsAnalysisModule(PretrainedLMModule):
             holds one group's plans and sums (SmolLM2: about 0.15 GB a layer), the table does not change.
     """
 
+    # the options judged before anything loads (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.analysis.mounts_options:check_mounts_options"
+
     def __init__(
         self,
         sites: list[str] | None = None,
@@ -144,30 +149,30 @@ class MountsAnalysisModule(PretrainedLMModule):
         layers_per_pass: int | None = None,
         **loading,
     ):
+        check_mounts_options(
+            sites,
+            layers,
+            modes_per_tile,
+            modes_sweep,
+            k_active,
+            fit_fraction,
+            steer_mounts,
+            steer_texts,
+            steer_tokens,
+            steer_positions,
+            null_stride,
+            layers_per_pass,
+        )
         super().__init__(**loading)
         self.save_hyperparameters()
         view = self.view
         self.sites = list(sites) if sites is not None else [s for s in SITES if s != "gate" or view.gated_mlp]
         for s in self.sites:
             view.check_site(s)
-        layers = range(view.n_layers) if layers is None else [view.check_layer(int(l)) for l in layers]
+        check_indices("layers", "layer", layers or (), view.n_layers)
+        layers = range(view.n_layers) if layers is None else [int(l) for l in layers]
         self.passes = layer_groups(list(layers), layers_per_pass)  # groups of sorted layers, one per pass
         self.layers = [l for group in self.passes for l in group]
-        if not 0.0 < fit_fraction < 1.0:
-            raise ValueError(f"fit_fraction={fit_fraction!r} is not allowed: it must lie strictly between 0 and 1")
-        for key, value in (
-            ("steer_mounts", steer_mounts),
-            ("steer_texts", steer_texts),
-            ("steer_tokens", steer_tokens),
-            ("null_stride", null_stride),
-        ):
-            if int(value) <= 0:
-                raise ValueError(f"{key}={value!r} is not allowed: it must be a positive integer")
-        if steer_positions not in ("last", "all"):
-            raise ValueError(
-                f"steer_positions={steer_positions!r} is not allowed; choose 'last' (steer the read-out"
-                " token, prefix cached) or 'all' (every position, a full forward per mount)"
-            )
         self.rules = M.MountRules.from_dict(rules)
         self.effective = {s for s in ("v", "up") if effective_paths and s in self.sites}
         if "up" in self.effective and not view.gated_mlp:

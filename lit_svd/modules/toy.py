@@ -14,7 +14,6 @@ chosen interference ||E_X||_2 (``toy_features``) and only W_Q, W_K train (the lo
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import lightning.pytorch as pl
@@ -24,54 +23,10 @@ from jsonargparse.typing import NonNegativeFloat, PositiveFloat
 from torch import Tensor, nn
 
 from lit_svd.analysis.alignment import omega_svd
+from lit_svd.analysis.toy_options import check_toy_options
 from lit_svd.linalg import SVD
 from lit_svd.modules.toy_features import features_with_interference
 from lit_svd.modules.toy_templates import build_template, template_pairs
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r}: must be a positive integer")
-
-
-def per_instance(name: str, value: Any, n: int) -> list:
-    """A scalar repeated n times, or a list that must have n entries."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise ValueError(f"{name} has {len(value)} values but n_instances={n}; give one or one per instance")
-        return list(value)
-    return [value] * n
-
-
-GRID_KEYS = ("d_model", "d_head", "interference", "lambda_attn")
-
-
-def expand_grid(grid: dict[str, list], n_seeds: int, seed: int) -> dict[str, list]:
-    """Per-instance lists for every combination of the ``grid`` values (first key slowest), each repeated
-    for ``n_seeds`` seeds ``seed .. seed + n_seeds - 1`` (the same seeds in every cell)."""
-    bad = set(grid) - set(GRID_KEYS)
-    if bad:
-        raise ValueError(f"grid keys {sorted(bad)}: allowed are {', '.join(GRID_KEYS)}")
-    _positive_int("grid_seeds", n_seeds)
-    keys = list(grid)
-    for k in keys:
-        if not isinstance(grid[k], (list, tuple)) or not grid[k]:
-            raise ValueError(f"grid.{k}={grid[k]!r}: must be a non-empty list")
-    cells = list(itertools.product(*(grid[k] for k in keys)))
-    out = {k: [c[i] for c in cells for _ in range(n_seeds)] for i, k in enumerate(keys)}
-    out["seeds"] = [seed + j for _ in cells for j in range(n_seeds)]
-    return out
-
-
-def infer_n_instances(n_instances: int | None, **lists: Any) -> int:
-    """``n_instances`` if given, else the length of the per-instance lists (which must agree), else 1."""
-    lengths = {k: len(v) for k, v in lists.items() if isinstance(v, (list, tuple))}
-    if n_instances is None:
-        if len(set(lengths.values())) > 1:
-            raise ValueError(f"per-instance lists disagree in length: {lengths}; set n_instances")
-        n_instances = next(iter(lengths.values()), 1)
-    _positive_int("n_instances", n_instances)
-    return n_instances
 
 
 class ToyAlignmentModule(pl.LightningModule):
@@ -102,6 +57,9 @@ class ToyAlignmentModule(pl.LightningModule):
         weight_decay: AdamW weight decay, on W_Q and W_K only.
     """
 
+    # the options judged before anything is built (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.analysis.toy_options:check_toy_options"
+
     def __init__(
         self,
         n_features: int = 20,
@@ -124,53 +82,31 @@ class ToyAlignmentModule(pl.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        _positive_int("n_features", n_features)
-        if grid is not None:
-            given = {
-                "d_model": d_model,
-                "d_head": d_head,
-                "interference": interference,
-                "lambda_attn": lambda_attn,
-                "seeds": seeds,
-            }
-            expanded = expand_grid(grid, grid_seeds, seed)
-            for k in expanded:
-                if isinstance(given[k], (list, tuple)):
-                    raise ValueError(f"{k} is given as a list and by grid; give it in one place")
-            d_model = expanded.get("d_model", d_model)
-            d_head = expanded.get("d_head", d_head)
-            interference = expanded.get("interference", interference)
-            lambda_attn = expanded.get("lambda_attn", lambda_attn)
-            seeds, n_instances = expanded["seeds"], len(expanded["seeds"])
-        n = infer_n_instances(
-            n_instances, d_model=d_model, d_head=d_head, lambda_attn=lambda_attn, seeds=seeds, interference=interference
+        # the options' checks (the command line's fast check runs the same function before torch is imported)
+        inst = check_toy_options(
+            n_features,
+            d_model,
+            d_head,
+            lambda_attn,
+            temperature,
+            n_instances,
+            seed,
+            seeds,
+            importance_decay,
+            frozen_features,
+            interference,
+            init_scale,
+            lr,
+            weight_decay,
+            grid,
+            grid_seeds,
         )
-        dims = per_instance("d_model", d_model, n)
-        heads = list(dims) if d_head is None else per_instance("d_head", d_head, n)
-        for name, values in (("d_model", dims), ("d_head", heads)):
-            for v in values:
-                _positive_int(name, v)
-        lambdas = [float(v) for v in per_instance("lambda_attn", lambda_attn, n)]
-        if any(v < 0 for v in lambdas):
-            raise ValueError(f"lambda_attn={lambda_attn!r}: must be >= 0")
-        for name, v in (("temperature", temperature), ("lr", lr), ("init_scale", init_scale)):
-            if not v > 0:
-                raise ValueError(f"{name}={v!r}: must be > 0")
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay={weight_decay!r}: must be >= 0")
-        if not 0 < importance_decay <= 1:
-            raise ValueError(f"importance_decay={importance_decay!r}: must lie in (0, 1]")
-        if frozen_features and interference is None:
-            raise ValueError(
-                "interference=None: frozen_features=True needs interference (a value >= 0 or one per instance)"
-            )
-        if not frozen_features and interference is not None:
-            raise ValueError(f"interference={interference!r}: only allowed with frozen_features=True")
+        n, dims, heads, lambdas = len(inst.seeds), inst.d_models, inst.d_heads, inst.lambdas
         T = build_template(template if template is not None else {"pair": [0, 1, 1.0]}, n_features)
 
         self.n_instances, self.n_features, self.d_model, self.d_models = n, n_features, max(dims), dims
         self.frozen_features, self.temperature = frozen_features, float(temperature)
-        self.seeds = list(seeds) if seeds is not None else [seed + i for i in range(n)]
+        self.seeds = inst.seeds
         self.d_heads, self.lambdas = heads, lambdas
         self.pairs = template_pairs(T)
         self.register_buffer("template", T)
@@ -181,7 +117,7 @@ class ToyAlignmentModule(pl.LightningModule):
         self.register_buffer("model_mask", (torch.arange(d_max)[None, :] < torch.tensor(dims)[:, None]).float())
 
         W, W_Q, W_K, reached = [], [], [], []
-        targets = per_instance("interference", interference, n)
+        targets = inst.interference
         for i, s in enumerate(self.seeds):
             g, D = torch.Generator().manual_seed(int(s)), dims[i]
             if frozen_features:

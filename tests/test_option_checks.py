@@ -1,0 +1,146 @@
+"""The torch-free option checks (``options_check = "module:function"`` of the modules and data modules): importing
+them imports nothing heavy, their defaults are the constructors', the constructor fails with the same line as the
+command line's fast check, and a check needing the model's sizes reads them from its config.json."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lit_svd import config_check
+from tests.helpers import ROOT
+
+# every class whose constructor judges option values (the direction-mask and faithfulness modules are being
+# rewritten elsewhere: theirs are still in their constructors)
+CHECKED = [
+    ("lit_svd.modules.sad.SADAnalysisModule", "modules"),
+    ("lit_svd.modules.circuits.CircuitGraphModule", "modules"),
+    ("lit_svd.modules.toy.ToyAlignmentModule", "modules"),
+    ("lit_svd.modules.mounts.MountsAnalysisModule", "modules"),
+    ("lit_svd.modules.direction_check.DirectionCheckModule", "modules"),
+    ("lit_svd.modules.language_model.LanguageModelModule", "modules"),
+    ("lit_svd.modules.language_model.FineTuneLMModule", "modules"),
+    ("lit_svd.datamodules.tasks.TaskDataModule", "datamodules"),
+    ("lit_svd.datamodules.text.TextDataModule", "datamodules"),
+    ("lit_svd.datamodules.toy.SparseFeatureDataModule", "datamodules"),
+]
+MODEL_SIZES = {"n_layers", "n_heads"}  # supplied by the fast check from the model's config.json
+
+
+def check_of(path: str, subpackage: str):
+    """The class's ``options_check`` as the fast check finds it (from the source, nothing imported)."""
+    found = config_check.class_signature(path, subpackage)
+    assert found is not None and found.options_check, path
+    module, _, function = found.options_check.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def imported(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_every_option_check_imports_nothing_heavy():
+    modules = sorted({check_of(*c).__module__ for c in CHECKED})
+    assert len(modules) == 7, modules
+    code = (
+        "import sys\n"
+        f"for m in {modules!r}: __import__(m)\n"
+        "print(' '.join(m for m in ('torch', 'lightning', 'transformers', 'numpy') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "", (proc.stdout, proc.stderr[-2000:])
+    # the control: one module that does import torch is seen
+    proc = subprocess.run(
+        [sys.executable, "-c", code.replace(repr(modules), repr(["lit_svd.linalg"]))],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert "torch" in proc.stdout, proc.stderr[-2000:]
+
+
+# CircuitGraphModule's check (analysis/graph_options.py, also the graph builder's) defaults rel_gap to 0.0, the
+# module to linalg.REL_GAP (0.05): both are valid, so no option is misjudged; left to its owners
+SAME_DEFAULTS = [c for c in CHECKED if not c[0].endswith("CircuitGraphModule")]
+
+
+@pytest.mark.parametrize("name,subpackage", SAME_DEFAULTS, ids=[c[0].rpartition(".")[2] for c in SAME_DEFAULTS])
+def test_a_check_takes_the_constructors_options_with_its_defaults(name, subpackage):
+    """A default that differed would judge an option the user did not give by a value the module never uses
+    (None in the check: not given, not judged)."""
+    cls = imported(name)
+    params = {}
+    for klass in reversed(cls.__mro__):  # a subclass passes **loading on to its base
+        if "__init__" in vars(klass) and klass.__module__.startswith("lit_svd"):
+            params |= inspect.signature(klass.__init__).parameters
+    for p in inspect.signature(check_of(name, subpackage)).parameters.values():
+        if p.name in MODEL_SIZES and p.name not in params:
+            continue
+        assert p.name in params, f"{name}: the check takes {p.name!r}, which the constructor does not"
+        if p.default is not None:
+            assert p.default == params[p.name].default, (name, p.name, p.default, params[p.name].default)
+
+
+# one bad option per class: the constructor's error is the fast check's line
+CONSTRUCTED = [
+    ("ToyAlignmentModule", {"importance_decay": 2.0}, "importance_decay=2.0: must lie in (0, 1]"),
+    ("ToyAlignmentModule", {"grid": {"d_model": [4]}, "d_model": [4, 5]}, "d_model is given as a list and by grid"),
+    ("LanguageModelModule", {"n_heads": 3}, "model.d_model=128 is not divisible by model.n_heads=3"),
+    ("MountsAnalysisModule", {"fit_fraction": 1.5}, "fit_fraction=1.5 is not allowed"),
+    ("MountsAnalysisModule", {"sites": ["qq"]}, "sites='qq' is unknown; choose one of q, k"),
+    ("DirectionCheckModule", {"run": "nowhere", "n_random": 1}, "n_random=1: the null needs at least 2"),
+    ("DirectionCheckModule", {"run": "nowhere"}, "run='nowhere': not a folder"),
+    ("FineTuneLMModule", {"trainable": "heads"}, "model.trainable='heads' is unknown"),
+    ("TaskDataModule", {"n_test": -1}, "n_test=-1 is invalid; give a non-negative integer"),
+    ("TaskDataModule", {"task": "ioj"}, "task='ioj' is unknown; choose one of ioi, gp, gt"),
+    ("TextDataModule", {"path": "no/such.txt"}, "path='no/such.txt' does not exist"),
+    ("TextDataModule", {"n_tokens": 0}, "n_tokens, val_tokens and test_tokens are all 0"),
+    ("SparseFeatureDataModule", {"p": [0.1, 1.5]}, "p=[0.1, 1.5]: every activation probability must lie"),
+]
+
+
+@pytest.mark.parametrize("name,options,message", CONSTRUCTED)
+def test_the_constructor_fails_with_the_fast_checks_line(name, options, message):
+    name, subpackage = next(c for c in CHECKED if c[0].endswith(f".{name}"))
+    cls = imported(name)
+    with pytest.raises(ValueError) as from_constructor:
+        cls(**options)
+    check = check_of(name, subpackage)
+    with pytest.raises(ValueError) as from_check:
+        check(**{k: v for k, v in options.items() if k in inspect.signature(check).parameters})
+    assert str(from_constructor.value) == str(from_check.value)
+    assert str(from_check.value).startswith(message) and "\n" not in str(from_check.value), str(from_check.value)
+
+
+def test_layers_are_bounded_by_the_model_after_loading_too():
+    """The Python way in (no config.json read): the constructor checks ``layers`` against the loaded model, in the
+    fast check's words."""
+    from lit_svd.analysis.mounts_options import check_mounts_options
+    from lit_svd.modules import MountsAnalysisModule
+
+    with pytest.raises(ValueError) as loaded:
+        MountsAnalysisModule(model="tiny-llama", layers=[2], dtype="float64")
+    with pytest.raises(ValueError) as fast:
+        check_mounts_options(layers=[2], n_layers=2)
+    assert str(loaded.value) == str(fast.value) == "layers: layer 2 is out of range; the model has 2 layers (0..1)"
+
+
+def test_a_valid_configuration_passes_every_check():
+    """The control of the cases above: each check accepts its defaults."""
+    for name, subpackage in CHECKED:
+        check_of(name, subpackage)()
+
+
+def test_the_fast_checks_task_names_are_the_tasks_built():
+    from lit_svd.data_options import TASK_NAMES
+    from lit_svd.datamodules.tasks import TASKS
+
+    assert tuple(TASKS) == TASK_NAMES
