@@ -37,7 +37,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: install lint
-	$(PY) -m pytest -q -x --durations=15 tests
+	$(PY) -m pytest -q -x -n 2 --dist loadfile --durations=15 tests
 
 bench: install
 	for b in bench/*.py; do $(PY) $$b || exit 1; done

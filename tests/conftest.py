@@ -12,6 +12,20 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm  # noqa: E402
+from lit_svd.threads import Registry, fair_share, fixed_threads, usable_cores  # noqa: E402
+
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist (``make test`` runs ``-n 2``) each worker is one run among ``-n``: it takes its share of
+    the cores (unless ``OMP_NUM_THREADS`` fixes the count) and is registered, so that a run a test starts counts it
+    (``lit_svd.threads``). Unregistered at exit by the registry's liveness check."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        Registry().register()
+        torch.set_num_threads(fixed_threads(None) or fair_share(usable_cores(), workers))
+
+
+_share_the_cores()
 
 # the shared data folder beside the checkout; LIT_SVD_SHARED points elsewhere (e.g. from a git worktree)
 SHARED = os.environ.get("LIT_SVD_SHARED") or os.path.join(os.path.dirname(__file__), "..", "..", "shared")
