@@ -7,8 +7,9 @@ curve) and, with ``--out``, writes it and a figure of the curves there.
         --n-test 64 --out runs/faithfulness_bench
 
 The prompts are the mask run's test split (its config.yaml's data section, ``n_test`` prompts from its start: the
-split is drawn last there, so a shorter one is a prefix of it); the mask never trained on them. The attribution
-(EAP) and the graph are computed on these same prompts.
+split is drawn last there, so a shorter one is a prefix of it); the mask never trained on them. ``--split val``
+scores its validation split instead (all of it, the config's ``n_val``): where a mask's settings are chosen. The
+attribution (EAP) and the graph are computed on these same prompts.
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ def main() -> None:
     p.add_argument("--mask-run", required=True, help="folder of a finished SmolLM2 IOI direction-mask run")
     p.add_argument("--graph-run", default=None, help="folder of a finished circuit-graph run (results.json)")
     p.add_argument("--n-test", type=int, default=64)
+    p.add_argument("--split", choices=["test", "val"], default="test", help="the mask run's split to score on")
+    p.add_argument(
+        "--mask-rank-by",
+        nargs="+",
+        choices=["saved", "lambda", "logit"],
+        default=["saved"],
+        help="the mask ranking read from all the run saved (last_kept, logit), from its lambdas alone or its logits"
+        " alone; several give one curve each (mask, mask_lambda, mask_logit)",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--methods", nargs="+", default=["eap_heads", "mask", "graph", "random"])
@@ -50,7 +60,7 @@ def main() -> None:
         param.requires_grad_(False)
     view = make_view(model)
     dm = TaskDataModule(**data)
-    batches = list(dm.test_dataloader())
+    batches = list(dm.test_dataloader() if args.split == "test" else dm.val_dataloader())
     comps = universe_components(view, progress=True)
     universe = Universe(comps)
     timing = {"load_and_svds_s": time.monotonic() - t0}
@@ -62,7 +72,11 @@ def main() -> None:
         timing["eap_attribution_s"] = time.monotonic() - t
         rankings["eap_heads"], info["eap_heads"] = eap_ranking(universe, attr, view.n_kv_heads)
     if "mask" in args.methods:
-        rankings["mask"], info["mask"] = mask_ranking(universe, mask.masks)
+        keys = {"saved": None, "lambda": ("lambdas", "threshold"), "logit": ("lambdas", "logits", "threshold")}
+        for by in args.mask_rank_by:
+            name = "mask" if by == "saved" else f"mask_{by}"
+            state = mask.masks if keys[by] is None else {k: mask.masks[k] for k in keys[by] if k in mask.masks}
+            rankings[name], info[name] = mask_ranking(universe, state)
     from lit_svd.analysis.rankings import GRAPH_RANKINGS, run_graph_ranking
 
     for m, mlp_inputs in GRAPH_RANKINGS.items() if args.graph_run else ():
@@ -98,6 +112,7 @@ def main() -> None:
             "curves_wall_s": summary["wall_s"],
             "per_curve_s": {k: r["seconds"] for k, r in rows.items()},
         },
+        "split": args.split,
         "mask_run": str(args.mask_run),
         "graph_run": args.graph_run,
     }

@@ -27,6 +27,7 @@ from lit_svd.models import view as make_view
 from lit_svd.models.intervene import build_components
 from lit_svd.models.tiny import tiny_causal_lm
 from lit_svd.runs import load_run
+from tests.planted import planted_llama
 
 
 @pytest.fixture(scope="module")
@@ -138,25 +139,9 @@ def test_qk_nodes_spread_over_the_q_and_k_maps_conserving_their_score():
         graph_ranking(universe, edges)
 
 
-def _planted_model():
-    """A float64 tiny Llama whose only live writer is head 0 of layer 1: every other head's o-projection slice and
-    both MLPs' down projections are zero, so the metric can only flow through L1's q (head 0), k (KV head 0) and ov
-    (head 0) directions (48 of the universe's 512: the zero maps, L0's OV and both MLP outputs, have no directions)."""
-    model = tiny_causal_lm("llama", seed=3).double()
-    model.set_attn_implementation("sdpa")
-    dh = model.config.hidden_size // model.config.num_attention_heads
-    with torch.no_grad():
-        for l, layer in enumerate(model.model.layers):
-            layer.mlp.down_proj.weight.zero_()
-            for h in range(model.config.num_attention_heads):
-                if (l, h) != (1, 0):
-                    layer.self_attn.o_proj.weight[:, h * dh : (h + 1) * dh] = 0
-    return model
-
-
 @torch.no_grad()
 def test_planted_circuit_beats_random_and_the_reversed_ranking_loses(tokenizer):
-    model = _planted_model()
+    model = planted_llama()
     view = make_view(model)
     comps = universe_components(view)
     universe = Universe(comps)

@@ -33,7 +33,7 @@ from torch import Tensor
 from lit_svd.addresses import Address
 from lit_svd.analysis.attribution import Attributions
 from lit_svd.analysis.faithfulness import Universe
-from lit_svd.linalg import SVD, svd_factored
+from lit_svd.linalg import SVD, average_ranks, svd_factored
 from lit_svd.models.base import ModelView
 
 if TYPE_CHECKING:
@@ -213,9 +213,9 @@ def run_graph_ranking(
 
 
 def mask_ranking(universe: Universe, masks: Mapping, tail_seed: int = TAIL_SEED) -> tuple[Tensor, dict]:
-    """``(ranking, info)`` of a mask run's ``masks.pt`` state (``{"lambdas": {component: [G, K]}, ...}``): by
-    lambda, descending. Components the run masked that the universe lacks fail in one line (a joint ``qk`` mask of
-    a non-rotary model has no q / k directions to rank)."""
+    """``(ranking, info)`` of a mask run's ``masks.pt`` state (``{"lambdas": {component: [G, K]}, ...}``), descending
+    by ``mask_order_scores``. Components the run masked that the universe lacks fail in one line (a joint ``qk`` mask
+    of a non-rotary model has no q / k directions to rank)."""
     lambdas = dict(masks["lambdas"])
     extra = [n for n in lambdas if n not in universe.names]
     if extra:
@@ -224,13 +224,36 @@ def mask_ranking(universe: Universe, masks: Mapping, tail_seed: int = TAIL_SEED)
             " mask cannot rank q and k directions"
         )
     lambdas, null = without_null_lambdas(universe, lambdas)
-    scores = universe.flatten(lambdas)
+    flat = universe.flatten(lambdas)
+    scores, ranked_by = mask_order_scores(universe, masks)
     info = {
-        "directions_scored": int((~scores.isnan()).sum()),
-        "kept": int((scores >= float(masks.get("threshold", 0.0))).sum()),
+        "directions_scored": int((~flat.isnan()).sum()),
+        "kept": int((flat >= float(masks.get("threshold", 0.0))).sum()),
         "null_left_out": null,
+        "ranked_by": ranked_by,
     }
     return score_ranking(scores, tail_seed), info
+
+
+def mask_order_scores(universe: Universe, masks: Mapping) -> tuple[Tensor, str]:
+    """``([N] scores, what ranks them)`` of a mask run (NaN: directions it did not mask). By ``lambda``; by the mask
+    logit ``theta`` where the run saved it (``logits``: no ties where lambda underflows to 0, below theta ~ -100 in
+    float32); with ``last_kept`` (the last optimiser step each direction was in the hard mask), by that step first
+    and by the logit within a step: a direction that left the circuit later ranks higher, and the circuit of any size
+    is (nearly) the hard mask of the step when the run kept that many."""
+
+    def flat(key: str) -> Tensor:
+        return universe.flatten(without_null_lambdas(universe, dict(masks[key]))[0])
+
+    if "logits" not in masks:
+        return flat("lambdas"), "lambda"
+    scores = flat("logits")
+    if "last_kept" not in masks:
+        return scores, "logit"
+    scored = ~scores.isnan()
+    within = torch.zeros_like(scores)
+    within[scored] = average_ranks(scores[scored]) / max(int(scored.sum()), 1)  # in [0, 1): the logit's rank
+    return flat("last_kept") + within, "last_kept, logit"
 
 
 def without_null_lambdas(universe: Universe, lambdas: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], int]:

@@ -115,6 +115,14 @@ class Component:
     def n_directions(self) -> int:
         return self.S.numel()
 
+    def to_(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Component:
+        """Move (in place) the SVD tensors to ``device`` and / or ``dtype``; returns the component."""
+        for attr in ("U", "S", "V", "read"):
+            t = getattr(self, attr)
+            if t is not None:
+                setattr(self, attr, t.to(device=device, dtype=dtype))
+        return self
+
     def coefficients(self, x: Float[Tensor, "*batch d_site"]) -> Float[Tensor, "*batch G K"]:
         """Direction coefficients ``[..., G, K]`` of the site output (or, for ``ov``, of the o input ``z``)."""
         G = self.S.shape[0]
@@ -144,15 +152,18 @@ def expand_kinds(view: ModelView, kinds: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _component(kind: str, layer: int, svd: SVD, **extra: Any) -> Component:
-    """A component from its SVD, kept in float32."""
-    svd = svd.to(torch.float32)
+def _component(kind: str, layer: int, svd: SVD, dtype: torch.dtype, **extra: Any) -> Component:
+    """A component from its SVD, kept in ``dtype``."""
+    svd = svd.to(dtype)
     return Component(kind, layer, svd.U, svd.S, svd.V, **extra)
 
 
 @torch.no_grad()
-def build_component(view: ModelView, kind: str, layer: int, drop_null: bool = False) -> Component:
-    """The SVD of one component (all groups), computed in float64 from the view's folded weights.
+def build_component(
+    view: ModelView, kind: str, layer: int, drop_null: bool = False, dtype: torch.dtype = torch.float32
+) -> Component:
+    """The SVD of one component (all groups), computed in float64 from the view's folded weights, kept in ``dtype``
+    (float32; float64 for exact checks of float64 models).
 
     ``drop_null``: leave out the null directions (singular value ``<= linalg.NULL_RTOL`` times the group's
     largest; ``SVD.without_null``): those of a bias-free map's zero bias row (or of a zero norm gain) carry
@@ -167,12 +178,12 @@ def build_component(view: ModelView, kind: str, layer: int, drop_null: bool = Fa
             raise ValueError(f"components: joint 'qk' cannot be masked on rotary {view.model_type}; use q and k")
         fm = view.qk(layer)
         svd = svd_of(svd_factored(fm.A.double(), fm.B.double()))
-        return _component(kind, layer, svd, scale=view.attn(layer).scale)
+        return _component(kind, layer, svd, dtype, scale=view.attn(layer).scale)
     if kind == "ov":
         fm = view.ov(layer)
-        svd = svd_of(svd_factored(fm.A.double(), fm.B.double())).to(torch.float32)
-        read = view.attn(layer).W_O.float() @ svd.V  # [H, d_head, K]
-        return _component(kind, layer, svd, read=read)
+        svd = svd_of(svd_factored(fm.A.double(), fm.B.double())).to(dtype)
+        read = view.attn(layer).W_O.to(dtype) @ svd.V  # [H, d_head, K]
+        return _component(kind, layer, svd, dtype, read=read)
     if kind == "q":
         M = view.q_map(layer)
     elif kind == "k":
@@ -186,7 +197,7 @@ def build_component(view: ModelView, kind: str, layer: int, drop_null: bool = Fa
     else:
         expand_kinds(view, [kind])  # raises the one-line error
         raise AssertionError(kind)
-    return _component(kind, layer, svd_of(svd_dense(M.double())))
+    return _component(kind, layer, svd_of(svd_dense(M.double())), dtype)
 
 
 def build_components(
@@ -195,8 +206,9 @@ def build_components(
     layers: Sequence[int] | None = None,
     progress: bool = False,
     drop_null: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> list[Component]:
-    """Every requested component of every layer (default all), ordered by layer then kind (``drop_null``:
+    """Every requested component of every layer (default all), ordered by layer then kind (``drop_null``, ``dtype``:
     ``build_component``)."""
     kinds = expand_kinds(view, kinds)
     layers = range(view.n_layers) if layers is None else [view.check_layer(int(l)) for l in layers]
@@ -205,7 +217,7 @@ def build_components(
         from tqdm.auto import tqdm
 
         todo = tqdm(todo, desc="component SVDs")
-    return [build_component(view, kind, layer, drop_null) for layer, kind in todo]
+    return [build_component(view, kind, layer, drop_null, dtype) for layer, kind in todo]
 
 
 def rows_at(out: Float[Tensor, "B T *rest"], positions: Int[Tensor, " B"] | None) -> Float[Tensor, " B *row"]:
