@@ -207,6 +207,34 @@ def put_rows_at(
     return out.index_put((torch.arange(out.shape[0], device=out.device), positions), rows)
 
 
+def site_io(
+    view: ModelView, layer: int, site: str, comps: Sequence[Component]
+) -> tuple[nn.Module, Callable[[Tensor], Tensor], Callable[[Tensor, Tensor], Tensor]]:
+    """``(module, read, write)`` for a hook on ``site``: ``read(out)`` is the site's own output
+    ``[batch, pos, d_out]`` inside the module's output, ``write(out, value)`` puts it back. Query / key
+    components of models with head norms hook the norm (``view.head_norm_output`` reads it)."""
+    norm = None
+    if site in ("q", "k") and all(c.kind in ("q", "k") for c in comps):
+        norm = view.head_norm_module(layer, "q" if site == "q" else "k")
+    if norm is not None:
+        return norm, view.head_norm_output, view.with_head_norm_output
+    return (
+        view.site_module(layer, site),
+        lambda out: view.site_output(layer, site, out),
+        lambda out, value: view.with_site_output(layer, site, out, value),
+    )
+
+
+def by_site(components: Iterable[Component]) -> dict[tuple[int, str], list[Component]]:
+    """Components grouped by the ``(layer, site)`` their hook sits on (a joint ``qk`` on both ``q`` and ``k``)."""
+    out: dict[tuple[int, str], list[Component]] = {}
+    for c in components:
+        out.setdefault((c.layer, c.site), []).append(c)
+        if c.kind == "qk":
+            out.setdefault((c.layer, "k"), []).append(c)
+    return out
+
+
 class Intervention:
     """Hooks that run ``view.model`` with components rescaled (``apply``) or read (``record``)."""
 
@@ -230,13 +258,7 @@ class Intervention:
                 )
 
     def _by_site(self, names: Iterable[str]) -> dict[tuple[int, str], list[Component]]:
-        out: dict[tuple[int, str], list[Component]] = {}
-        for name in names:
-            c = self.components[name]
-            out.setdefault((c.layer, c.site), []).append(c)
-            if c.kind == "qk":
-                out.setdefault((c.layer, "k"), []).append(c)
-        return out
+        return by_site(self.components[name] for name in names)
 
     @contextmanager
     def apply(
@@ -267,20 +289,7 @@ class Intervention:
     def _site_io(
         self, layer: int, site: str, comps: Sequence[Component]
     ) -> tuple[nn.Module, Callable[[Tensor], Tensor], Callable[[Tensor, Tensor], Tensor]]:
-        """``(module, read, write)`` for the hook of ``site``: ``read(out)`` is the site's own output
-        ``[batch, pos, d_out]`` inside the module's output, ``write(out, value)`` puts it back. Query / key
-        components of models with head norms hook the norm (``view.head_norm_output`` reads it)."""
-        view = self.view
-        norm = None
-        if site in ("q", "k") and all(c.kind in ("q", "k") for c in comps):
-            norm = view.head_norm_module(layer, "q" if site == "q" else "k")
-        if norm is not None:
-            return norm, view.head_norm_output, view.with_head_norm_output
-        return (
-            view.site_module(layer, site),
-            lambda out: view.site_output(layer, site, out),
-            lambda out, value: view.with_site_output(layer, site, out, value),
-        )
+        return site_io(self.view, layer, site, comps)
 
     def _apply_hook(self, layer, site, comps, scales, positions, reference, normalized, read, write):
         view = self.view
