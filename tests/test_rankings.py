@@ -24,6 +24,7 @@ from lit_svd.analysis.rankings import (
 )
 from lit_svd.datamodules.tasks import TaskDataModule
 from lit_svd.models import view as make_view
+from lit_svd.models.intervene import build_components
 from lit_svd.models.tiny import tiny_causal_lm
 from lit_svd.runs import load_run
 
@@ -68,6 +69,19 @@ def test_mask_ranking_orders_by_lambda_from_a_run_folder(universe, tmp_path):
     assert flat[ranking[scored:]].isnan().all()  # the unmasked layer 0 after, in the seeded random order
     with pytest.raises(ValueError, match="joint qk"):
         mask_ranking(universe, {"lambdas": {"L0.qk": torch.ones(4, 16)}})
+
+
+def test_mask_ranking_of_a_run_with_null_directions_leaves_them_out(universe):
+    """A mask run built without ``drop_null`` masks the null directions too (bias-free MLP in / gate maps: one each
+    per layer of the tiny Llama): they are the trailing singular indices, left out of the ranking."""
+    view = make_view(tiny_causal_lm("llama", seed=1))
+    comps = build_components(view, ["qk", "ov", "mlp"])
+    g = torch.Generator().manual_seed(0)
+    lambdas = {c.name: torch.rand(c.shape, generator=g) for c in comps}
+    ranking, info = mask_ranking(universe, {"lambdas": lambdas, "threshold": 0.5})
+    cut = {n: lam[:, : universe.shapes[universe.names.index(n)][1]] for n, lam in lambdas.items()}
+    assert info["null_left_out"] == 2 * view.n_layers == sum(c.n_directions for c in comps) - len(universe)
+    assert torch.equal(ranking, mask_ranking(universe, {"lambdas": cut, "threshold": 0.5})[0])
 
 
 def test_graph_ranking_sums_edge_weights_per_node(universe):
@@ -127,7 +141,7 @@ def test_qk_nodes_spread_over_the_q_and_k_maps_conserving_their_score():
 def _planted_model():
     """A float64 tiny Llama whose only live writer is head 0 of layer 1: every other head's o-projection slice and
     both MLPs' down projections are zero, so the metric can only flow through L1's q (head 0), k (KV head 0) and ov
-    (head 0) directions (48 of the universe's 708)."""
+    (head 0) directions (48 of the universe's 512: the zero maps, L0's OV and both MLP outputs, have no directions)."""
     model = tiny_causal_lm("llama", seed=3).double()
     model.set_attn_implementation("sdpa")
     dh = model.config.hidden_size // model.config.num_attention_heads

@@ -236,12 +236,29 @@ def mask_ranking(universe: Universe, masks: Mapping, tail_seed: int = TAIL_SEED)
             f"mask run: component {extra[0]} is not in the faithfulness universe (q, k, ov, mlp maps); a joint qk"
             " mask cannot rank q and k directions"
         )
+    lambdas, null = without_null_lambdas(universe, lambdas)
     scores = universe.flatten(lambdas)
     info = {
         "directions_scored": int((~scores.isnan()).sum()),
         "kept": int((scores >= float(masks.get("threshold", 0.0))).sum()),
+        "null_left_out": null,
     }
     return score_ranking(scores, tail_seed), info
+
+
+def without_null_lambdas(universe: Universe, lambdas: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], int]:
+    """``(lambdas, n)``: a mask run's lambdas cut to the universe's directions. A run whose components kept their null
+    directions (the default of ``build_components``) has more directions per group than the universe in those maps;
+    they are the trailing singular indices (``SVD.without_null``), so the first ``K`` of each group are the universe's.
+    ``n``: how many were left out."""
+    out, n = {}, 0
+    for name, lam in lambdas.items():
+        G, K = universe.shapes[universe.names.index(name)]
+        if lam.ndim == 2 and lam.shape[0] == G and lam.shape[1] > K:
+            n += G * (lam.shape[1] - K)
+            lam = lam[:, :K]
+        out[name] = lam
+    return out, n
 
 
 def unit_directions(universe: Universe, parts: Iterable[tuple[str, int]]) -> list[int]:

@@ -36,6 +36,10 @@ query / key norms (Gemma-3 ``q_norm`` / ``k_norm``): there ``q`` and ``k`` are t
 ``1 / rms`` is the one the model computed from its unmodified query / key at that site: masking a
 direction removes its coefficient without renormalising the rest, so all-ones scales are exact and
 ``out' = f (q + ((c - c_ref)(lambda - 1)) V^T)`` stays linear in the scales.
+
+``build_component(s)(..., drop_null=True)`` leaves out a map's null directions (singular value at most
+``linalg.NULL_RTOL`` of its group's largest: a bias-free map's zero bias row, a zero norm gain), whose singular
+vectors the SVD routine picks freely; the faithfulness universe and the faithful mask use it.
 """
 
 from __future__ import annotations
@@ -141,23 +145,32 @@ def expand_kinds(view: ModelView, kinds: Sequence[str]) -> list[str]:
 
 
 def _component(kind: str, layer: int, svd: SVD, **extra: Any) -> Component:
-    """A component from its float64 SVD, kept in float32."""
+    """A component from its SVD, kept in float32."""
     svd = svd.to(torch.float32)
     return Component(kind, layer, svd.U, svd.S, svd.V, **extra)
 
 
 @torch.no_grad()
-def build_component(view: ModelView, kind: str, layer: int) -> Component:
-    """The SVD of one component (all groups), computed in float64 from the view's folded weights."""
+def build_component(view: ModelView, kind: str, layer: int, drop_null: bool = False) -> Component:
+    """The SVD of one component (all groups), computed in float64 from the view's folded weights.
+
+    ``drop_null``: leave out the null directions (singular value ``<= linalg.NULL_RTOL`` times the group's
+    largest; ``SVD.without_null``): those of a bias-free map's zero bias row (or of a zero norm gain) carry
+    rounding residue only, along a singular vector that another LAPACK build picks differently."""
     view.check_layer(layer)
+
+    def svd_of(svd: SVD) -> SVD:
+        return svd.without_null() if drop_null else svd
+
     if kind == "qk":
         if view.rotary_dim:
             raise ValueError(f"components: joint 'qk' cannot be masked on rotary {view.model_type}; use q and k")
         fm = view.qk(layer)
-        return _component(kind, layer, svd_factored(fm.A.double(), fm.B.double()), scale=view.attn(layer).scale)
+        svd = svd_of(svd_factored(fm.A.double(), fm.B.double()))
+        return _component(kind, layer, svd, scale=view.attn(layer).scale)
     if kind == "ov":
         fm = view.ov(layer)
-        svd = svd_factored(fm.A.double(), fm.B.double()).to(torch.float32)
+        svd = svd_of(svd_factored(fm.A.double(), fm.B.double())).to(torch.float32)
         read = view.attn(layer).W_O.float() @ svd.V  # [H, d_head, K]
         return _component(kind, layer, svd, read=read)
     if kind == "q":
@@ -173,7 +186,7 @@ def build_component(view: ModelView, kind: str, layer: int) -> Component:
     else:
         expand_kinds(view, [kind])  # raises the one-line error
         raise AssertionError(kind)
-    return _component(kind, layer, svd_dense(M.double()))
+    return _component(kind, layer, svd_of(svd_dense(M.double())))
 
 
 def build_components(
@@ -181,8 +194,10 @@ def build_components(
     kinds: Sequence[str] = ("qk", "ov", "mlp"),
     layers: Sequence[int] | None = None,
     progress: bool = False,
+    drop_null: bool = False,
 ) -> list[Component]:
-    """Every requested component of every layer (default all), ordered by layer then kind."""
+    """Every requested component of every layer (default all), ordered by layer then kind (``drop_null``:
+    ``build_component``)."""
     kinds = expand_kinds(view, kinds)
     layers = range(view.n_layers) if layers is None else [view.check_layer(int(l)) for l in layers]
     todo = [(layer, kind) for layer in layers for kind in kinds]
@@ -190,7 +205,7 @@ def build_components(
         from tqdm.auto import tqdm
 
         todo = tqdm(todo, desc="component SVDs")
-    return [build_component(view, kind, layer) for layer, kind in todo]
+    return [build_component(view, kind, layer, drop_null) for layer, kind in todo]
 
 
 def rows_at(out: Float[Tensor, "B T *rest"], positions: Int[Tensor, " B"] | None) -> Float[Tensor, " B *row"]:
