@@ -13,11 +13,15 @@ given size keeps. Each is a permutation of the universe's flat indices, most imp
   method) every MLP layer with scored output directions also ranks its input and gate directions, each at the
   layer's largest output-direction score (by singular index within the layer): the graph splits reads only up
   to an MLP's output directions (the activation and gate are not linear), and those are computed from them.
-* ``unit_ranking`` / ``eap_ranking``: head-level attribution patching (``analysis.attribution``): heads and MLP
-  layers by ``|attribution|``; a head brings its ``q`` and ``ov`` directions and, the first time one of its
-  query heads comes, its KV head's ``k`` directions; an MLP layer brings ``mlp_in``, ``mlp_gate``, ``mlp_out``.
-  Within a unit the directions are interleaved by singular index (d0 of every map, then d1, ...), so a size that
-  cuts a unit keeps its leading directions of every map.
+* ``attribution_rankings``: a direction attribution (``analysis.direction_attribution``) ranked twice, signed (most
+  positive first: MIB's CPR ranking) and by magnitude (MIB's CMD ranking); ``per_weight`` divides a score by the
+  direction's cost on a weighted size axis (``faithfulness.fair_weights``).
+* ``eap_ranking``: head-level attribution patching (``analysis.attribution``, or head-level EAP-IG summed from
+  direction attributions): heads and MLP layers by ``|attribution|`` (``signed``: by attribution); a head brings
+  its ``q`` and ``ov`` directions and, the first time one of its query heads comes, its KV head's ``k``
+  directions; an MLP layer brings ``mlp_in``, ``mlp_gate``, ``mlp_out``. Within a unit the directions are
+  interleaved by singular index (d0 of every map, then d1, ...), so a size that cuts a unit keeps its leading
+  directions of every map.
 """
 
 from __future__ import annotations

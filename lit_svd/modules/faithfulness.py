@@ -7,6 +7,8 @@ The rankings (``methods``):
   ``attribution_split`` (the training split by default: never the test prompts the curves are scored on):
   ``eap_ig`` and ``eap`` (every direction, ``analysis.direction_attribution``: EAP-IG with ``ig_steps`` points
   along ``ig_path``, EAP at the clean run; both from one set of backwards, EAP being EAP-IG's point 1),
+  ``eap_ig_fair`` and ``eap_fair`` (the same attributions divided by each direction's fair-size weight: the
+  most attribution per unit of fair size first),
   ``eap_ig_heads`` (head-level EAP-IG on the same code path, the head and MLP outputs interpolated; a head's
   score is the sum over its OV directions), ``eap_heads`` (head-level EAP, ``analysis.attribution``). Each is
   ranked twice, signed (``<method>/signed``: scored by CPR) and by magnitude (``<method>/absolute``: scored by
@@ -61,6 +63,7 @@ from lit_svd.analysis.rankings import (
     attribution_rankings,
     eap_ranking,
     mask_ranking,
+    per_weight,
     random_ranking,
     run_graph_ranking,
 )
@@ -69,9 +72,13 @@ from lit_svd.models.patching import CircuitPatch
 from lit_svd.modules.pretrained import PretrainedLMModule
 from lit_svd.runs import load_run
 
-Method = Literal["eap_ig", "eap", "eap_ig_heads", "eap_heads", "mask", "graph", "graph_mlp", "random"]
+Method = Literal[
+    "eap_ig", "eap", "eap_ig_fair", "eap_fair", "eap_ig_heads", "eap_heads", "mask", "graph", "graph_mlp", "random"
+]
 AttributionSplit = Literal["train", "val"]
-DIRECTION_METHODS = ("eap_ig", "eap")
+# direction methods: (the attribution they rank, ranked per unit of fair size)
+DIRECTION_METHODS = {"eap_ig": ("eap_ig", False), "eap": ("eap", False), "eap_ig_fair": ("eap_ig", True),
+                     "eap_fair": ("eap", True)}  # fmt: skip
 HEAD_METHODS = ("eap_ig_heads", "eap_heads")
 SIGNED, ABSOLUTE = "signed", "absolute"
 
@@ -126,7 +133,8 @@ class FaithfulnessModule(PretrainedLMModule):
         mask_run: folder of a finished direction-mask run (``masks.pt``; ``config.yaml`` for the split check).
         graph_run: folder of a finished circuit-graph run (``results.json`` with ``edges``; ``config.yaml`` for the
             split check).
-        methods: rankings to score: ``eap_ig``, ``eap`` (direction attribution patching), ``eap_ig_heads``,
+        methods: rankings to score: ``eap_ig``, ``eap`` (direction attribution patching), ``eap_ig_fair``,
+            ``eap_fair`` (the same attributions per unit of fair size, ``rankings.per_weight``), ``eap_ig_heads``,
             ``eap_heads`` (head level), ``mask``, ``graph``, ``graph_mlp`` (the graph with its MLP layers' input and
             gate directions, ``analysis.rankings.mlp_input_scores``), ``random``.
         random_seeds: one random ranking per seed (``random_<seed>``).
@@ -227,6 +235,10 @@ class FaithfulnessModule(PretrainedLMModule):
         loader = DataLoader(data, batch_size=dm.batch_size, collate_fn=dm.collate, sampler=sampler)
         return [{k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in b.items()} for b in loader]
 
+    @property
+    def _wants_directions(self) -> bool:
+        return any(m in self.methods for m in DIRECTION_METHODS)
+
     def _attribution_scores(self) -> dict[str, Tensor]:
         """Per attribution method its flat scores (directions ``[N]``; heads ``[L * H + L]``: heads then MLPs),
         summed over this rank's prompts, then over ranks, divided by the prompts (the mean metric's attribution)."""
@@ -243,7 +255,7 @@ class FaithfulnessModule(PretrainedLMModule):
         for batch in self._attribution_batches():
             with torch.inference_mode(False):  # Lightning tests in inference mode; attribution needs a gradient
                 batch = {k: v.clone() if isinstance(v, Tensor) else v for k, v in batch.items()}
-                if any(m in self.methods for m in DIRECTION_METHODS):
+                if self._wants_directions:
                     per_point = batch_integrands(self.patch, batch, self.task, points, hp.ig_path)
                     add("eap", universe.flatten(per_point[-1]))  # alpha = 1: the clean run
                     add(
@@ -276,12 +288,14 @@ class FaithfulnessModule(PretrainedLMModule):
         scores = self._attribution_scores()
         seconds = time.monotonic() - start
         for method in (m for m in (*DIRECTION_METHODS, *HEAD_METHODS) if m in self.methods):
-            s = scores[method]
             if method in DIRECTION_METHODS:
-                pair = attribution_rankings(s)
+                source, fair = DIRECTION_METHODS[method]
+                s = scores[source]
+                pair = attribution_rankings(per_weight(s, self.weights) if fair else s)
                 top = s.abs().argsort(descending=True)[:5]
                 info = {"top_directions": [str(self.universe.address(int(i))) for i in top]}
             else:
+                s = scores[method]
                 attr = Attributions(s[: L * H].view(L, H), s[L * H :], self.hparams.attribution_prompts)
                 pair = {}
                 for variant in (SIGNED, ABSOLUTE):
