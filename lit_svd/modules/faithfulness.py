@@ -129,7 +129,8 @@ class FaithfulnessModule(PretrainedLMModule):
     directions.
 
     Args:
-        model: the model (default: the mask run's, else the graph run's).
+        model: the model (default: the mask run's, else the graph run's; its other loading options are
+            ``PretrainedLMModule``'s).
         mask_run: folder of a finished direction-mask run (``masks.pt``; ``config.yaml`` for the split check).
         graph_run: folder of a finished circuit-graph run (``results.json`` with ``edges``; ``config.yaml`` for the
             split check).
@@ -146,7 +147,6 @@ class FaithfulnessModule(PretrainedLMModule):
         ig_steps: EAP-IG's interpolation points ``k / ig_steps``, ``k = 1 .. ig_steps`` (MIB: 5).
         ig_path: what EAP-IG interpolates: ``joint`` (every direction's scale at once), ``layer`` (one layer at a
             time), ``inputs`` (the residual entering layer 0, MIB's EAP-IG-inputs); docs/circuits.md.
-        gguf_file, revision, fold_norms: as ``PretrainedLMModule``.
     """
 
     def __init__(
@@ -162,9 +162,7 @@ class FaithfulnessModule(PretrainedLMModule):
         attribution_prompts: int = 64,
         ig_steps: int = 5,
         ig_path: IGPath = "joint",
-        gguf_file: str | None = None,
-        revision: str | None = None,
-        fold_norms: bool = True,
+        **loading,
     ):
         methods = [methods] if isinstance(methods, str) else list(methods)
         check_methods(methods, mask_run, graph_run, random_seeds)
@@ -177,7 +175,7 @@ class FaithfulnessModule(PretrainedLMModule):
         masks = load_run(mask_run, need=("masks",), what="direction-mask run").masks if mask_run else None
         if model is None:
             model = masks["model"] if masks else _graph_model(graph_run)
-        super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=fold_norms)
+        super().__init__(model=model, **loading)
         self.save_hyperparameters()
         self.sizes, self.methods = sizes, methods
         self.components = universe_components(self.view, layers, progress=True)

@@ -23,7 +23,7 @@ CURVE_COLUMNS = (
 )
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class FaithfulnessResult(Result):
     """Per method its rankings' faithfulness curves over MIB's grid of sizes on two axes (raw fraction of directions,
     fair size), MIB's two scores (CPR of the signed ranking, CMD of the absolute one), on one task's test prompts,
@@ -58,6 +58,19 @@ class FaithfulnessResult(Result):
     mask_run: str | None = doc_field("the mask run folder (null: none)", None)
     graph_run: str | None = doc_field("the circuit-graph run folder (null: none)", None)
     wall_s: float = doc_field("seconds of the test loop (every curve, the shared references, full and empty runs)")
+
+    @property
+    def headline(self) -> dict:
+        """m(full), m(empty); each ranking's CPR (signed) and CMD (absolute) on the fair axis (the random rankings as
+        their mean)."""
+        out: dict = {"m_full": self.m_full, "m_empty": self.m_empty}
+        for method, e in self.faithfulness.items():
+            if not method.startswith("random"):
+                out.update({f"cpr_fair_{method}": e["cpr"].get("fair"), f"cmd_fair_{method}": e["cmd"].get("fair")})
+        if self.random:
+            r = self.random
+            out.update(cpr_fair_random_mean=r.get("cpr_fair_mean"), cmd_fair_random_mean=r.get("cmd_fair_mean"))
+        return out
 
     def scores(self) -> list[dict]:
         """One row per method: CPR (signed ranking) and CMD (absolute ranking) on each axis."""
