@@ -13,11 +13,15 @@ given size keeps. Each is a permutation of the universe's flat indices, most imp
   method) every MLP layer with scored output directions also ranks its input and gate directions, each at the
   layer's largest output-direction score (by singular index within the layer): the graph splits reads only up
   to an MLP's output directions (the activation and gate are not linear), and those are computed from them.
-* ``unit_ranking`` / ``eap_ranking``: head-level attribution patching (``analysis.attribution``): heads and MLP
-  layers by ``|attribution|``; a head brings its ``q`` and ``ov`` directions and, the first time one of its
-  query heads comes, its KV head's ``k`` directions; an MLP layer brings ``mlp_in``, ``mlp_gate``, ``mlp_out``.
-  Within a unit the directions are interleaved by singular index (d0 of every map, then d1, ...), so a size that
-  cuts a unit keeps its leading directions of every map.
+* ``attribution_rankings``: a direction attribution (``analysis.direction_attribution``) ranked twice, signed (most
+  positive first: MIB's CPR ranking) and by magnitude (MIB's CMD ranking); ``per_weight`` divides a score by the
+  direction's cost on a weighted size axis (``faithfulness.fair_weights``).
+* ``eap_ranking``: head-level attribution patching (``analysis.attribution``, or head-level EAP-IG summed from
+  direction attributions): heads and MLP layers by ``|attribution|`` (``signed``: by attribution); a head brings
+  its ``q`` and ``ov`` directions and, the first time one of its query heads comes, its KV head's ``k``
+  directions; an MLP layer brings ``mlp_in``, ``mlp_gate``, ``mlp_out``. Within a unit the directions are
+  interleaved by singular index (d0 of every map, then d1, ...), so a size that cuts a unit keeps its leading
+  directions of every map.
 """
 
 from __future__ import annotations
@@ -45,6 +49,19 @@ TAIL_SEED = 0  # the seeded random order of ties and unscored directions, fixed 
 def random_ranking(n: int, seed: int) -> Tensor:
     """A seeded random permutation of ``0 .. n-1``."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
+
+
+def attribution_rankings(scores: Tensor, tail_seed: int = TAIL_SEED) -> dict[str, Tensor]:
+    """``{"signed": by score descending, "absolute": by |score| descending}`` (``score_ranking``): MIB scores a
+    method's CPR on the first and its CMD on the second."""
+    scores = torch.as_tensor(scores, dtype=torch.float64)
+    return {"signed": score_ranking(scores, tail_seed), "absolute": score_ranking(scores.abs(), tail_seed)}
+
+
+def per_weight(scores: Tensor, weights: Tensor) -> Tensor:
+    """``scores / weights``: a direction's score per unit of the size it costs on a weighted axis (the fair axis:
+    ``faithfulness.fair_weights``), so that a prefix of the ranking gathers the most score for its size."""
+    return torch.as_tensor(scores, dtype=torch.float64) / weights.double()
 
 
 def score_ranking(scores: Tensor, tail_seed: int = TAIL_SEED) -> Tensor:
@@ -282,14 +299,15 @@ def unit_directions(universe: Universe, parts: Iterable[tuple[str, int]]) -> lis
     return [flat for _, _, flat in sorted(rows)]
 
 
-def eap_ranking(universe: Universe, attr: Attributions, n_kv_heads: int) -> tuple[Tensor, dict]:
-    """``(ranking, info)``: heads and MLP layers by ``|attribution|`` descending (ties: heads before MLPs, then
-    layer, then head), expanded into their directions (module docstring). Directions of layers the universe lacks
-    are not ranked; every universe direction must belong to some unit."""
+def eap_ranking(universe: Universe, attr: Attributions, n_kv_heads: int, signed: bool = False) -> tuple[Tensor, dict]:
+    """``(ranking, info)``: heads and MLP layers by ``|attribution|`` (``signed``: by attribution) descending (ties:
+    heads before MLPs, then layer, then head), expanded into their directions (module docstring). Directions of
+    layers the universe lacks are not ranked; every universe direction must belong to some unit."""
     L, H = attr.heads.shape
     group = H // n_kv_heads
-    units = [(abs(float(attr.heads[l, h])), 0, l, h) for l in range(L) for h in range(H)]
-    units += [(abs(float(attr.mlps[l])), 1, l, 0) for l in range(L)]
+    key = (lambda v: float(v)) if signed else (lambda v: abs(float(v)))  # noqa: E731
+    units = [(key(attr.heads[l, h]), 0, l, h) for l in range(L) for h in range(H)]
+    units += [(key(attr.mlps[l]), 1, l, 0) for l in range(L)]
     units.sort(key=lambda u: (-u[0], u[1], u[2], u[3]))
     names = set(universe.names)
     order: list[int] = []

@@ -1,7 +1,8 @@
 """Running the unchanged HF forward with components rescaled along their singular directions.
 
 A *component* is one bias-augmented linear map of the model, batched over its groups (heads, KV
-heads, or the layer), with its SVD ``M = U diag(S) V^T`` computed once from the view:
+heads, or the layer), with its SVD ``M = U diag(S) V^T`` read from the view (``models.svds``: computed once
+per view, signs fixed):
 
 ===========  =====================================  =======  ============================================
 kind         matrix (view method)                   groups   what is rescaled
@@ -55,9 +56,10 @@ from torch import Tensor, nn
 
 from lit_svd.addresses import DIRECTION_KINDS, Address
 from lit_svd.choices import check_choice
-from lit_svd.linalg import SVD, svd_dense, svd_factored
+from lit_svd.linalg import SVD
 from lit_svd.models.base import ModelView
 from lit_svd.models.hooks import Hook, first_input, hooks
+from lit_svd.models.svds import view_svd
 
 KINDS = DIRECTION_KINDS  # the maps whose directions are masked (addresses.DirectionKind)
 ALIASES = {"mlp": "mlp_in, mlp_gate (gated MLPs), mlp_out", "qk": "qk (non-rotary) or q and k (rotary)"}
@@ -162,42 +164,25 @@ def _component(kind: str, layer: int, svd: SVD, dtype: torch.dtype, **extra: Any
 def build_component(
     view: ModelView, kind: str, layer: int, drop_null: bool = False, dtype: torch.dtype = torch.float32
 ) -> Component:
-    """The SVD of one component (all groups), computed in float64 from the view's folded weights, kept in ``dtype``
-    (float32; float64 for exact checks of float64 models).
+    """The SVD of one component (all groups): the view's sign-fixed SVD of the map (``models.svds.view_svd``,
+    computed once per view in float64 from the folded weights), kept in ``dtype`` (float32; float64 for exact checks
+    of float64 models).
 
     ``drop_null``: leave out the null directions (singular value ``<= linalg.NULL_RTOL`` times the group's
     largest; ``SVD.without_null``): those of a bias-free map's zero bias row (or of a zero norm gain) carry
     rounding residue only, along a singular vector that another LAPACK build picks differently."""
     view.check_layer(layer)
-
-    def svd_of(svd: SVD) -> SVD:
-        return svd.without_null() if drop_null else svd
-
+    if kind == "qk" and view.rotary_dim:
+        raise ValueError(f"components: joint 'qk' cannot be masked on rotary {view.model_type}; use q and k")
+    if kind not in KINDS:
+        expand_kinds(view, [kind])  # raises the one-line error
+    svd = view_svd(view, layer, kind)
+    svd = (svd.without_null() if drop_null else svd).to(dtype)
     if kind == "qk":
-        if view.rotary_dim:
-            raise ValueError(f"components: joint 'qk' cannot be masked on rotary {view.model_type}; use q and k")
-        fm = view.qk(layer)
-        svd = svd_of(svd_factored(fm.A.double(), fm.B.double()))
         return _component(kind, layer, svd, dtype, scale=view.attn(layer).scale)
     if kind == "ov":
-        fm = view.ov(layer)
-        svd = svd_of(svd_factored(fm.A.double(), fm.B.double())).to(dtype)
-        read = view.attn(layer).W_O.to(dtype) @ svd.V  # [H, d_head, K]
-        return _component(kind, layer, svd, dtype, read=read)
-    if kind == "q":
-        M = view.q_map(layer)
-    elif kind == "k":
-        M = view.k_map(layer)[:: view.n_heads // view.n_kv_heads]  # one map per KV head
-    elif kind == "mlp_in":
-        M = view.mlp_in(layer)[None]
-    elif kind == "mlp_gate":
-        M = view.mlp_gate(layer)[None]
-    elif kind == "mlp_out":
-        M = view.mlp_out(layer)[None]
-    else:
-        expand_kinds(view, [kind])  # raises the one-line error
-        raise AssertionError(kind)
-    return _component(kind, layer, svd_of(svd_dense(M.double())), dtype)
+        return _component(kind, layer, svd, dtype, read=view.attn(layer).W_O.to(dtype) @ svd.V)  # read: [H, d_head, K]
+    return _component(kind, layer, svd, dtype)
 
 
 def build_components(
@@ -234,6 +219,34 @@ def put_rows_at(
     return out.index_put((torch.arange(out.shape[0], device=out.device), positions), rows)
 
 
+def site_io(
+    view: ModelView, layer: int, site: str, comps: Sequence[Component]
+) -> tuple[nn.Module, Callable[[Tensor], Tensor], Callable[[Tensor, Tensor], Tensor]]:
+    """``(module, read, write)`` for a hook on ``site``: ``read(out)`` is the site's own output
+    ``[batch, pos, d_out]`` inside the module's output, ``write(out, value)`` puts it back. Query / key
+    components of models with head norms hook the norm (``view.head_norm_output`` reads it)."""
+    norm = None
+    if site in ("q", "k") and all(c.kind in ("q", "k") for c in comps):
+        norm = view.head_norm_module(layer, "q" if site == "q" else "k")
+    if norm is not None:
+        return norm, view.head_norm_output, view.with_head_norm_output
+    return (
+        view.site_module(layer, site),
+        lambda out: view.site_output(layer, site, out),
+        lambda out, value: view.with_site_output(layer, site, out, value),
+    )
+
+
+def by_site(components: Iterable[Component]) -> dict[tuple[int, str], list[Component]]:
+    """Components grouped by the ``(layer, site)`` their hook sits on (a joint ``qk`` on both ``q`` and ``k``)."""
+    out: dict[tuple[int, str], list[Component]] = {}
+    for c in components:
+        out.setdefault((c.layer, c.site), []).append(c)
+        if c.kind == "qk":
+            out.setdefault((c.layer, "k"), []).append(c)
+    return out
+
+
 class Intervention:
     """Hooks that run ``view.model`` with components rescaled (``apply``) or read (``record``)."""
 
@@ -257,13 +270,7 @@ class Intervention:
                 )
 
     def _by_site(self, names: Iterable[str]) -> dict[tuple[int, str], list[Component]]:
-        out: dict[tuple[int, str], list[Component]] = {}
-        for name in names:
-            c = self.components[name]
-            out.setdefault((c.layer, c.site), []).append(c)
-            if c.kind == "qk":
-                out.setdefault((c.layer, "k"), []).append(c)
-        return out
+        return by_site(self.components[name] for name in names)
 
     @contextmanager
     def apply(
@@ -294,20 +301,7 @@ class Intervention:
     def _site_io(
         self, layer: int, site: str, comps: Sequence[Component]
     ) -> tuple[nn.Module, Callable[[Tensor], Tensor], Callable[[Tensor, Tensor], Tensor]]:
-        """``(module, read, write)`` for the hook of ``site``: ``read(out)`` is the site's own output
-        ``[batch, pos, d_out]`` inside the module's output, ``write(out, value)`` puts it back. Query / key
-        components of models with head norms hook the norm (``view.head_norm_output`` reads it)."""
-        view = self.view
-        norm = None
-        if site in ("q", "k") and all(c.kind in ("q", "k") for c in comps):
-            norm = view.head_norm_module(layer, "q" if site == "q" else "k")
-        if norm is not None:
-            return norm, view.head_norm_output, view.with_head_norm_output
-        return (
-            view.site_module(layer, site),
-            lambda out: view.site_output(layer, site, out),
-            lambda out, value: view.with_site_output(layer, site, out, value),
-        )
+        return site_io(self.view, layer, site, comps)
 
     def _apply_hook(self, layer, site, comps, scales, positions, reference, normalized, read, write):
         view = self.view
