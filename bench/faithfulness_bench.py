@@ -1,117 +1,148 @@
-"""Faithfulness curves of SmolLM2 IOI circuits (issue 24 item 4): head-level attribution patching, a mask run's
-lambdas, three random rankings and (with ``--graph-run``) a circuit graph, scored with one ablation on the same
-test prompts and sizes (lit_svd.analysis.faithfulness). Prints one JSON object (curves, CPR / CMD, seconds per
-curve) and, with ``--out``, writes it and a figure of the curves there.
+"""Speed of the faithfulness machinery on SmolLM2-135M IOI, side by side in one process (docs/circuits.md,
+"Faithfulness", "Cost"): the patched forward against a plain forward that computes only the answer logits, direction
+EAP-IG over every direction, one curve, peak memory. Prints one JSON object (and writes it with ``--out``).
 
-    OMP_NUM_THREADS=1 heavy python bench/faithfulness_bench.py --mask-run runs/mask60/lightning_logs/version_0 \
-        --n-test 64 --out runs/faithfulness_bench
+    OMP_NUM_THREADS=1 heavy python bench/faithfulness_bench.py --out runs/faithfulness_bench
 
-The prompts are the mask run's test split (its config.yaml's data section, ``n_test`` prompts from its start: the
-split is drawn last there, so a shorter one is a prefix of it); the mask never trained on them. The attribution
-(EAP) and the graph are computed on these same prompts.
+* ``forward``: a plain forward of ``--batch-size`` test prompts with the answer logits only
+  (``metrics.forward_answer_logits``) and patched forwards (``models.patching.CircuitPatch``) of random circuits at
+  several sizes, interleaved ``--repeats`` times (median seconds each; ratios to the plain forward);
+* ``attribution``: direction EAP-IG (``--steps`` points, joint path) over all directions on ``--n-prompts`` training
+  prompts, EAP coming with it (its point 1), and head-level EAP-IG (the writers' directions only);
+* ``curve``: one random ranking's curve and one attribution ranking's (MIB's 10 sizes, ``--n-prompts`` test prompts,
+  both size axes: every distinct kept count one forward), seconds each;
+* ``peak_rss_gib``: the process's peak resident memory.
+
+Targets (issue 32): patched forward <= 1.5x the plain one; EAP-IG over all directions (5 steps, 64 prompts) < 60 s;
+one curve < 30 s. Timings on a shared machine move with its load: the ratios, measured interleaved, are what counts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import statistics
 import time
 from pathlib import Path
 
 import torch
 
 
+def median_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mask-run", required=True, help="folder of a finished SmolLM2 IOI direction-mask run")
-    p.add_argument("--graph-run", default=None, help="folder of a finished circuit-graph run (results.json)")
-    p.add_argument("--n-test", type=int, default=64)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--task", default="ioi")
+    p.add_argument("--n-prompts", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--methods", nargs="+", default=["eap_heads", "mask", "graph", "random"])
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--fractions", type=float, nargs="+", default=[0.001, 0.01, 0.1, 0.5, 0.9])
     p.add_argument("--out", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
 
-    from lit_svd.analysis.attribution import attributions
+    from torch.utils.data import DataLoader, Subset
+
+    from lit_svd.analysis.direction_attribution import WRITER_KINDS, alphas, direction_attributions
     from lit_svd.analysis.faithfulness import MIB_SIZES, Universe, faithfulness_curves, universe_components
-    from lit_svd.analysis.rankings import eap_ranking, mask_ranking, random_ranking
+    from lit_svd.analysis.rankings import attribution_rankings, random_ranking
     from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.metrics import forward_answer_logits
     from lit_svd.models import load_causal_lm
     from lit_svd.models import view as make_view
-    from lit_svd.runs import load_run
+    from lit_svd.models.patching import CircuitPatch
 
     t0 = time.monotonic()
-    mask = load_run(args.mask_run, need=("config", "masks"), what="direction-mask run")
-    data = {**mask.init_args("data"), "n_test": args.n_test, "batch_size": args.batch_size}
-    data.pop("num_workers", None)
-    model, tok = load_causal_lm(mask.masks["model"])
+    model, _ = load_causal_lm(args.model)
     for param in model.parameters():
         param.requires_grad_(False)
     view = make_view(model)
-    dm = TaskDataModule(**data)
-    batches = list(dm.test_dataloader())
-    comps = universe_components(view, progress=True)
-    universe = Universe(comps)
-    timing = {"load_and_svds_s": time.monotonic() - t0}
+    comps = universe_components(view)
+    universe, patch = Universe(comps), CircuitPatch(view, comps)
+    dm = TaskDataModule(args.task, args.model, n_train=1000, n_val=64, n_test=args.n_prompts, test_last=True,
+                        batch_size=args.batch_size)  # fmt: skip
+    test = list(dm.test_dataloader())
+    train = list(
+        DataLoader(Subset(dm.splits["train"], range(args.n_prompts)), batch_size=args.batch_size, collate_fn=dm.collate)
+    )
+    out: dict = {"model": args.model, "task": args.task, "n_directions": len(universe), "threads": 1}
+    out.update(omp_num_threads=os.environ.get("OMP_NUM_THREADS"), load_and_svds_s=time.monotonic() - t0)
 
-    rankings, info = {}, {}
-    if "eap_heads" in args.methods:
-        t = time.monotonic()
-        attr = attributions(view, batches, data["task"])
-        timing["eap_attribution_s"] = time.monotonic() - t
-        rankings["eap_heads"], info["eap_heads"] = eap_ranking(universe, attr, view.n_kv_heads)
-    if "mask" in args.methods:
-        rankings["mask"], info["mask"] = mask_ranking(universe, mask.masks)
-    from lit_svd.analysis.rankings import GRAPH_RANKINGS, run_graph_ranking
+    batch = test[0]
+    ids, mask, pos = batch["clean_ids"], batch["attention_mask"], batch["answer_pos"]
+    with torch.no_grad():
+        reference = patch.record(batch["corrupt_ids"], mask)
 
-    for m, mlp_inputs in GRAPH_RANKINGS.items() if args.graph_run else ():
-        if m in args.methods:
-            rankings[m], info[m] = run_graph_ranking(universe, args.graph_run, view, mlp_inputs=mlp_inputs)
-    for s in args.seeds if "random" in args.methods else []:
-        rankings[f"random_{s}"] = random_ranking(len(universe), s)
+        def plain():
+            forward_answer_logits(model, ids, mask, pos)
 
-    curves, summary = faithfulness_curves(view, comps, batches, rankings, data["task"], MIB_SIZES, progress=True)
-    rows = {name: c.row() for name, c in curves.items()}
-    randoms = [r for name, r in rows.items() if name.startswith("random_")]
-    cprs = torch.tensor([r["cpr"] for r in randoms], dtype=torch.float64)
-    cmds = torch.tensor([r["cmd"] for r in randoms], dtype=torch.float64)
-    out = {
-        "model": mask.masks["model"],
-        "task": data["task"],
-        "n_prompts": summary["n_prompts"],
-        "n_directions": summary["n_directions"],
-        "m_full": summary["m_full"],
-        "m_empty": summary["m_empty"],
-        "curves": rows,
-        "random": {
-            "cpr_mean": float(cprs.mean()),
-            "cpr_std": float(cprs.std()),
-            "cmd_mean": float(cmds.mean()),
-            "cmd_std": float(cmds.std()),
+        def patched(keep):
+            def run():
+                with patch.apply(keep, reference):
+                    forward_answer_logits(model, ids, mask, pos)
+
+            return run
+
+        g = torch.Generator().manual_seed(0)
+        circuits = {f: universe.split(torch.rand(len(universe), generator=g) < f) for f in args.fractions}
+        plain()  # warm up
+        times: dict = {"plain": [], **{f: [] for f in circuits}}
+        for _ in range(args.repeats):  # interleaved: the machine's load moves all of them alike
+            times["plain"].append(median_seconds(plain, 1))
+            for f, keep in circuits.items():
+                times[f].append(median_seconds(patched(keep), 1))
+        t_plain = statistics.median(times["plain"])
+        out["forward"] = {
+            "prompts": len(pos),
+            "tokens": int(ids.shape[1]),
+            "plain_answer_logits_s": t_plain,
+            "record_reference_s": median_seconds(lambda: patch.record(batch["corrupt_ids"], mask), 1),
+            "patched_s": {str(f): statistics.median(times[f]) for f in circuits},
+            "patched_ratio": {str(f): statistics.median(times[f]) / t_plain for f in circuits},
         }
-        if len(randoms) > 1
-        else None,
-        "rankings": info,
-        "timing": {
-            **timing,
-            "curves_wall_s": summary["wall_s"],
-            "per_curve_s": {k: r["seconds"] for k, r in rows.items()},
-        },
-        "mask_run": str(args.mask_run),
-        "graph_run": args.graph_run,
+
+    start = time.monotonic()
+    ig = direction_attributions(patch, universe, train, args.task, steps=args.steps)
+    t_ig = time.monotonic() - start
+    start = time.monotonic()
+    direction_attributions(patch, universe, train, args.task, steps=args.steps, kinds=WRITER_KINDS)
+    out["attribution"] = {
+        "prompts": args.n_prompts,
+        "steps": len(alphas(args.steps)),
+        "eap_ig_all_directions_s": t_ig,
+        "eap_ig_writers_s": time.monotonic() - start,
+        "ratio_to_plain_forwards": t_ig / (t_plain * len(train)),
     }
+
+    rankings = {"random": random_ranking(len(universe), 0), "eap_ig_signed": attribution_rankings(ig.scores)["signed"]}
+    curves, info = faithfulness_curves(view, comps, test, rankings, args.task, MIB_SIZES)
+    out["curve"] = {
+        "prompts": info["n_prompts"],
+        "sizes": len(MIB_SIZES),
+        "axes": 2,
+        "seconds": {name: c["raw"].seconds for name, c in curves.items()},
+        "forwards": {name: len(set(c["raw"].n_kept + c["fair"].n_kept)) for name, c in curves.items()},
+        "wall_s": info["wall_s"],
+    }
+    out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    out["wall_s"] = time.monotonic() - t0
     print(json.dumps(out, indent=1))
     if args.out:
         from lit_svd.output import write_json
 
-        folder = Path(args.out)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json(folder / "faithfulness.json", out)
-        from lit_svd.figures.faithfulness import curves_figure
-
-        fig = curves_figure(rows, f"SmolLM2-135M IOI, {summary['n_prompts']} test prompts: faithfulness by size")
-        fig.savefig(folder / "faithfulness.png", dpi=130, bbox_inches="tight")
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_json(Path(args.out) / "faithfulness_bench.json", out)
 
 
 if __name__ == "__main__":

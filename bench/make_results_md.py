@@ -116,9 +116,17 @@ def circuit_graph(d: dict) -> tuple[str, str]:
 
 
 def faithfulness(d: dict) -> tuple[str, str]:
-    cpr = {k: v["cpr"] for k, v in d["faithfulness"].items() if not k.startswith("random")}
-    head = f"{d['task'].upper()} CPR: " + ", ".join(f"{k} {_f(v, 3)}" for k, v in cpr.items())
+    methods = {k: v for k, v in d["faithfulness"].items() if not k.startswith("random")}
     r = d.get("random")
+    if all(isinstance(v["cpr"], dict) for v in methods.values()):  # MIB's conventions: CPR / CMD per size axis
+        head = f"{d['task'].upper()} CPR / CMD (fair axis): " + ", ".join(
+            f"{k} {_f(v['cpr']['fair'], 3)} / {_f(v['cmd']['fair'], 3)}" for k, v in methods.items()
+        )
+        if not r:
+            return head, "no random ranking in this run"
+        spread = f"{_f(r['cpr_fair_mean'], 3)} +- {_f(r['cpr_fair_std'], 2)}"
+        return head, f"random rankings (fair axis): CPR {spread}, CMD {_f(r['cmd_fair_mean'], 3)} ({r['seeds']} seeds)"
+    head = f"{d['task'].upper()} CPR: " + ", ".join(f"{k} {_f(v['cpr'], 3)}" for k, v in methods.items())
     if not r:  # a run of some rankings only: the random baseline is in the task's full run
         return head, "no random ranking in this run (same prompts and ablation as the task's full run)"
     return head, f"random rankings: CPR {_f(r['cpr_mean'], 3)} +- {_f(r['cpr_std'], 2)} ({r['seeds']} seeds)"

@@ -202,8 +202,8 @@ def main() -> None:
         rankings[k], info[k] = eap_ranking(universe, a, view.n_kv_heads)
     rankings["random_0"] = random_ranking(len(universe), 0)
     sizes = args.sizes or MIB_SIZES
-    curves, summary = faithfulness_curves(view, comps, batches, rankings, "ioi", sizes, progress=True)
-    rows = {name: c.row() for name, c in curves.items()}
+    curves, summary = faithfulness_curves(view, comps, batches, rankings, "ioi", sizes, progress=True, axes=["raw"])
+    rows = {name: c["raw"].row() for name, c in curves.items()}
     out = {
         "model": args.model,
         "tl_name": args.name,
@@ -230,6 +230,7 @@ def main() -> None:
     print(json.dumps(out, indent=1))
     if args.out:
         from lit_svd.figures.faithfulness import curves_figure
+        from lit_svd.modules.faithfulness import method_results
         from lit_svd.output import write_json
 
         folder = Path(args.out)
@@ -238,7 +239,9 @@ def main() -> None:
         title = (
             f"SmolLM2-135M IOI, {summary['n_prompts']} test prompts: lit_svd EAP vs TransformerLens node attribution"
         )
-        curves_figure(rows, title).savefig(folder / "tl_faithfulness.png", dpi=130, bbox_inches="tight")
+        curves_figure(method_results(curves), title).savefig(
+            folder / "tl_faithfulness.png", dpi=130, bbox_inches="tight"
+        )
 
 
 if __name__ == "__main__":

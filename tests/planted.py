@@ -1,4 +1,6 @@
-"""A tiny float64 GPT-2 with a planted two-step circuit, for the circuit-graph and edge-check tests.
+"""Tiny float64 models with planted circuits: a GPT-2 with a planted two-step circuit, for the circuit-graph and
+edge-check tests (``planted_model``, ``planted_batch``), and a Llama with one live head, for the rankings and the
+faithful mask (``planted_llama``).
 
 Weights (on top of small random noise, scale ``NOISE``, LayerNorms without affine, no position embeddings):
 
@@ -87,3 +89,20 @@ def planted_batch(n: int = 12, seed: int = 0) -> dict:
         "correct_id": torch.full((n,), X, dtype=torch.long),
         "wrong_id": torch.full((n,), Y, dtype=torch.long),
     }
+
+
+def planted_llama():
+    """A float64 tiny Llama whose only live writer is head 0 of layer 1: every other head's o-projection slice and
+    both MLPs' down projections are zero, so an IOI metric can only flow through L1's q (head 0), k (KV head 0) and
+    ov (head 0) directions (48 of the universe's 512: the zero maps, L0's OV and both MLP outputs, have no
+    directions)."""
+    model = tiny_causal_lm("llama", seed=3).double()
+    model.set_attn_implementation("sdpa")
+    dh = model.config.hidden_size // model.config.num_attention_heads
+    with torch.no_grad():
+        for l, layer in enumerate(model.model.layers):
+            layer.mlp.down_proj.weight.zero_()
+            for h in range(model.config.num_attention_heads):
+                if (l, h) != (1, 0):
+                    layer.self_attn.o_proj.weight[:, h * dh : (h + 1) * dh] = 0
+    return model

@@ -60,16 +60,18 @@ def test_full_circuit_is_the_clean_forward_and_empty_the_corrupted(tokenizer, ar
     n = len(Universe(comps))
     with exact_rms_norms(model):
         clean, corrupt = plain_metric(model, batch, "clean_ids"), plain_metric(model, batch, "corrupt_ids")
-        # 0.1 % of the universe is < 1 direction: the empty circuit; 100 %: the full one
-        curves, info = faithfulness_curves(view, comps, [batch], {"r": random_ranking(n, 0)}, "ioi", [0.001, 0.5, 1.0])
+        # 0.01 % of the universe is < 1 direction (on both axes): the empty circuit; 100 %: the full one
+        curves, info = faithfulness_curves(view, comps, [batch], {"r": random_ranking(n, 0)}, "ioi", [1e-4, 0.5, 1.0])
     scale = clean.abs().max()
-    assert n_kept(0.001, n) == 0
+    assert n_kept(1e-4, n) == 0
     assert abs(info["m_full"] - float(clean.mean())) <= TOL * scale
     assert abs(info["m_empty"] - float(corrupt.mean())) <= TOL_PATCH * scale
     assert abs(info["m_full"] - info["m_empty"]) > 1e-3  # the tiny model separates clean from corrupted
-    f = curves["r"].values
-    assert abs(f[0]) <= 1e-8 and abs(f[2] - 1) <= 1e-8
-    assert abs(f[1]) > 1e-4 and abs(f[1] - 1) > 1e-4  # half the directions is neither
+    for axis in ("raw", "fair"):  # no unit's directions are 0.1 % of the fair size either
+        f = curves["r"][axis].values
+        assert curves["r"][axis].n_kept[0] == 0 and curves["r"][axis].n_kept[2] == n
+        assert abs(f[0]) <= 1e-8 and abs(f[2] - 1) <= 1e-8
+        assert abs(f[1]) > 1e-4 and abs(f[1] - 1) > 1e-4  # half the directions is neither
 
 
 @torch.no_grad()
@@ -77,7 +79,7 @@ def test_patching_one_heads_directions_equals_patching_its_mixed_value(tokenizer
     """Every direction kept but one head's OV directions = that head's o-projection input replaced by its value on
     the corrupted prompt (an independent hook), per prompt."""
     from lit_svd.analysis.faithfulness import circuit_metric, corrupted_reference
-    from lit_svd.models.intervene import Intervention
+    from lit_svd.models.patching import CircuitPatch
 
     model, layer, head = llama64, 1, 2
     view = make_view(model)
@@ -93,8 +95,8 @@ def test_patching_one_heads_directions_equals_patching_its_mixed_value(tokenizer
     assert universe.shapes[universe.names.index(f"L{layer}.ov")][1] == view.d_head
     dh, o = view.d_head, view.site_module(layer, "o")
     with exact_rms_norms(model):
-        iv = Intervention(view, comps)
-        got = circuit_metric(iv, universe, batch, keep, corrupted_reference(iv, batch), task_scorer("ioi"))
+        patch = CircuitPatch(view, comps)
+        got = circuit_metric(patch, universe, batch, keep, corrupted_reference(patch, batch), task_scorer("ioi"))
         with capture({"z": o}, "pre") as z:
             model(input_ids=batch["corrupt_ids"], attention_mask=batch["attention_mask"])
 
@@ -121,7 +123,8 @@ def test_ratio_of_means_does_not_depend_on_batching(tokenizer, llama64):
         two, info = faithfulness_curves(view, comps, ioi_batches(tokenizer, 8, 3), rank, "ioi", sizes)
     assert info["n_prompts"] == 8
     # 1e-6: HF's eager softmax computes in float32, and batches of other widths round it differently
-    assert max(abs(a - b) for a, b in zip(one["r"].values, two["r"].values)) <= 1e-6
+    for axis in ("raw", "fair"):
+        assert max(abs(a - b) for a, b in zip(one["r"][axis].values, two["r"][axis].values)) <= 1e-6
 
 
 def test_areas_are_trapezoids_over_the_grid():
@@ -165,3 +168,73 @@ def test_universe_addresses_round_trip(llama64):
         from lit_svd.models.intervene import build_components
 
         Universe(build_components(make_view(tiny_causal_lm("gpt2")), ["qk"]))
+
+
+def _units(universe, H, H_kv):
+    """Brute force: every unit as its list of (flat index, share), by a loop over addresses."""
+    units = {}
+    for flat in range(len(universe)):
+        a = universe.address(flat)
+        if a.kind in ("q", "ov"):
+            units.setdefault(("head", a.layer, a.group), []).append((flat, 1.0))
+        elif a.kind == "k":
+            for h in range(a.group * (H // H_kv), (a.group + 1) * (H // H_kv)):
+                units.setdefault(("head", a.layer, h), []).append((flat, H_kv / H))
+        else:
+            units.setdefault(("mlp", a.layer, 0), []).append((flat, 1.0))
+    return units
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma3"])
+def test_fair_size_is_the_mean_kept_fraction_of_units(arch):
+    """``fair_weights`` against a loop over addresses; a circuit of whole units has the unit count's size (exactly
+    on MHA GPT-2; with grouped keys plus its KV heads' shares of the other query heads) under a head ranking and
+    under a direction ranking holding the same directions in another order."""
+    from lit_svd.analysis.attribution import Attributions
+    from lit_svd.analysis.faithfulness import fair_weights, kept_counts
+    from lit_svd.analysis.rankings import eap_ranking
+
+    view = make_view(tiny_causal_lm(arch, seed=1))
+    universe = Universe(universe_components(view))
+    H, H_kv = view.n_heads, view.n_kv_heads
+    units = _units(universe, H, H_kv)
+    w = fair_weights(universe)
+    want = torch.zeros(len(universe), dtype=torch.float64)
+    for members in units.values():
+        total = sum(share for _, share in members)
+        for flat, share in members:
+            want[flat] += share / total / len(units)
+    assert torch.allclose(w, want, rtol=1e-12, atol=0) and abs(float(w.sum()) - 1) < 1e-12
+
+    g = torch.Generator().manual_seed(0)
+    attr = Attributions(torch.randn(view.n_layers, H, generator=g, dtype=torch.float64),
+                        torch.randn(view.n_layers, generator=g, dtype=torch.float64), 4)  # fmt: skip
+    heads, _ = eap_ranking(universe, attr, H_kv, signed=True)
+    order = sorted(units, key=lambda u: -float(attr.heads[u[1], u[2]] if u[0] == "head" else attr.mlps[u[1]]))
+    for m in (1, 3, len(order) // 2):
+        circuit = {flat for u in order[:m] for flat, _ in units[u]}
+        size = float(w[sorted(circuit)].sum())
+        if H == H_kv:
+            assert size == pytest.approx(m / len(units), rel=1e-12)
+        assert size >= m / len(units) - 1e-12
+        shuffled = torch.tensor(sorted(circuit, key=lambda _: torch.rand(1, generator=g).item()))
+        rest = torch.tensor(sorted(set(range(len(universe))) - circuit))
+        directions = torch.cat([shuffled, rest])
+        if set(heads[: len(circuit)].tolist()) == circuit:  # the head ranking reaches this circuit whole
+            assert kept_counts(heads, [size], "fair", w) == [len(circuit)]
+        assert kept_counts(directions, [size], "fair", w) == [len(circuit)]
+
+
+def test_prefix_counts_against_a_loop():
+    from lit_svd.analysis.faithfulness import prefix_counts
+
+    g = torch.Generator().manual_seed(1)
+    w = torch.rand(200, generator=g, dtype=torch.float64)
+    w /= w.sum()
+    for s in (0.0005, 0.01, 0.3, 0.77, 1.0):
+        total, count = 0.0, 0
+        for x in w.tolist():
+            if total + x > s * (1 + 1e-9):
+                break
+            total, count = total + x, count + 1
+        assert prefix_counts(w, [s]) == [count]

@@ -45,10 +45,25 @@ def _runs(tmp_path, model_dir):
     return str(mask), str(graph)
 
 
+def _train_batches(dm, n):
+    from torch.utils.data import DataLoader, Subset
+
+    return list(DataLoader(Subset(dm.splits["train"], range(n)), batch_size=dm.batch_size, collate_fn=dm.collate))
+
+
 def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
+    """Every method's rankings (attributions on the first 8 training prompts), curves on both axes and scores
+    equal those computed directly from the analysis functions; results.json, the CSV and the figure are written."""
+    from lit_svd.analysis.direction_attribution import WRITER_KINDS, direction_attributions, unit_attributions
+    from lit_svd.analysis.faithfulness import fair_weights
+    from lit_svd.analysis.rankings import attribution_rankings, per_weight
+    from lit_svd.models.patching import CircuitPatch
+
     model_dir = tiny_dirs["llama"]
     mask, graph = _runs(tmp_path, model_dir)
-    module = FaithfulnessModule(mask_run=mask, graph_run=graph, random_seeds=[0, 1], sizes=SIZES)
+    methods = ["eap_ig", "eap", "eap_ig_fair", "eap_ig_heads", "eap_heads", "mask", "graph", "random"]
+    module = FaithfulnessModule(mask_run=mask, graph_run=graph, methods=methods, random_seeds=[0, 1], sizes=SIZES,
+                                attribution_prompts=8, ig_steps=3)  # fmt: skip
     dm = TaskDataModule(**DATA, tokenizer=model_dir)
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path / "out",
@@ -57,40 +72,67 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
     trainer.test(module, datamodule=dm)
     result = load_result(tmp_path / "out")
     assert result.experiment == "faithfulness" and result.n_prompts == 6
-    assert set(result.faithfulness) == {"eap_heads", "mask", "graph", "random_0", "random_1"}
+    assert set(result.faithfulness) == {*methods[:-1], "random_0", "random_1"}
     assert result.random["seeds"] == 2 and result.rankings["graph"]["qk_nodes"] == 1
+    assert result.rankings["eap_ig"]["prompts"] == "train[:8]"
     assert (tmp_path / "out" / "faithfulness_curves.png").is_file()
-    assert len(result.table()) == 5 * len(SIZES)
+    # 5 attribution methods x 2 rankings, mask, graph, 2 random; 2 axes; 4 sizes
+    assert len(result.table()) == (5 * 2 + 4) * 2 * len(SIZES)
 
     view = module.view
     comps = universe_components(view)
     universe = Universe(comps)
-    batches = list(dm.test_dataloader())
+    train = _train_batches(dm, 8)
+    patch = CircuitPatch(view, comps)
+    L, H = view.n_layers, view.n_heads
+    writers = direction_attributions(patch, universe, train, "ioi", 3, kinds=WRITER_KINDS).scores
+    scores = {
+        "eap_ig": direction_attributions(patch, universe, train, "ioi", 3).scores,
+        "eap": direction_attributions(patch, universe, train, "ioi", 1).scores,
+        "eap_ig_heads": unit_attributions(universe, writers, L, H, 8),
+        "eap_heads": attributions(view, train, "ioi"),
+    }
     rankings = {
-        "eap_heads": eap_ranking(universe, attributions(view, batches, "ioi"), view.n_kv_heads)[0],
         "mask": mask_ranking(universe, torch.load(f"{mask}/masks.pt"))[0],
         "graph": run_graph_ranking(universe, graph, view)[0],
         "random_0": random_ranking(len(universe), 0),
         "random_1": random_ranking(len(universe), 1),
     }
-    want, info = faithfulness_curves(view, comps, batches, rankings, "ioi", SIZES)
+    fair = per_weight(scores["eap_ig"], fair_weights(universe))
+    rankings.update({f"eap_ig_fair/{k}": r for k, r in attribution_rankings(fair).items()})
+    for method, s in scores.items():
+        if "heads" in method:
+            for variant in ("signed", "absolute"):
+                rankings[f"{method}/{variant}"] = eap_ranking(universe, s, view.n_kv_heads, variant == "signed")[0]
+        else:
+            rankings.update({f"{method}/{k}": r for k, r in attribution_rankings(s).items()})
+    want, info = faithfulness_curves(view, comps, list(dm.test_dataloader()), rankings, "ioi", SIZES)
     assert abs(result.m_full - info["m_full"]) <= 1e-9 and abs(result.m_empty - info["m_empty"]) <= 1e-9
-    for name, c in want.items():
-        got = result.faithfulness[name]
-        assert got["n_kept"] == c.n_kept
-        assert max(abs(a - b) for a, b in zip(got["values"], c.values)) <= 1e-9, name
-        assert abs(got["cpr"] - c.cpr) <= 1e-9 and abs(got["cmd"] - c.cmd) <= 1e-9
+    for name, by_axis in want.items():
+        method, _, variant = name.partition("/")
+        entry = result.faithfulness[method]
+        for axis, c in by_axis.items():
+            got = entry["rankings"][variant or "ranking"][axis]
+            assert got["n_kept"] == c.n_kept, (name, axis)
+            assert max(abs(a - b) for a, b in zip(got["values"], c.values)) <= 1e-6, (name, axis)
+            if variant in ("signed", ""):
+                assert abs(entry["cpr"][axis] - c.cpr) <= 1e-6
+            if variant in ("absolute", ""):
+                assert abs(entry["cmd"][axis] - c.cmd) <= 1e-6
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"methods": ["eap", "random"]}, "methods: 'eap' unknown"),
+        ({"methods": ["nap", "random"]}, "methods: 'nap' unknown"),
         ({"methods": ["mask"]}, "mask_run is null"),
         ({"methods": ["graph"], "model": "x"}, "graph_run is null"),
         ({"methods": ["random"], "random_seeds": [], "model": "x"}, "random_seeds is empty"),
         ({"methods": ["random"], "sizes": [0.5, 0.1], "model": "x"}, "sizes="),
         ({"methods": ["random"]}, "model is null"),
+        ({"methods": ["eap"], "attribution_split": "test", "model": "x"}, "attribution_split='test'"),
+        ({"methods": ["eap"], "ig_steps": 0, "model": "x"}, "steps=0"),
+        ({"methods": ["eap"], "ig_path": "nodes", "model": "x"}, "ig_path='nodes'"),
     ],
 )
 def test_bad_options_fail_in_one_line(kwargs, match):
@@ -117,14 +159,16 @@ def test_ddp_two_processes_equal_one(tiny_dirs, tmp_path):
 
     model_dir = tiny_dirs["llama"]
     data = {**DATA, "n_test": 8, "batch_size": 2}
-    module = FaithfulnessModule(model=model_dir, methods=["eap_heads", "random"], random_seeds=[0], sizes=SIZES)
+    methods = ["eap_ig", "eap_heads", "random"]
+    module = FaithfulnessModule(model=model_dir, methods=methods, random_seeds=[0], sizes=SIZES, attribution_prompts=8)
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                          default_root_dir=tmp_path / "one", callbacks=[FaithfulnessReport()])  # fmt: skip
     trainer.test(module, datamodule=TaskDataModule(**data, tokenizer=model_dir))
     one = load_result(tmp_path / "one")
     args = ["test", "--config", str(ROOT / "configs/faithfulness/smollm2_ioi.yaml"), "--model.init_args.model",
             model_dir, "--model.init_args.mask_run", "null", "--model.init_args.graph_run", "null",
-            "--model.init_args.methods", "[eap_heads, random]", "--model.init_args.random_seeds", "[0]",
+            "--model.init_args.methods", "[eap_ig, eap_heads, random]", "--model.init_args.random_seeds", "[0]",
+            "--model.init_args.attribution_prompts", "8",
             "--model.init_args.sizes", str(SIZES), "--data.init_args.tokenizer", model_dir]  # fmt: skip
     for key in ("n_train", "n_val", "n_test", "batch_size"):
         args += [f"--data.init_args.{key}", str(data[key])]
@@ -133,5 +177,9 @@ def test_ddp_two_processes_equal_one(tiny_dirs, tmp_path):
     two, _ = only_results(tmp_path / "two")
     assert two["n_prompts"] == 8 and one.n_prompts == 8
     assert two["rankings"]["eap_heads"]["top_units"] == one.rankings["eap_heads"]["top_units"]
-    for name, c in one.faithfulness.items():
-        assert max(abs(a - b) for a, b in zip(c["values"], two["faithfulness"][name]["values"])) <= 1e-5, name
+    assert two["rankings"]["eap_ig"]["top_directions"] == one.rankings["eap_ig"]["top_directions"]
+    for method, entry in one.faithfulness.items():
+        for variant, axes in entry["rankings"].items():
+            for axis, c in axes.items():
+                other = two["faithfulness"][method]["rankings"][variant][axis]["values"]
+                assert max(abs(a - b) for a, b in zip(c["values"], other)) <= 1e-5, (method, variant, axis)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lit_svd.linalg import NULL_RTOL
 from lit_svd.models import view as make_view
 from lit_svd.models.hooks import Hook, capture, hooks
 from lit_svd.models.intervene import Intervention, build_component, build_components
@@ -142,6 +143,61 @@ def test_random_ov_scales_match_dense_head_outputs(tiny_model):
     per_source = torch.einsum("bsd,hde->bhse", x, _dense_scaled(view.ov(layer).dense(), lam))
     want = torch.einsum("bhts,bhse->bte", attn, per_source).to(store["out"].dtype) + view.attn(layer).b_O
     assert (store["out"] - want).abs().max() <= TOL
+
+
+def _view_map(view, kind: str, layer: int) -> torch.Tensor:
+    """The view's augmented map of ``kind`` at ``layer``, dense and batched over its groups ``[G, m, n]``."""
+    if kind in ("qk", "ov"):
+        return getattr(view, kind)(layer).dense()
+    if kind == "q":
+        return view.q_map(layer)
+    if kind == "k":
+        return view.k_map(layer)[:: view.n_heads // view.n_kv_heads]
+    return getattr(view, kind)(layer)[None]
+
+
+def _check_null_dropped(view, kinds) -> int:
+    """Every component built with ``drop_null``: the directions it lacks against ``drop_null=False`` have singular
+    values (of an independent dense float64 SVD of the view's map) at or below ``NULL_RTOL`` of their group's
+    largest, it keeps every direction above it, and its ``U diag(S) V^T`` rebuilds the map (float32, 1e-5 of the
+    map's largest entry). Returns the number of directions dropped."""
+    dropped = 0
+    for full, comp in zip(build_components(view, kinds), build_components(view, kinds, drop_null=True), strict=True):
+        M = _view_map(view, comp.kind, comp.layer).double()
+        S = torch.linalg.svdvals(M)[:, : full.shape[1]]
+        null = S <= NULL_RTOL * S[:, :1]
+        G, K = comp.shape
+        assert K == full.shape[1] - int(null.sum(-1).min()), comp.name
+        assert null[:, K:].all() and (comp.S.double()[~null[:, :K]] > 0).all(), comp.name
+        assert (comp.S[null[:, :K]] == 0).all(), comp.name  # a null direction left in a group of lower rank: zeroed
+        rebuilt = (comp.U.double() * comp.S.double().unsqueeze(-2)) @ comp.V.double().mT
+        assert (rebuilt - M).abs().max() <= 1e-5 * M.abs().max(), comp.name
+        dropped += G * (full.shape[1] - K)
+    return dropped
+
+
+@torch.no_grad()
+def test_null_directions_are_dropped_below_the_tolerance_and_the_rest_rebuild_the_map(tiny_model):
+    view = make_view(tiny_model)
+    dropped = _check_null_dropped(view, ["qk", "ov", "mlp"])
+    bias_free_mlp = view.mlp_in(0)[0].abs().max() == 0  # a zero bias row: one null direction per in / gate map
+    per_layer = (2 if view.gated_mlp else 1) if bias_free_mlp else 0
+    assert dropped == per_layer * view.n_layers, (tiny_model.config.model_type, dropped)
+
+
+@torch.no_grad()
+def test_a_group_of_lower_rank_keeps_zeroed_null_directions():
+    """Half of one head's query rows zeroed: that head's q map has rank 8 of 16, the others 16, so nothing is cut
+    from the component and the head's 8 null directions are zeroed."""
+    model = tiny_causal_lm("llama", seed=0)
+    dh = model.config.hidden_size // model.config.num_attention_heads
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight[dh : dh + dh // 2] = 0  # head 1, its first 8 query dims
+    view = make_view(model)
+    _check_null_dropped(view, ["q"])
+    comp = build_component(view, "q", 0, drop_null=True)
+    assert comp.shape == (model.config.num_attention_heads, dh)
+    assert (comp.S[1, dh // 2 :] == 0).all() and (comp.U[1, :, dh // 2 :] == 0).all() and (comp.S[0] > 0).all()
 
 
 @torch.no_grad()

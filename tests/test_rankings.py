@@ -24,8 +24,10 @@ from lit_svd.analysis.rankings import (
 )
 from lit_svd.datamodules.tasks import TaskDataModule
 from lit_svd.models import view as make_view
+from lit_svd.models.intervene import build_components
 from lit_svd.models.tiny import tiny_causal_lm
 from lit_svd.runs import load_run
+from tests.planted import planted_llama
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +70,19 @@ def test_mask_ranking_orders_by_lambda_from_a_run_folder(universe, tmp_path):
     assert flat[ranking[scored:]].isnan().all()  # the unmasked layer 0 after, in the seeded random order
     with pytest.raises(ValueError, match="joint qk"):
         mask_ranking(universe, {"lambdas": {"L0.qk": torch.ones(4, 16)}})
+
+
+def test_mask_ranking_of_a_run_with_null_directions_leaves_them_out(universe):
+    """A mask run built without ``drop_null`` masks the null directions too (bias-free MLP in / gate maps: one each
+    per layer of the tiny Llama): they are the trailing singular indices, left out of the ranking."""
+    view = make_view(tiny_causal_lm("llama", seed=1))
+    comps = build_components(view, ["qk", "ov", "mlp"])
+    g = torch.Generator().manual_seed(0)
+    lambdas = {c.name: torch.rand(c.shape, generator=g) for c in comps}
+    ranking, info = mask_ranking(universe, {"lambdas": lambdas, "threshold": 0.5})
+    cut = {n: lam[:, : universe.shapes[universe.names.index(n)][1]] for n, lam in lambdas.items()}
+    assert info["null_left_out"] == 2 * view.n_layers == sum(c.n_directions for c in comps) - len(universe)
+    assert torch.equal(ranking, mask_ranking(universe, {"lambdas": cut, "threshold": 0.5})[0])
 
 
 def test_graph_ranking_sums_edge_weights_per_node(universe):
@@ -124,51 +139,49 @@ def test_qk_nodes_spread_over_the_q_and_k_maps_conserving_their_score():
         graph_ranking(universe, edges)
 
 
-def _planted_model():
-    """A float64 tiny Llama whose only live writer is head 0 of layer 1: every other head's o-projection slice and
-    both MLPs' down projections are zero, so the metric can only flow through L1's q (head 0), k (KV head 0) and ov
-    (head 0) directions (48 of the universe's 708)."""
-    model = tiny_causal_lm("llama", seed=3).double()
-    model.set_attn_implementation("sdpa")
-    dh = model.config.hidden_size // model.config.num_attention_heads
-    with torch.no_grad():
-        for l, layer in enumerate(model.model.layers):
-            layer.mlp.down_proj.weight.zero_()
-            for h in range(model.config.num_attention_heads):
-                if (l, h) != (1, 0):
-                    layer.self_attn.o_proj.weight[:, h * dh : (h + 1) * dh] = 0
-    return model
-
-
-@torch.no_grad()
 def test_planted_circuit_beats_random_and_the_reversed_ranking_loses(tokenizer):
-    model = _planted_model()
+    """On both size axes: the planted ranking, head-level EAP and direction EAP-IG beat three random rankings by more
+    than 0.2 CPR; direction EAP-IG gives every dead direction exactly 0 and ranks only live ones before them; the
+    reversed ranking (live directions last) loses to every random one."""
+    from lit_svd.analysis.direction_attribution import direction_attributions
+    from lit_svd.models.patching import CircuitPatch
+
+    model = planted_llama()
     view = make_view(model)
     comps = universe_components(view)
     universe = Universe(comps)
-    live = [universe.slice(n) for n in ("L1.q", "L1.k", "L1.ov")]
-    planted = torch.full((len(universe),), math.nan, dtype=torch.float64)
-    for sl, width in zip(live, (16, 16, 16)):
-        planted[sl.start : sl.start + width] = 1.0  # head 0 / KV head 0 are the first group of each map
+    live = torch.zeros(len(universe), dtype=torch.bool)
+    for name in ("L1.q", "L1.k", "L1.ov"):
+        sl = universe.slice(name)
+        live[sl.start : sl.start + 16] = True  # head 0 / KV head 0 are the first group of each map
+    planted = torch.where(live, 1.0, math.nan).double()
     dm = TaskDataModule("ioi", tokenizer, n_train=0, n_val=0, n_test=16, batch_size=16, seed=0)
     batches = list(dm.test_dataloader())
     attr = attributions(view, batches, "ioi")
     dead = torch.ones_like(attr.heads, dtype=torch.bool)
     dead[1, 0] = False
     assert attr.heads[dead].abs().max() == 0 and attr.mlps.abs().max() == 0 and attr.heads[1, 0] != 0
+    ig = direction_attributions(CircuitPatch(view, comps), universe, batches, "ioi", steps=5).scores
+    assert ig[~live].abs().max() == 0 and (ig[live] != 0).sum() > 24
+    ig_rank = score_ranking(ig)  # signed, as CPR is scored
+    assert live[score_ranking(ig.abs())[: int((ig != 0).sum())]].all() and live[ig_rank[: int((ig > 0).sum())]].all()
     rankings = {
         "planted": score_ranking(planted),
         "reversed": score_ranking(torch.nan_to_num(-planted, nan=0.0)),  # the 48 live directions last
         "eap_heads": eap_ranking(universe, attr, view.n_kv_heads)[0],
+        "eap_ig": ig_rank,
         **{f"random_{s}": random_ranking(len(universe), s) for s in range(3)},
     }
-    curves, info = faithfulness_curves(view, comps, batches, rankings, "ioi", MIB_SIZES)
+    with torch.no_grad():
+        curves, info = faithfulness_curves(view, comps, batches, rankings, "ioi", MIB_SIZES)
     assert abs(info["m_full"] - info["m_empty"]) > 1e-2
-    cpr = {name: c.cpr for name, c in curves.items()}
-    print({k: round(v, 3) for k, v in cpr.items()})
-    randoms = [cpr[f"random_{s}"] for s in range(3)]
-    assert curves["planted"].values[6:] == pytest.approx([1.0] * 4, abs=1e-9)  # 10 % keeps all 48 live directions
-    assert cpr["planted"] > max(randoms) + 0.2, cpr
-    assert cpr["eap_heads"] > max(randoms) + 0.2, cpr
-    assert cpr["reversed"] < min(randoms) - 0.05, cpr
-    assert curves["reversed"].values[:9] == pytest.approx([0.0] * 9, abs=1e-9)  # nothing live until 100 %
+    for axis in ("raw", "fair"):
+        cpr = {name: c[axis].cpr for name, c in curves.items()}
+        print(axis, {k: round(v, 3) for k, v in cpr.items()})
+        randoms = [cpr[f"random_{s}"] for s in range(3)]
+        for name in ("planted", "eap_heads", "eap_ig"):
+            assert cpr[name] > max(randoms) + 0.2, (axis, cpr)
+        assert cpr["reversed"] < min(randoms) - 0.05, (axis, cpr)
+        assert curves["reversed"][axis].values[:9] == pytest.approx([0.0] * 9, abs=1e-9)  # nothing live until 100 %
+    # 10 % keeps all 48 live directions (1e-6: the kept route adds their float32-projected change to the reference)
+    assert curves["planted"]["raw"].values[6:] == pytest.approx([1.0] * 4, abs=1e-6)

@@ -34,9 +34,11 @@ def sample(cls: type[R.Result]) -> R.Result:
             values[f.name] = 3
         else:
             values[f.name] = "x"
-    if cls is R.FaithfulnessResult:  # its rows read curves: one curve of two sizes
-        curve = {"sizes": [0.5, 1.0], "n_kept": [1, 2], "values": [0.2, 1.0], "metric": [0.1, 0.5]}
-        values["faithfulness"] = {"eap_heads": {**curve, "cpr": 0.3, "cmd": 0.4, "seconds": 1.5}}
+    if cls is R.FaithfulnessResult:  # its rows read curves: one ranking's curves of two sizes on two axes
+        curve = {"sizes": [0.5, 1.0], "n_kept": [1, 2], "raw_size": [0.5, 1.0], "fair_size": [0.4, 1.0],
+                 "values": [0.2, 1.0], "metric": [0.1, 0.5], "cpr": 0.3, "cmd": 0.4, "seconds": 1.5}  # fmt: skip
+        scores = {"cpr": {"raw": 0.3, "fair": 0.3}, "cmd": {"raw": 0.4, "fair": 0.4}}
+        values["faithfulness"] = {"eap_heads": {"rankings": {"signed": {"raw": curve, "fair": curve}}, **scores}}
     return cls(**values)
 
 

@@ -81,7 +81,8 @@ def finish(proc: subprocess.Popen) -> None:
 
 def outputs(root: Path) -> tuple[dict, dict]:
     results = json.loads(next(root.rglob("results.json")).read_text())
-    masks = torch.load(next(root.rglob("masks.pt")))["lambdas"]
+    state = torch.load(next(root.rglob("masks.pt")))
+    masks = {**state["lambdas"], **{f"last_kept {n}": t for n, t in state["last_kept"].items()}}  # the ranking's steps
     return results, masks
 
 

@@ -5,28 +5,45 @@ comes back.
 **The universe** is every maskable singular direction of the model (``lit_svd.models.intervene``): per layer the
 query map's directions of every head (``q``), the key map's of every KV head (``k``), the OV map's of every head
 (``ov``), and the MLP's input, gate and output maps' (``mlp_in``, ``mlp_gate``, ``mlp_out``): ``UNIVERSE_KINDS``,
-the same universe the mask runs of rotary models use. Non-rotary models (GPT-2) are scored on ``q`` and ``k``
-too: their joint ``qk`` component can only be zero-ablated, not patched.
+the same maps the mask runs of rotary models use, without their null directions (singular value ``<=
+linalg.NULL_RTOL`` of the map's largest: a bias-free map's zero bias row, a zero norm gain; rounding residue along a
+vector the SVD routine picks freely; SmolLM2-135M 60 of 92,220, Gemma-3-270M 304 of 76,068). Non-rotary models
+(GPT-2) are scored on ``q`` and ``k`` too: their joint ``qk`` component can only be zero-ablated, not patched.
 
 **A circuit** ``C`` is a set of directions of the universe. Every direction outside ``C`` has its coefficient
-patched to its value on the corrupted prompt, at every position (``Intervention.apply`` with scale 1 for the
-kept directions, 0 for the others, and the corrupted run's recorded coefficients as the reference); the
-directions in ``C`` keep their live values (computed in the patched forward from whatever reaches them). Clean
-and corrupted prompts must have the same token length (``check_same_length``). With every direction patched
-every site writes its corrupted value, so the residual stream at the answer position is the corrupted run's:
-``m(empty)`` is the corrupted prompt's metric; with none patched the forward is the clean one.
+patched to its value on the corrupted prompt, at every position (``models.patching.CircuitPatch``: the same
+ablation as ``Intervention.apply`` with scale 1 for the kept directions, 0 for the others and the corrupted run's
+coefficients as the reference, computed at the cost of the smaller of the kept and dropped sets); the directions
+in ``C`` keep their live values (computed in the patched forward from whatever reaches them). Clean and corrupted
+prompts must have the same token length (``check_same_length``). With every direction patched every site writes
+its corrupted value, so the residual stream at the answer position is the corrupted run's: ``m(empty)`` is the
+corrupted prompt's metric; with none patched the forward is the clean one.
 
 **Faithfulness** ``f(C) = (m(C) - m(empty)) / (m(full) - m(empty))`` with ``m`` the task's metric
 (``metrics.task_scorer``: IOI / GP logit difference, GT probability difference) averaged over the prompts first:
-a ratio of means, as MIB. **Sizes**: MIB's grid ``MIB_SIZES`` (0.1 % ... 100 % of the universe's directions);
-a circuit of fraction ``s`` keeps the first ``floor(s * N)`` directions of a ranking (``n_kept``; MIB's
-``int(pct * n)``). **CPR** is the area under ``f`` against the fraction, trapezoids over the grid's points only
-(x from 0.001 to 1; no point (0, 0) is added, as MIB's own code); **CMD** the area of ``|1 - f|`` over the same
-trapezoids (``areas``). A perfect curve has CPR 0.999 (the grid starts at 0.001) and CMD 0.
+a ratio of means, as MIB; **not clipped** (a circuit that leaves out what works against the task scores above 1).
+
+**Sizes**: MIB's grid ``MIB_SIZES`` (0.1 % ... 100 %) on two axes (``AXES``):
+
+* ``raw``: the fraction of the universe's directions; a circuit of size ``s`` keeps the first ``floor(s * N)``
+  directions of a ranking (``n_kept``; MIB's ``int(pct * n)``).
+* ``fair``: the mean over *units* of the fraction of each unit's directions kept (``fair_weights``): a unit is a
+  query head (its ``q`` and ``ov`` directions and its share ``1 / group`` of its KV head's ``k`` directions) or an
+  MLP layer (``mlp_in``, ``mlp_gate``, ``mlp_out``), so that a circuit of whole units has the size a node-level
+  (head) circuit has on MIB's axis (MIB's neuron-level weighting applied to directions; exact for models whose
+  query heads have their own key heads; with grouped keys a head circuit brings its KV head's key directions,
+  whose shares of the other query heads count too). A circuit of size ``s`` keeps the longest prefix of the
+  ranking whose fair size is at most ``s`` (``prefix_counts``).
+
+**CPR** is the area under ``f`` against the size, trapezoids over the grid's points only (x from 0.001 to 1; no
+point (0, 0) is added, as MIB's own code); **CMD** the area of ``|1 - f|`` over the same trapezoids (``areas``).
+A perfect curve has CPR 0.999 (the grid starts at 0.001) and CMD 0. **Every method is scored twice**, as MIB's
+``print_results``: CPR on the curve of its *signed* ranking (most positive attribution first), CMD on the curve of
+its *absolute* ranking (largest magnitude first); a method with one ranking (random, mask, graph) uses it for
+both (``method_scores``).
 
 Deviation from MIB: MIB scores *edge* circuits (an edge ablated is the writer's contribution to one reader
-patched); these are *node* circuits over directions (a direction ablated is patched for all its readers). An
-edge-level ablation of direction graphs is not built.
+patched); these are *node* circuits over directions (a direction ablated is patched for all its readers).
 """
 
 from __future__ import annotations
@@ -35,6 +52,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -42,18 +60,23 @@ from torch import Tensor
 from lit_svd.addresses import Address
 from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
 from lit_svd.models.base import ModelView
-from lit_svd.models.intervene import Component, Intervention, build_components
+from lit_svd.models.intervene import Component, build_components
+from lit_svd.models.patching import CircuitPatch, Reference
 
 MIB_SIZES: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 UNIVERSE_KINDS: tuple[str, ...] = ("q", "k", "ov", "mlp")
+Axis = Literal["raw", "fair"]
+AXES: tuple[Axis, ...] = ("raw", "fair")
+FAIR_TOLERANCE = 1e-9  # relative slack of a prefix's fair size against a grid size (float sums of many weights)
 
 
 def universe_components(
     view: ModelView, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None, progress: bool = False
 ) -> list[Component]:
-    """The universe's components (``UNIVERSE_KINDS`` of every layer, or of ``layers``), in the model's dtype
-    (or ``dtype``): float64 models are scored in float64."""
-    comps = build_components(view, UNIVERSE_KINDS, layers, progress=progress)
+    """The universe's components (``UNIVERSE_KINDS`` of every layer, or of ``layers``) without their null
+    directions (``build_component``'s ``drop_null``), in the model's dtype (or ``dtype``): float64 models are scored
+    in float64."""
+    comps = build_components(view, UNIVERSE_KINDS, layers, progress=progress, drop_null=True)
     dtype = dtype or next(view.model.parameters()).dtype
     if dtype != torch.float32:
         for c in comps:
@@ -190,9 +213,61 @@ def check_same_length(batch: dict) -> None:
         )
 
 
+def fair_weights(universe: Universe) -> Tensor:
+    """``[N]`` float64: each direction's share of the fair size axis (module docstring), summing to 1. A query
+    head's unit holds its ``q`` and ``ov`` directions (1 each) and ``1 / group`` of each of its KV head's ``k``
+    directions; an MLP layer's unit holds its ``mlp_in``, ``mlp_gate`` and ``mlp_out`` directions; a direction
+    weighs ``share / (its unit's total share)``, summed over its units, over the number of units."""
+    comps = {(c.layer, c.kind): c for c in universe.components}
+    units: list[list[tuple[str, int, float]]] = []
+    for layer in sorted({c.layer for c in universe.components}):
+        q, k, ov = (comps.get((layer, kind)) for kind in ("q", "k", "ov"))
+        heads = q or ov or k
+        if heads is not None:
+            H = heads.shape[0]
+            H_kv = k.shape[0] if k is not None else H
+            if H % H_kv:
+                raise ValueError(f"L{layer}: {H} query heads do not share {H_kv} key heads evenly")
+            for h in range(H):
+                unit = [(c.name, h, 1.0) for c in (q, ov) if c is not None]
+                if k is not None:
+                    unit.append((k.name, h // (H // H_kv), H_kv / H))
+                units.append(unit)
+        mlp = [(c.name, 0, 1.0) for kind in ("mlp_in", "mlp_gate", "mlp_out") if (c := comps.get((layer, kind)))]
+        if mlp:
+            units.append(mlp)
+    weights = torch.zeros(len(universe), dtype=torch.float64)
+    for unit in units:
+        widths = {name: universe.shapes[universe.names.index(name)][1] for name, _, _ in unit}
+        total = sum(share * widths[name] for name, _, share in unit)
+        for name, group, share in unit:
+            start = universe.slice(name).start + group * widths[name]
+            weights[start : start + widths[name]] += share / total
+    return weights / len(units)
+
+
+def prefix_counts(weights_in_order: Tensor, sizes: Sequence[float]) -> list[int]:
+    """Per size ``s`` the length of the longest prefix whose summed weight is at most ``s`` (relative slack
+    ``FAIR_TOLERANCE``): how many items of a ranking a circuit of weighted size ``s`` keeps."""
+    total = torch.cumsum(weights_in_order.double(), 0)
+    bounds = torch.tensor([s * (1 + FAIR_TOLERANCE) for s in sizes], dtype=torch.float64)
+    return [int(c) for c in torch.searchsorted(total, bounds, right=True)]
+
+
+def kept_counts(ranking: Tensor, sizes: Sequence[float], axis: Axis, weights: Tensor | None = None) -> list[int]:
+    """How many of ``ranking``'s first directions a circuit of each size keeps on ``axis`` (``fair`` needs
+    ``weights``, ``fair_weights``)."""
+    if axis == "raw":
+        return [n_kept(s, len(ranking)) for s in sizes]
+    if weights is None:
+        raise ValueError("the fair axis needs the universe's fair weights (fair_weights)")
+    return prefix_counts(weights[ranking], sizes)
+
+
 @dataclass
 class Curve:
-    """One ranking's faithfulness curve: per size the kept count, ``f`` and ``m`` (the mean metric)."""
+    """One ranking's faithfulness curve on one axis: per size the kept count, ``f``, ``m`` (the mean metric), and
+    the kept prefix's raw fraction and fair size (``fair_size``: None without weights)."""
 
     sizes: list[float]
     n_kept: list[int]
@@ -201,12 +276,16 @@ class Curve:
     cpr: float
     cmd: float
     seconds: float = 0.0
+    raw_size: list[float] = field(default_factory=list)
+    fair_size: list[float] | None = None
 
     def row(self) -> dict:
-        """The curve as the results hold it: ``{"sizes", "n_kept", "values", "metric", "cpr", "cmd", "seconds"}``."""
+        """The curve as the results hold it."""
         return {
             "sizes": self.sizes,
             "n_kept": self.n_kept,
+            "raw_size": self.raw_size,
+            "fair_size": self.fair_size,
             "values": self.values,
             "metric": self.metric,
             "cpr": self.cpr,
@@ -216,9 +295,39 @@ class Curve:
 
 
 @dataclass
+class CurvePlan:
+    """The circuits to run: per ranking (``{name: [N] long}``, most important first) the kept counts per axis at
+    the grid sizes (``counts[name][axis]``); ``weights``: the fair weights (None: raw axis only)."""
+
+    sizes: list[float]
+    rankings: dict[str, Tensor]
+    counts: dict[str, dict[Axis, list[int]]]
+    n: int
+    weights: Tensor | None = None
+
+    def circuits(self, name: str) -> list[int]:
+        """The distinct kept counts of ranking ``name`` over its axes (each one forward)."""
+        return sorted({k for counts in self.counts[name].values() for k in counts})
+
+
+def plan_curves(
+    rankings: Mapping[str, Tensor],
+    sizes: Sequence[float],
+    n: int,
+    axes: Sequence[Axis] = ("raw",),
+    weights: Tensor | None = None,
+) -> CurvePlan:
+    """A ``CurvePlan`` of ``rankings`` (checked permutations of ``n``) on ``axes`` at ``sizes``."""
+    sizes = check_sizes(sizes)
+    rankings = {name: check_ranking(r, n, name) for name, r in rankings.items()}
+    counts = {name: {axis: kept_counts(r, sizes, axis, weights) for axis in axes} for name, r in rankings.items()}
+    return CurvePlan(sizes, rankings, counts, n, weights)
+
+
+@dataclass
 class CurveSums:
     """Per-prompt metric sums of one evaluation (what a module reduces over batches and DDP ranks):
-    ``full``, ``empty`` and ``circuits[name]: [len(sizes)]``, and the number of prompts."""
+    ``full``, ``empty`` and ``circuits[name]: [len(plan.circuits(name))]``, and the number of prompts."""
 
     full: float = 0.0
     empty: float = 0.0
@@ -236,80 +345,84 @@ class CurveSums:
             self.seconds[name] = self.seconds.get(name, 0.0) + secs
 
 
-def curves_from_sums(sums: CurveSums, sizes: Sequence[float], n: int) -> tuple[dict[str, Curve], dict]:
-    """Curves from reduced sums: ratio of means (the means are taken over all prompts first)."""
+def curves_from_sums(sums: CurveSums, plan: CurvePlan) -> tuple[dict[str, dict[Axis, Curve]], dict]:
+    """Curves ``{name: {axis: Curve}}`` from reduced sums: ratio of means (the means over all prompts first)."""
     if sums.prompts == 0:
         raise ValueError("faithfulness: no prompts were scored")
     full, empty = sums.full / sums.prompts, sums.empty / sums.prompts
     gap = full - empty
     if not math.isfinite(gap) or gap == 0:
         raise ValueError(f"faithfulness: m(full) = {full} and m(empty) = {empty} leave no gap to normalise by")
-    curves = {}
+    curves: dict[str, dict[Axis, Curve]] = {}
     for name, total in sums.circuits.items():
-        metric = (total.double() / sums.prompts).tolist()
-        values = [(m - empty) / gap for m in metric]
-        cpr, cmd = areas(sizes, values)
-        curves[name] = Curve(list(sizes), [n_kept(s, n) for s in sizes], values, metric, cpr, cmd,
-                             sums.seconds.get(name, 0.0))  # fmt: skip
-    return curves, {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts, "n_directions": n}
+        at = dict(zip(plan.circuits(name), (total.double() / sums.prompts).tolist()))
+        prefix = None if plan.weights is None else torch.cumsum(plan.weights[plan.rankings[name]], 0)
+        curves[name] = {}
+        for axis, counts in plan.counts[name].items():
+            metric = [at[k] for k in counts]
+            values = [(m - empty) / gap for m in metric]
+            cpr, cmd = areas(plan.sizes, values)
+            fair = None if prefix is None else [float(prefix[k - 1]) if k else 0.0 for k in counts]
+            curves[name][axis] = Curve(list(plan.sizes), counts, values, metric, cpr, cmd,
+                                       sums.seconds.get(name, 0.0), [k / plan.n for k in counts], fair)  # fmt: skip
+    return curves, {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts, "n_directions": plan.n}
 
 
-@torch.no_grad()
-def corrupted_reference(intervention: Intervention, batch: dict) -> dict[str, Tensor]:
-    """Every component's coefficients ``[B, T, G, K]`` at every position of the corrupted prompts."""
-    with intervention.record() as store:
-        intervention.view.model(input_ids=batch["corrupt_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-    return dict(store)
+def method_scores(curves: Mapping[str, Mapping[Axis, Curve]], signed: str, absolute: str) -> dict[str, dict]:
+    """MIB's two scores of a method per axis: ``cpr`` of its signed ranking's curve, ``cmd`` of its absolute
+    ranking's (the same ranking for a method with one)."""
+    return {
+        "cpr": {axis: c.cpr for axis, c in curves[signed].items()},
+        "cmd": {axis: c.cmd for axis, c in curves[absolute].items()},
+    }
+
+
+def corrupted_reference(patch: CircuitPatch, batch: dict) -> Reference:
+    """The corrupted prompts' site outputs and coefficient sources at every position (``CircuitPatch.record``)."""
+    return patch.record(batch["corrupt_ids"], batch["attention_mask"])
 
 
 @torch.no_grad()
 def circuit_metric(
-    intervention: Intervention,
-    universe: Universe,
-    batch: dict,
-    keep: Tensor,
-    reference: dict[str, Tensor],
-    task: TaskScorer,
+    patch: CircuitPatch, universe: Universe, batch: dict, keep: Tensor, reference: Reference, task: TaskScorer
 ) -> Tensor:
     """``[B]``: the task metric of the clean prompts with every direction outside ``keep: [N]`` (bool) patched to
     ``reference`` (``corrupted_reference``) at every position."""
-    view = intervention.view
-    dtype = next(view.model.parameters()).dtype
-    scales = universe.scales(keep, dtype, batch["clean_ids"].device)
-    # a component kept whole is left unhooked: its scales of 1 would add exactly (c - c_ref) * 0
-    scales = {name: lam for name, lam in scales.items() if not bool(lam.all())}
-    with intervention.apply(scales, reference=reference):
-        logits = forward_answer_logits(view.model, batch["clean_ids"], batch["attention_mask"], batch["answer_pos"])
+    with patch.apply(universe.split(keep), reference):
+        logits = forward_answer_logits(
+            patch.view.model, batch["clean_ids"], batch["attention_mask"], batch["answer_pos"]
+        )
     return task.metric(logits, batch).double()
 
 
 @torch.no_grad()
 def batch_sums(
-    intervention: Intervention,
+    patch: CircuitPatch,
     universe: Universe,
     batch: dict,
-    rankings: Mapping[str, Tensor],
-    sizes: Sequence[float],
+    plan: CurvePlan,
     task: str | TaskScorer,
     progress: Callable[[int], None] | None = None,
 ) -> CurveSums:
-    """One batch's ``CurveSums``: ``m(full)``, ``m(empty)`` and every ranking's circuits at ``sizes``, one forward
-    each on the same corrupted reference (recorded once)."""
+    """One batch's ``CurveSums``: ``m(full)``, ``m(empty)`` and every planned circuit, one forward each on the same
+    corrupted reference (recorded once; the empty and full circuits are not run twice)."""
     check_same_length(batch)
     task = task_scorer(task)
     n = len(universe)
-    reference = corrupted_reference(intervention, batch)
-    none, every = torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)
+    reference = corrupted_reference(patch, batch)
     out = CurveSums(prompts=len(batch["answer_pos"]))
-    out.full = float(circuit_metric(intervention, universe, batch, every, reference, task).sum())
-    out.empty = float(circuit_metric(intervention, universe, batch, none, reference, task).sum())
-    for name, ranking in rankings.items():
+    out.full = float(circuit_metric(patch, universe, batch, torch.ones(n, dtype=torch.bool), reference, task).sum())
+    out.empty = float(circuit_metric(patch, universe, batch, torch.zeros(n, dtype=torch.bool), reference, task).sum())
+    for name, ranking in plan.rankings.items():
         start = time.monotonic()
         values = []
-        for size in sizes:
+        for count in plan.circuits(name):
+            if count in (0, n):
+                values.append(out.empty if count == 0 else out.full)
+                continue
             keep = torch.zeros(n, dtype=torch.bool)
-            keep[ranking[: n_kept(size, n)]] = True
-            values.append(float(circuit_metric(intervention, universe, batch, keep, reference, task).sum()))
+            keep[ranking[:count]] = True
+            values.append(float(circuit_metric(patch, universe, batch, keep, reference, task).sum()))
             if progress:
                 progress(1)
         out.circuits[name] = torch.tensor(values, dtype=torch.float64)
@@ -325,38 +438,27 @@ def faithfulness_curves(
     task: str | TaskScorer,
     sizes: Sequence[float] = MIB_SIZES,
     progress: bool = False,
-) -> tuple[dict[str, Curve], dict]:
-    """The faithfulness curve of every ranking (``{name: [N] long}``: the universe's flat indices, most important
-    first; ``lit_svd.analysis.rankings``) on the same prompts, sizes and ablation. Returns ``(curves, info)``,
-    ``info``: ``m_full``, ``m_empty``, ``n_prompts``, ``n_directions``, ``wall_s``. ``Curve.seconds``: the time of
-    that ranking's forwards (the shared reference, full and empty runs not included)."""
+    axes: Sequence[Axis] = AXES,
+) -> tuple[dict[str, dict[Axis, Curve]], dict]:
+    """The faithfulness curves ``{name: {axis: Curve}}`` of every ranking (``{name: [N] long}``: the universe's
+    flat indices, most important first; ``lit_svd.analysis.rankings``) on the same prompts, sizes and ablation.
+    Returns ``(curves, info)``, ``info``: ``m_full``, ``m_empty``, ``n_prompts``, ``n_directions``, ``wall_s``.
+    ``Curve.seconds``: the time of that ranking's forwards (the shared reference, full and empty runs not
+    included)."""
     from tqdm.auto import tqdm
 
-    sizes = check_sizes(sizes)
     universe = Universe(components)
-    rankings = {name: check_ranking(r, len(universe), name) for name, r in rankings.items()}
-    intervention = Intervention(view, components)
+    weights = fair_weights(universe) if "fair" in axes else None
+    plan = plan_curves(rankings, sizes, len(universe), axes, weights)
+    patch = CircuitPatch(view, components)
     batches = list(batches)
     start = time.monotonic()
     total = CurveSums()
-    with tqdm(
-        total=len(batches) * len(sizes) * len(rankings), desc="faithfulness circuits", disable=not progress
-    ) as bar:
+    n = len(universe)
+    n_forwards = len(batches) * sum(len(set(plan.circuits(name)) - {0, n}) for name in plan.rankings)
+    with tqdm(total=n_forwards, desc="faithfulness circuits", disable=not progress) as bar:
         for batch in batches:
-            total.add(batch_sums(intervention, universe, batch, rankings, sizes, task, bar.update))
-    curves, info = curves_from_sums(total, sizes, len(universe))
+            total.add(batch_sums(patch, universe, batch, plan, task, bar.update))
+    curves, info = curves_from_sums(total, plan)
     info["wall_s"] = time.monotonic() - start
     return curves, info
-
-
-def faithfulness_curve(
-    view: ModelView,
-    components: Sequence[Component],
-    batches: Iterable[dict],
-    ranking: Tensor,
-    task: str | TaskScorer,
-    sizes: Sequence[float] = MIB_SIZES,
-) -> Curve:
-    """One ranking's curve (``faithfulness_curves`` with one ranking)."""
-    curves, _ = faithfulness_curves(view, components, batches, {"ranking": ranking}, task, sizes)
-    return curves["ranking"]

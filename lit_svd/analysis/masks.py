@@ -29,13 +29,28 @@ from lit_svd.models.intervene import Component, Intervention
 
 Ablation = Literal["zero", "patch"]
 Positions = Literal["answer", "all"]
+MaskLoss = Literal["kl", "metric"]
 QK_KINDS = ("qk", "q", "k")  # the attention-pattern maps; "without_qk" counts the rest (OV, MLP)
 
 
-def check_mask_config(alpha: float, init: float, threshold: float, ablation: str, positions: str) -> None:
+def check_mask_config(
+    alpha: float,
+    init: float,
+    threshold: float,
+    ablation: str,
+    positions: str,
+    loss: str = "kl",
+    alpha_final: float | None = None,
+) -> None:
     """One-line errors for a bad mask configuration."""
     if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
         raise ValueError(f"alpha={alpha!r} is invalid; the L1 weight must be a finite number >= 0")
+    if alpha_final is not None and not (math.isfinite(alpha_final) and alpha_final > 0 and alpha > 0):
+        raise ValueError(
+            f"alpha_final={alpha_final!r} is invalid with alpha={alpha!r}; a geometric schedule needs both finite and"
+            " > 0 (or alpha_final null: alpha throughout)"
+        )
+    check_choice("loss", loss, MaskLoss)
     if not 0 < init < 1:
         raise ValueError(f"init={init!r} is invalid; the initial mask value lambda = sigmoid(theta) must be in (0, 1)")
     if not 0 < threshold < 1:
@@ -72,6 +87,25 @@ def mask_loss(
     kl = kl_divergence(masked_logits, full_logits).mean()
     total = l1(lambdas)
     return kl + alpha * total, kl, total
+
+
+def metric_distance(
+    masked: Float[Tensor, " batch"], full: Float[Tensor, " batch"], corrupt: Float[Tensor, " batch"]
+) -> Float[Tensor, ""]:
+    """Mean over the batch of ``((m_masked - m_full) / gap)^2``, ``m`` the task metric and ``gap = |mean(m_full -
+    m_corrupt)|`` the batch's clean-corrupted gap (no gradient): 0 for the full model, about 1 for the empty circuit
+    under patching, whatever the task's scale."""
+    gap = (full - corrupt).mean().abs().detach().clamp_min(1e-6)
+    return ((masked - full.detach()) / gap).square().mean()
+
+
+def alpha_at(alpha: float, alpha_final: float | None, step: int, max_steps: int) -> float:
+    """The L1 weight at optimiser step ``step``: ``alpha`` throughout (``alpha_final`` None), else raised (or lowered)
+    geometrically from ``alpha`` at step 0 to ``alpha_final`` at ``max_steps``, held there after."""
+    if alpha_final is None:
+        return alpha
+    t = min(max(step / max(max_steps, 1), 0.0), 1.0)
+    return alpha * (alpha_final / alpha) ** t
 
 
 def kept_report(components: Sequence[Component], lambdas: dict[str, Tensor], threshold: float) -> dict:

@@ -13,11 +13,15 @@ given size keeps. Each is a permutation of the universe's flat indices, most imp
   method) every MLP layer with scored output directions also ranks its input and gate directions, each at the
   layer's largest output-direction score (by singular index within the layer): the graph splits reads only up
   to an MLP's output directions (the activation and gate are not linear), and those are computed from them.
-* ``unit_ranking`` / ``eap_ranking``: head-level attribution patching (``analysis.attribution``): heads and MLP
-  layers by ``|attribution|``; a head brings its ``q`` and ``ov`` directions and, the first time one of its
-  query heads comes, its KV head's ``k`` directions; an MLP layer brings ``mlp_in``, ``mlp_gate``, ``mlp_out``.
-  Within a unit the directions are interleaved by singular index (d0 of every map, then d1, ...), so a size that
-  cuts a unit keeps its leading directions of every map.
+* ``attribution_rankings``: a direction attribution (``analysis.direction_attribution``) ranked twice, signed (most
+  positive first: MIB's CPR ranking) and by magnitude (MIB's CMD ranking); ``per_weight`` divides a score by the
+  direction's cost on a weighted size axis (``faithfulness.fair_weights``).
+* ``eap_ranking``: head-level attribution patching (``analysis.attribution``, or head-level EAP-IG summed from
+  direction attributions): heads and MLP layers by ``|attribution|`` (``signed``: by attribution); a head brings
+  its ``q`` and ``ov`` directions and, the first time one of its query heads comes, its KV head's ``k``
+  directions; an MLP layer brings ``mlp_in``, ``mlp_gate``, ``mlp_out``. Within a unit the directions are
+  interleaved by singular index (d0 of every map, then d1, ...), so a size that cuts a unit keeps its leading
+  directions of every map.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from torch import Tensor
 from lit_svd.addresses import Address
 from lit_svd.analysis.attribution import Attributions
 from lit_svd.analysis.faithfulness import Universe
-from lit_svd.linalg import SVD, svd_factored
+from lit_svd.linalg import SVD, average_ranks, svd_factored
 from lit_svd.models.base import ModelView
 
 if TYPE_CHECKING:
@@ -45,6 +49,19 @@ TAIL_SEED = 0  # the seeded random order of ties and unscored directions, fixed 
 def random_ranking(n: int, seed: int) -> Tensor:
     """A seeded random permutation of ``0 .. n-1``."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
+
+
+def attribution_rankings(scores: Tensor, tail_seed: int = TAIL_SEED) -> dict[str, Tensor]:
+    """``{"signed": by score descending, "absolute": by |score| descending}`` (``score_ranking``): MIB scores a
+    method's CPR on the first and its CMD on the second."""
+    scores = torch.as_tensor(scores, dtype=torch.float64)
+    return {"signed": score_ranking(scores, tail_seed), "absolute": score_ranking(scores.abs(), tail_seed)}
+
+
+def per_weight(scores: Tensor, weights: Tensor) -> Tensor:
+    """``scores / weights``: a direction's score per unit of the size it costs on a weighted axis (the fair axis:
+    ``faithfulness.fair_weights``), so that a prefix of the ranking gathers the most score for its size."""
+    return torch.as_tensor(scores, dtype=torch.float64) / weights.double()
 
 
 def score_ranking(scores: Tensor, tail_seed: int = TAIL_SEED) -> Tensor:
@@ -213,9 +230,9 @@ def run_graph_ranking(
 
 
 def mask_ranking(universe: Universe, masks: Mapping, tail_seed: int = TAIL_SEED) -> tuple[Tensor, dict]:
-    """``(ranking, info)`` of a mask run's ``masks.pt`` state (``{"lambdas": {component: [G, K]}, ...}``): by
-    lambda, descending. Components the run masked that the universe lacks fail in one line (a joint ``qk`` mask of
-    a non-rotary model has no q / k directions to rank)."""
+    """``(ranking, info)`` of a mask run's ``masks.pt`` state (``{"lambdas": {component: [G, K]}, ...}``), descending
+    by ``mask_order_scores``. Components the run masked that the universe lacks fail in one line (a joint ``qk`` mask
+    of a non-rotary model has no q / k directions to rank)."""
     lambdas = dict(masks["lambdas"])
     extra = [n for n in lambdas if n not in universe.names]
     if extra:
@@ -223,12 +240,52 @@ def mask_ranking(universe: Universe, masks: Mapping, tail_seed: int = TAIL_SEED)
             f"mask run: component {extra[0]} is not in the faithfulness universe (q, k, ov, mlp maps); a joint qk"
             " mask cannot rank q and k directions"
         )
-    scores = universe.flatten(lambdas)
+    lambdas, null = without_null_lambdas(universe, lambdas)
+    flat = universe.flatten(lambdas)
+    scores, ranked_by = mask_order_scores(universe, masks)
     info = {
-        "directions_scored": int((~scores.isnan()).sum()),
-        "kept": int((scores >= float(masks.get("threshold", 0.0))).sum()),
+        "directions_scored": int((~flat.isnan()).sum()),
+        "kept": int((flat >= float(masks.get("threshold", 0.0))).sum()),
+        "null_left_out": null,
+        "ranked_by": ranked_by,
     }
     return score_ranking(scores, tail_seed), info
+
+
+def mask_order_scores(universe: Universe, masks: Mapping) -> tuple[Tensor, str]:
+    """``([N] scores, what ranks them)`` of a mask run (NaN: directions it did not mask). By ``lambda``; by the mask
+    logit ``theta`` where the run saved it (``logits``: no ties where lambda underflows to 0, below theta ~ -100 in
+    float32); with ``last_kept`` (the last optimiser step each direction was in the hard mask), by that step first
+    and by the logit within a step: a direction that left the circuit later ranks higher, and the circuit of any size
+    is (nearly) the hard mask of the step when the run kept that many."""
+
+    def flat(key: str) -> Tensor:
+        return universe.flatten(without_null_lambdas(universe, dict(masks[key]))[0])
+
+    if "logits" not in masks:
+        return flat("lambdas"), "lambda"
+    scores = flat("logits")
+    if "last_kept" not in masks:
+        return scores, "logit"
+    scored = ~scores.isnan()
+    within = torch.zeros_like(scores)
+    within[scored] = average_ranks(scores[scored]) / max(int(scored.sum()), 1)  # in [0, 1): the logit's rank
+    return flat("last_kept") + within, "last_kept, logit"
+
+
+def without_null_lambdas(universe: Universe, lambdas: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], int]:
+    """``(lambdas, n)``: a mask run's lambdas cut to the universe's directions. A run whose components kept their null
+    directions (the default of ``build_components``) has more directions per group than the universe in those maps;
+    they are the trailing singular indices (``SVD.without_null``), so the first ``K`` of each group are the universe's.
+    ``n``: how many were left out."""
+    out, n = {}, 0
+    for name, lam in lambdas.items():
+        G, K = universe.shapes[universe.names.index(name)]
+        if lam.ndim == 2 and lam.shape[0] == G and lam.shape[1] > K:
+            n += G * (lam.shape[1] - K)
+            lam = lam[:, :K]
+        out[name] = lam
+    return out, n
 
 
 def unit_directions(universe: Universe, parts: Iterable[tuple[str, int]]) -> list[int]:
@@ -242,14 +299,15 @@ def unit_directions(universe: Universe, parts: Iterable[tuple[str, int]]) -> lis
     return [flat for _, _, flat in sorted(rows)]
 
 
-def eap_ranking(universe: Universe, attr: Attributions, n_kv_heads: int) -> tuple[Tensor, dict]:
-    """``(ranking, info)``: heads and MLP layers by ``|attribution|`` descending (ties: heads before MLPs, then
-    layer, then head), expanded into their directions (module docstring). Directions of layers the universe lacks
-    are not ranked; every universe direction must belong to some unit."""
+def eap_ranking(universe: Universe, attr: Attributions, n_kv_heads: int, signed: bool = False) -> tuple[Tensor, dict]:
+    """``(ranking, info)``: heads and MLP layers by ``|attribution|`` (``signed``: by attribution) descending (ties:
+    heads before MLPs, then layer, then head), expanded into their directions (module docstring). Directions of
+    layers the universe lacks are not ranked; every universe direction must belong to some unit."""
     L, H = attr.heads.shape
     group = H // n_kv_heads
-    units = [(abs(float(attr.heads[l, h])), 0, l, h) for l in range(L) for h in range(H)]
-    units += [(abs(float(attr.mlps[l])), 1, l, 0) for l in range(L)]
+    key = (lambda v: float(v)) if signed else (lambda v: abs(float(v)))  # noqa: E731
+    units = [(key(attr.heads[l, h]), 0, l, h) for l in range(L) for h in range(H)]
+    units += [(key(attr.mlps[l]), 1, l, 0) for l in range(L)]
     units.sort(key=lambda u: (-u[0], u[1], u[2], u[3]))
     names = set(universe.names)
     order: list[int] = []

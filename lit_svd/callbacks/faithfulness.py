@@ -1,8 +1,8 @@
 """FaithfulnessReport: the curves of ``FaithfulnessModule`` written into the run folder.
 
 After ``test`` (rank zero): ``results.json`` (``lit_svd.results.FaithfulnessResult``, experiment ``faithfulness``),
-``faithfulness.csv`` (one row per method and size) and ``faithfulness_curves.png`` (also a TensorBoard image). It
-reads the module's rows only (``faithfulness``, ``summary``); it never runs the model.
+``faithfulness.csv`` (one row per method, ranking, size axis and size) and ``faithfulness_curves.png`` (also a
+TensorBoard image). It reads the module's rows only (``faithfulness``, ``summary``); it never runs the model.
 """
 
 from __future__ import annotations

@@ -1,31 +1,48 @@
-"""Figures of a ``FaithfulnessResult``: ``faithfulness_curves.png``, every method's curve against the fraction of
-the universe's directions kept (log x), the random rankings grey and dashed, CPR and CMD in the legend."""
+"""Figures of a ``FaithfulnessResult``: ``faithfulness_curves.png``, every method's curves against the size kept
+(log x) in four panels: columns the raw axis (fraction of directions) and the fair axis (mean kept fraction of the
+units); rows the signed rankings (their CPR in the legend) and the absolute ones (their CMD). The random rankings
+grey and dashed."""
 
 from __future__ import annotations
 
 from lit_svd.figures.base import array, colors, new_figure
 from lit_svd.results.faithfulness import FaithfulnessResult
 
+ROWS = (("signed", "cpr", "signed ranking (CPR)"), ("absolute", "cmd", "absolute ranking (CMD)"))
+XLABEL = {"raw": "fraction of the universe's directions kept", "fair": "fair size: mean kept fraction of the units"}
 
-def curves_figure(curves: dict, title: str):
-    """``curves``: ``{method: {"sizes", "values", "cpr", "cmd"}}``; methods named ``random*`` are the baseline."""
-    fig, ax = new_figure(figsize=(6.4, 4.2))
+
+def _curve(entry: dict, variant: str, axis: str) -> dict | None:
+    """The method's curve for a row: its ``variant`` ranking, or its one ranking."""
+    rankings = entry["rankings"]
+    return (rankings.get(variant) or rankings.get("ranking") or {}).get(axis)
+
+
+def curves_figure(faithfulness: dict, title: str):
+    """``faithfulness``: ``{method: {"rankings": {variant: {axis: curve}}, "cpr": {axis}, "cmd": {axis}}}``;
+    methods named ``random*`` are the baseline."""
+    axes_names = [a for a in ("raw", "fair") if any(_curve(e, "signed", a) for e in faithfulness.values())]
+    fig, axes = new_figure(len(ROWS), len(axes_names), figsize=(5.2 * len(axes_names), 7.6), squeeze=False)
     palette = colors()
-    ordered = sorted(curves.items(), key=lambda kv: kv[0].startswith("random"))
-    for i, (method, c) in enumerate(ordered):
-        label = f"{method} (CPR {c['cpr']:.3f}, CMD {c['cmd']:.3f})"
-        if method.startswith("random"):
-            ax.plot(array(c["sizes"]), array(c["values"]), color="0.55", ls="--", marker=".", label=label)
-        else:
-            ax.plot(array(c["sizes"]), array(c["values"]), color=palette[i % len(palette)], marker="o", ms=3,
-                    label=label)  # fmt: skip
-    ax.axhline(1.0, color="k", lw=0.6, ls=":")
-    ax.axhline(0.0, color="k", lw=0.6, ls=":")
-    ax.set_xscale("log")
-    ax.set_xlabel("fraction of the universe's directions kept (MIB's grid)")
-    ax.set_ylabel("faithfulness (m(C) - m(empty)) / (m(full) - m(empty))")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    ordered = sorted(faithfulness.items(), key=lambda kv: kv[0].startswith("random"))
+    for r, (variant, score, label) in enumerate(ROWS):
+        for col, axis in enumerate(axes_names):
+            ax = axes[r][col]
+            for i, (method, entry) in enumerate(ordered):
+                c = _curve(entry, variant, axis)
+                if c is None:
+                    continue
+                text = f"{method} ({score.upper()} {entry[score][axis]:.3f})"
+                random = method.startswith("random")
+                ax.plot(array(c["sizes"]), array(c["values"]), color="0.55" if random else palette[i % len(palette)],
+                        ls="--" if random else "-", marker="." if random else "o", ms=3, label=text)  # fmt: skip
+            ax.axhline(1.0, color="k", lw=0.6, ls=":")
+            ax.axhline(0.0, color="k", lw=0.6, ls=":")
+            ax.set_xscale("log")
+            ax.set_xlabel(XLABEL[axis], fontsize=8)
+            ax.set_ylabel(f"f, {label}", fontsize=8)
+            ax.legend(fontsize=6)
+    fig.suptitle(title, fontsize=9)
     return fig
 
 

@@ -180,6 +180,7 @@ class ModelView(ABC):
     layers_path: str = ""  # the decoder blocks, from the model ("model.layers")
     norm_paths: tuple[str, str, str] = ("", "", "")  # attention and MLP norms (in a block), final norm (from the model)
     attention_path: str = "self_attn"  # the attention module, in a block (its output is (out, pattern) under eager)
+    mlp_path: str = "mlp"  # the MLP module, in a block (input: the MLP's normalised input; output: the down site's)
     d_mlp_key: str = "intermediate_size"  # the config's MLP width (unset: 4 * d_model, as GPT-2's n_inner)
 
     # --- sizes -------------------------------------------------------------------------------
@@ -400,6 +401,11 @@ class ModelView(ABC):
     def attention_module(self, layer: int) -> nn.Module:
         """The attention module of ``layer``: output ``(attn_out, pattern)``, the pattern only under eager."""
         return self._layers[self.check_layer(layer)].get_submodule(self.attention_path)
+
+    def mlp_module(self, layer: int) -> nn.Module:
+        """The MLP module of ``layer``: input the normalised residual (the up / gate sites' input), output the
+        ``down`` site's output (before any post-MLP norm)."""
+        return self._layers[self.check_layer(layer)].get_submodule(self.mlp_path)
 
     def unfolded(self) -> ModelView:
         """The same model's view with ``fold_norms=False`` (weights as the model holds them)."""

@@ -37,6 +37,10 @@ query / key norms (Gemma-3 ``q_norm`` / ``k_norm``): there ``q`` and ``k`` are t
 ``1 / rms`` is the one the model computed from its unmodified query / key at that site: masking a
 direction removes its coefficient without renormalising the rest, so all-ones scales are exact and
 ``out' = f (q + ((c - c_ref)(lambda - 1)) V^T)`` stays linear in the scales.
+
+``build_component(s)(..., drop_null=True)`` leaves out a map's null directions (singular value at most
+``linalg.NULL_RTOL`` of its group's largest: a bias-free map's zero bias row, a zero norm gain), whose singular
+vectors the SVD routine picks freely; the faithfulness universe and the faithful mask use it.
 """
 
 from __future__ import annotations
@@ -113,6 +117,14 @@ class Component:
     def n_directions(self) -> int:
         return self.S.numel()
 
+    def to_(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Component:
+        """Move (in place) the SVD tensors to ``device`` and / or ``dtype``; returns the component."""
+        for attr in ("U", "S", "V", "read"):
+            t = getattr(self, attr)
+            if t is not None:
+                setattr(self, attr, t.to(device=device, dtype=dtype))
+        return self
+
     def coefficients(self, x: Float[Tensor, "*batch d_site"]) -> Float[Tensor, "*batch G K"]:
         """Direction coefficients ``[..., G, K]`` of the site output (or, for ``ov``, of the o input ``z``)."""
         G = self.S.shape[0]
@@ -142,27 +154,35 @@ def expand_kinds(view: ModelView, kinds: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _component(kind: str, layer: int, svd: SVD, **extra: Any) -> Component:
-    """A component from its SVD, kept in float32."""
-    svd = svd.to(torch.float32)
+def _component(kind: str, layer: int, svd: SVD, dtype: torch.dtype, **extra: Any) -> Component:
+    """A component from its SVD, kept in ``dtype``."""
+    svd = svd.to(dtype)
     return Component(kind, layer, svd.U, svd.S, svd.V, **extra)
 
 
 @torch.no_grad()
-def build_component(view: ModelView, kind: str, layer: int) -> Component:
+def build_component(
+    view: ModelView, kind: str, layer: int, drop_null: bool = False, dtype: torch.dtype = torch.float32
+) -> Component:
     """The SVD of one component (all groups): the view's sign-fixed SVD of the map (``models.svds.view_svd``,
-    computed once per view in float64 from the folded weights)."""
+    computed once per view in float64 from the folded weights), kept in ``dtype`` (float32; float64 for exact checks
+    of float64 models).
+
+    ``drop_null``: leave out the null directions (singular value ``<= linalg.NULL_RTOL`` times the group's
+    largest; ``SVD.without_null``): those of a bias-free map's zero bias row (or of a zero norm gain) carry
+    rounding residue only, along a singular vector that another LAPACK build picks differently."""
     view.check_layer(layer)
     if kind == "qk" and view.rotary_dim:
         raise ValueError(f"components: joint 'qk' cannot be masked on rotary {view.model_type}; use q and k")
     if kind not in KINDS:
         expand_kinds(view, [kind])  # raises the one-line error
-    svd = view_svd(view, layer, kind).to(torch.float32)
+    svd = view_svd(view, layer, kind)
+    svd = (svd.without_null() if drop_null else svd).to(dtype)
     if kind == "qk":
-        return _component(kind, layer, svd, scale=view.attn(layer).scale)
+        return _component(kind, layer, svd, dtype, scale=view.attn(layer).scale)
     if kind == "ov":
-        return _component(kind, layer, svd, read=view.attn(layer).W_O.float() @ svd.V)  # read: [H, d_head, K]
-    return _component(kind, layer, svd)
+        return _component(kind, layer, svd, dtype, read=view.attn(layer).W_O.to(dtype) @ svd.V)  # read: [H, d_head, K]
+    return _component(kind, layer, svd, dtype)
 
 
 def build_components(
@@ -170,8 +190,11 @@ def build_components(
     kinds: Sequence[str] = ("qk", "ov", "mlp"),
     layers: Sequence[int] | None = None,
     progress: bool = False,
+    drop_null: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> list[Component]:
-    """Every requested component of every layer (default all), ordered by layer then kind."""
+    """Every requested component of every layer (default all), ordered by layer then kind (``drop_null``, ``dtype``:
+    ``build_component``)."""
     kinds = expand_kinds(view, kinds)
     layers = range(view.n_layers) if layers is None else [view.check_layer(int(l)) for l in layers]
     todo = [(layer, kind) for layer in layers for kind in kinds]
@@ -179,7 +202,7 @@ def build_components(
         from tqdm.auto import tqdm
 
         todo = tqdm(todo, desc="component SVDs")
-    return [build_component(view, kind, layer) for layer, kind in todo]
+    return [build_component(view, kind, layer, drop_null, dtype) for layer, kind in todo]
 
 
 def rows_at(out: Float[Tensor, "B T *rest"], positions: Int[Tensor, " B"] | None) -> Float[Tensor, " B *row"]:
@@ -194,6 +217,34 @@ def put_rows_at(
     if positions is None:
         return rows
     return out.index_put((torch.arange(out.shape[0], device=out.device), positions), rows)
+
+
+def site_io(
+    view: ModelView, layer: int, site: str, comps: Sequence[Component]
+) -> tuple[nn.Module, Callable[[Tensor], Tensor], Callable[[Tensor, Tensor], Tensor]]:
+    """``(module, read, write)`` for a hook on ``site``: ``read(out)`` is the site's own output
+    ``[batch, pos, d_out]`` inside the module's output, ``write(out, value)`` puts it back. Query / key
+    components of models with head norms hook the norm (``view.head_norm_output`` reads it)."""
+    norm = None
+    if site in ("q", "k") and all(c.kind in ("q", "k") for c in comps):
+        norm = view.head_norm_module(layer, "q" if site == "q" else "k")
+    if norm is not None:
+        return norm, view.head_norm_output, view.with_head_norm_output
+    return (
+        view.site_module(layer, site),
+        lambda out: view.site_output(layer, site, out),
+        lambda out, value: view.with_site_output(layer, site, out, value),
+    )
+
+
+def by_site(components: Iterable[Component]) -> dict[tuple[int, str], list[Component]]:
+    """Components grouped by the ``(layer, site)`` their hook sits on (a joint ``qk`` on both ``q`` and ``k``)."""
+    out: dict[tuple[int, str], list[Component]] = {}
+    for c in components:
+        out.setdefault((c.layer, c.site), []).append(c)
+        if c.kind == "qk":
+            out.setdefault((c.layer, "k"), []).append(c)
+    return out
 
 
 class Intervention:
@@ -219,13 +270,7 @@ class Intervention:
                 )
 
     def _by_site(self, names: Iterable[str]) -> dict[tuple[int, str], list[Component]]:
-        out: dict[tuple[int, str], list[Component]] = {}
-        for name in names:
-            c = self.components[name]
-            out.setdefault((c.layer, c.site), []).append(c)
-            if c.kind == "qk":
-                out.setdefault((c.layer, "k"), []).append(c)
-        return out
+        return by_site(self.components[name] for name in names)
 
     @contextmanager
     def apply(
@@ -256,20 +301,7 @@ class Intervention:
     def _site_io(
         self, layer: int, site: str, comps: Sequence[Component]
     ) -> tuple[nn.Module, Callable[[Tensor], Tensor], Callable[[Tensor, Tensor], Tensor]]:
-        """``(module, read, write)`` for the hook of ``site``: ``read(out)`` is the site's own output
-        ``[batch, pos, d_out]`` inside the module's output, ``write(out, value)`` puts it back. Query / key
-        components of models with head norms hook the norm (``view.head_norm_output`` reads it)."""
-        view = self.view
-        norm = None
-        if site in ("q", "k") and all(c.kind in ("q", "k") for c in comps):
-            norm = view.head_norm_module(layer, "q" if site == "q" else "k")
-        if norm is not None:
-            return norm, view.head_norm_output, view.with_head_norm_output
-        return (
-            view.site_module(layer, site),
-            lambda out: view.site_output(layer, site, out),
-            lambda out, value: view.with_site_output(layer, site, out, value),
-        )
+        return site_io(self.view, layer, site, comps)
 
     def _apply_hook(self, layer, site, comps, scales, positions, reference, normalized, read, write):
         view = self.view

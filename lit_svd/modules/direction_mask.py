@@ -22,12 +22,16 @@ from lit_svd.addresses import Address
 from lit_svd.analysis.blocks import MaskUnit, check_mask_unit, check_rel_gap, component_blocks, mask_units
 from lit_svd.analysis.masks import (
     Ablation,
+    MaskLoss,
     Positions,
+    alpha_at,
     check_mask_config,
     hard_masks,
     initial_logits,
     kept_report,
+    l1,
     mask_loss,
+    metric_distance,
     most_effective_direction,
 )
 from lit_svd.linalg import REL_GAP
@@ -56,9 +60,11 @@ class DirectionMaskModule(PretrainedLMModule):
             ``max_steps`` (cosine), so that the hard masks settle instead of flipping directions in and
             out around the threshold at the end of the run.
         init: initial lambda (sigmoid of the initial logit), in (0, 1).
-        ablation: ``zero`` or ``patch`` (toward the matched corrupted prompt) for OV and MLP masks;
-            QK / q / k masks always zero-ablate at all positions.
-        positions: ``answer`` (OV and MLP masks act at the answer position only) or ``all``.
+        ablation: ``zero`` or ``patch`` (toward the matched corrupted prompt) for every mask but a joint ``qk``
+            one (GPT-2's ``qk`` alias), which always zero-ablates at all positions.
+        positions: ``answer`` (masks act at the answer position only) or ``all`` (every position). With
+            ``components [q, k, ov, mlp]``, ``ablation patch``, ``positions all`` and ``drop_null`` the masked
+            forward is the faithfulness curve's circuit (``analysis.faithfulness``; configs ``*_faithful.yaml``).
         threshold: lambda at or above which a direction counts as kept (hard mask).
         steps_per_batch: optimiser steps on each batch (the paper: 15); the full model's logits and
             the corrupted reference are computed once per batch.
@@ -69,6 +75,14 @@ class DirectionMaskModule(PretrainedLMModule):
         soft_steps: with ``straight_through``, train the soft masks for this many optimiser steps first
             (a warm-up: at the full model the straight-through KL gradient is zero, so without it every
             lambda falls at the same rate until one step cuts them all at once).
+        alpha_final: None keeps ``alpha``; a number raises (or lowers) the L1 weight geometrically from ``alpha``
+            to ``alpha_final`` over the trainer's ``max_steps``, so that one run passes through many sparsities;
+            every direction's last step in the hard mask is recorded (``masks.pt`` ``last_kept``) and ranks it.
+        loss: ``kl`` (KL(p_full || p_masked) at the answer position, the paper's) or ``metric`` (the task metric's
+            squared distance to the full model's, per prompt, in units of the batch's clean - corrupted gap:
+            ``analysis.masks.metric_distance``).
+        drop_null: leave the null directions (singular value <= ``linalg.NULL_RTOL`` of the map's largest) out of
+            the masked components, as the faithfulness universe does (``models.intervene.build_component``).
         mask_unit: ``direction`` (one mask value per singular direction) or ``block`` (one per block of
             near-equal singular values, ``rel_gap``: the block's whole subspace is kept or dropped together;
             the L1 term still counts every direction, so a block of m costs m times its lambda).
@@ -95,9 +109,12 @@ class DirectionMaskModule(PretrainedLMModule):
         soft_steps: int = 0,
         mask_unit: MaskUnit = "direction",
         rel_gap: float = REL_GAP,
+        alpha_final: float | None = None,
+        loss: MaskLoss = "kl",
+        drop_null: bool = False,
         **loading,
     ):
-        check_mask_config(alpha, init, threshold, ablation, positions)
+        check_mask_config(alpha, init, threshold, ablation, positions, loss, alpha_final)
         check_mask_unit(mask_unit)
         check_rel_gap(rel_gap)
         if steps_per_batch < 1:
@@ -111,7 +128,10 @@ class DirectionMaskModule(PretrainedLMModule):
         self.automatic_optimization = False
         self.alpha, self.threshold, self.ablation, self.positions = alpha, threshold, ablation, positions
         self.mask_unit, self.rel_gap = mask_unit, rel_gap
-        self.components = build_components(self.view, components, layers, progress=True)
+        self.alpha_final, self.loss_kind = alpha_final, loss
+        self.components = build_components(  # a float64 model's checks run the masks' maths in float64
+            self.view, components, layers, progress=True, drop_null=drop_null, dtype=self.analysis_dtype
+        )
         self.intervention = Intervention(self.view, self.components)
         self.units = mask_units(self.components, mask_unit, rel_gap)  # None: one logit per direction
         logits = initial_logits(self.components, init)
@@ -119,6 +139,8 @@ class DirectionMaskModule(PretrainedLMModule):
             logits = {n: t.flatten()[: int(self.units[n].max()) + 1].clone() for n, t in logits.items()}
         self.theta = nn.ParameterDict({_key(n): nn.Parameter(t) for n, t in logits.items()})
         self.n_directions = sum(c.n_directions for c in self.components)
+        # the last optimiser step at which each direction was in the hard mask (flat, component order): the ranking
+        self.register_buffer("last_kept", torch.zeros(self.n_directions, dtype=torch.long))
         self.eval_metrics = nn.ModuleDict({f"{s}_{m}": MeanMetric() for s in ("full", "soft", "hard") for m in SCORES})
         self.last_eval: dict[str, float] = {}
         self.task: str | None = None  # "ioi" / "gp" / "gt": set from the data (``setup``, ``evaluate``)
@@ -150,7 +172,25 @@ class DirectionMaskModule(PretrainedLMModule):
             "rel_gap": self.rel_gap,
             "model": self.model_name,
             "hparams": dict(self.hparams),
+            "logits": {c.name: self.direction_logits(c.name).detach().cpu() for c in self.components},
+            "last_kept": self.split_flat(self.last_kept.cpu()),
         }
+
+    def direction_logits(self, name: str) -> Tensor:
+        """``theta`` of component ``name`` per direction ``[G, K]`` (``mask_unit=block``: the block's)."""
+        theta = self.theta[_key(name)]
+        return theta if self.units is None else theta[self.units[name]]
+
+    def split_flat(self, flat: Tensor) -> dict[str, Tensor]:
+        """A flat ``[n_directions]`` tensor in component order -> ``{name: [G, K]}``."""
+        parts = flat.split([c.n_directions for c in self.components])
+        return {c.name: p.reshape(c.shape) for c, p in zip(self.components, parts, strict=True)}
+
+    @torch.no_grad()
+    def record_kept(self, lambdas: dict[str, Tensor]) -> None:
+        """Stamp the current optimiser step on every direction that ``lambdas`` keep (``lambda >= threshold``)."""
+        keep = torch.cat([(lambdas[c.name] >= self.threshold).flatten() for c in self.components])
+        self.last_kept[keep] = self.global_step
 
     def setup(self, stage: str) -> None:
         task = getattr(getattr(self.trainer, "datamodule", None), "task", None)
@@ -182,10 +222,7 @@ class DirectionMaskModule(PretrainedLMModule):
     def components_to_device(self) -> None:
         """Move the component SVDs (plain tensors, not buffers) to the module's device."""
         for c in self.components:
-            for attr in ("U", "S", "V", "read"):
-                t = getattr(c, attr)
-                if t is not None and t.device != self.device:
-                    setattr(c, attr, t.to(self.device))
+            c.to_(device=self.device)
         if self.units is not None:
             self.units = {n: u.to(self.device) for n, u in self.units.items()}
 
@@ -214,10 +251,28 @@ class DirectionMaskModule(PretrainedLMModule):
         return dict(store)
 
     # --- training -------------------------------------------------------------------------------
+    def current_alpha(self) -> float:
+        """The L1 weight of the current optimiser step (``alpha_final``: the geometric schedule)."""
+        return alpha_at(self.alpha, self.alpha_final, self.global_step, self.trainer.max_steps)
+
+    def training_loss(
+        self, masked: Tensor, full: Tensor, corrupt: Tensor | None, lambdas: dict[str, Tensor], batch: dict
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(loss, distance, l1)`` of one step: ``loss`` = the distance (``kl`` or ``metric``) + alpha * l1."""
+        alpha = self.current_alpha()
+        if self.loss_kind == "kl":
+            return mask_loss(masked, full, lambdas, alpha)
+        assert corrupt is not None
+        metric = self.scorer.metric
+        distance = metric_distance(metric(masked, batch), metric(full, batch), metric(corrupt, batch))
+        total = l1(lambdas)
+        return distance + alpha * total, distance, total
+
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         opt = self.optimizers()
         with torch.no_grad():
             full = self.answer_logits(batch["clean_ids"], batch)
+            corrupt = self.answer_logits(batch["corrupt_ids"], batch) if self.loss_kind == "metric" else None
         reference = self.reference(batch)
         for _ in range(self.hparams.steps_per_batch):
             lambdas = self.lambdas()
@@ -225,7 +280,7 @@ class DirectionMaskModule(PretrainedLMModule):
             if self.hparams.straight_through and self.global_step >= self.hparams.soft_steps:
                 scales = {n: (lam >= self.threshold).to(lam.dtype) + lam - lam.detach() for n, lam in lambdas.items()}
             masked = self.answer_logits(batch["clean_ids"], batch, scales, reference)
-            loss, kl, total = mask_loss(masked, full, lambdas, self.alpha)
+            loss, kl, total = self.training_loss(masked, full, corrupt, lambdas, batch)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"direction mask loss is {loss.item()} at step {self.global_step}; lower lr")
             opt.zero_grad()
@@ -235,12 +290,14 @@ class DirectionMaskModule(PretrainedLMModule):
             opt.step()
             if self.hparams.lr_min is not None:
                 self.lr_schedulers().step()
+            self.record_kept(self.lambdas())
         kept = sum(int((lam.detach() >= self.threshold).sum()) for lam in lambdas.values())
         self.log_dict(
             {
                 "train/loss": loss.detach(),
-                "train/kl": kl.detach(),
+                "train/kl" if self.loss_kind == "kl" else "train/distance": kl.detach(),
                 "train/l1": total.detach(),
+                "train/alpha": self.current_alpha(),
                 "train/kept_fraction": kept / self.n_directions,
             },
             prog_bar=True,

@@ -1,13 +1,27 @@
 """FaithfulnessModule: faithfulness curves of several rankings of a model's directions on one task's test prompts,
 for ``test`` (``lit_svd.analysis.faithfulness``; docs/circuits.md, "Faithfulness").
 
-The rankings (``methods``): ``eap_heads`` (head-level attribution patching on the same test prompts, computed at
-the start of ``test``), ``mask`` (a finished mask run's lambdas, ``mask_run``), ``graph`` (a finished circuit-graph
-run's node weights, ``graph_run``), ``random`` (one seeded random order per ``random_seeds``). Every batch records
-the corrupted reference once and runs one patched forward per (ranking, size) plus the full and the empty circuit;
-the metric sums are torchmetrics states summed over batches and DDP ranks, and the curves are ratios of means at
-the end of the epoch (``faithfulness``: ``{method: {"sizes", "n_kept", "values", "metric", "cpr", "cmd",
-"seconds"}}``, ``summary``). ``callbacks.faithfulness.FaithfulnessReport`` writes them.
+The rankings (``methods``):
+
+* attribution patching, computed at the start of ``test`` on the first ``attribution_prompts`` prompts of the
+  ``attribution_split`` (the training split by default: never the test prompts the curves are scored on):
+  ``eap_ig`` and ``eap`` (every direction, ``analysis.direction_attribution``: EAP-IG with ``ig_steps`` points
+  along ``ig_path``, EAP at the clean run; both from one set of backwards, EAP being EAP-IG's point 1),
+  ``eap_ig_fair`` and ``eap_fair`` (the same attributions divided by each direction's fair-size weight: the
+  most attribution per unit of fair size first),
+  ``eap_ig_heads`` (head-level EAP-IG on the same code path, the head and MLP outputs interpolated; a head's
+  score is the sum over its OV directions), ``eap_heads`` (head-level EAP, ``analysis.attribution``). Each is
+  ranked twice, signed (``<method>/signed``: scored by CPR) and by magnitude (``<method>/absolute``: scored by
+  CMD), as MIB does; a head ranking brings whole heads and MLPs (``rankings.eap_ranking``).
+* ``mask`` (a finished mask run's lambdas, ``mask_run``), ``graph`` / ``graph_mlp`` (a finished circuit-graph
+  run's node weights, ``graph_run``): one ranking each; ``random`` (one seeded random order per ``random_seeds``).
+
+Every ranking is scored on both size axes (``raw``: fraction of directions; ``fair``: mean fraction of each
+unit's directions). Every batch records the corrupted reference once and runs one patched forward per distinct
+(ranking, kept count) plus the full and the empty circuit; the metric sums are torchmetrics states summed over
+batches and DDP ranks, the curves ratios of means at the end of the epoch (``faithfulness``: per method
+``{"rankings": {ranking: {axis: curve row}}, "cpr": {axis: ...}, "cmd": {axis: ...}}``, ``summary``).
+``callbacks.faithfulness.FaithfulnessReport`` writes them.
 """
 
 from __future__ import annotations
@@ -22,40 +36,70 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from lit_svd.analysis.attribution import Attributions, batch_attributions
+from lit_svd.analysis.direction_attribution import (
+    WRITER_KINDS,
+    IGPath,
+    alphas,
+    batch_integrands,
+    mean_over_points,
+    unit_attributions,
+)
 from lit_svd.analysis.faithfulness import (
+    AXES,
     MIB_SIZES,
+    CurvePlan,
     CurveSums,
     Universe,
     batch_sums,
     check_sizes,
     curves_from_sums,
+    fair_weights,
+    method_scores,
+    plan_curves,
     universe_components,
 )
-from lit_svd.analysis.rankings import GRAPH_RANKINGS, eap_ranking, mask_ranking, random_ranking, run_graph_ranking
-from lit_svd.models.intervene import Intervention
+from lit_svd.analysis.rankings import (
+    GRAPH_RANKINGS,
+    attribution_rankings,
+    eap_ranking,
+    mask_ranking,
+    per_weight,
+    random_ranking,
+    run_graph_ranking,
+)
+from lit_svd.choices import check_choice
+from lit_svd.models.patching import CircuitPatch
 from lit_svd.modules.pretrained import PretrainedLMModule
 from lit_svd.runs import load_run
 
-Method = Literal["eap_heads", "mask", "graph", "graph_mlp", "random"]
+Method = Literal[
+    "eap_ig", "eap", "eap_ig_fair", "eap_fair", "eap_ig_heads", "eap_heads", "mask", "graph", "graph_mlp", "random"
+]
+AttributionSplit = Literal["train", "val"]
+# direction methods: (the attribution they rank, ranked per unit of fair size)
+DIRECTION_METHODS = {"eap_ig": ("eap_ig", False), "eap": ("eap", False), "eap_ig_fair": ("eap_ig", True),
+                     "eap_fair": ("eap", True)}  # fmt: skip
+HEAD_METHODS = ("eap_ig_heads", "eap_heads")
+SIGNED, ABSOLUTE = "signed", "absolute"
 
 
 class CurveStates(Metric):
-    """Sums over prompts of the metric of the full and empty circuits and of every (ranking, size) circuit."""
+    """Sums over prompts of the metric of the full and empty circuits and of every planned circuit (flat)."""
 
     full_state_update = False
 
-    def __init__(self, n_rankings: int, n_sizes: int):
+    def __init__(self, n_circuits: int):
         super().__init__()
         self.add_state("full", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("empty", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("circuits", torch.zeros(n_rankings, n_sizes, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("circuits", torch.zeros(n_circuits, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("prompts", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, sums: CurveSums, names: Sequence[str]) -> None:
         self.full += sums.full
         self.empty += sums.empty
         self.prompts += sums.prompts
-        self.circuits += torch.stack([sums.circuits[n] for n in names]).to(self.circuits)
+        self.circuits += torch.cat([sums.circuits[n] for n in names]).to(self.circuits)
 
     def compute(self) -> dict[str, Tensor]:
         return {"full": self.full, "empty": self.empty, "circuits": self.circuits, "prompts": self.prompts}
@@ -81,18 +125,28 @@ def check_methods(methods: Sequence[str], mask_run: str | None, graph_run: str |
 
 
 class FaithfulnessModule(PretrainedLMModule):
-    """Faithfulness curves (MIB's grid, CPR, CMD) of several rankings of the model's directions.
+    """Faithfulness curves (MIB's grid, CPR, CMD, raw and fair size axes) of several rankings of the model's
+    directions.
 
     Args:
         model: the model (default: the mask run's, else the graph run's; its other loading options are
             ``PretrainedLMModule``'s).
         mask_run: folder of a finished direction-mask run (``masks.pt``; ``config.yaml`` for the split check).
-        graph_run: folder of a finished circuit-graph run (``results.json`` with ``edges``).
-        methods: rankings to score: ``eap_heads``, ``mask``, ``graph``, ``graph_mlp`` (the graph with its MLP
-            layers' input and gate directions, ``analysis.rankings.mlp_input_scores``), ``random``.
+        graph_run: folder of a finished circuit-graph run (``results.json`` with ``edges``; ``config.yaml`` for the
+            split check).
+        methods: rankings to score: ``eap_ig``, ``eap`` (direction attribution patching), ``eap_ig_fair``,
+            ``eap_fair`` (the same attributions per unit of fair size, ``rankings.per_weight``), ``eap_ig_heads``,
+            ``eap_heads`` (head level), ``mask``, ``graph``, ``graph_mlp`` (the graph with its MLP layers' input and
+            gate directions, ``analysis.rankings.mlp_input_scores``), ``random``.
         random_seeds: one random ranking per seed (``random_<seed>``).
-        sizes: fractions of the universe's directions kept (MIB: 0.001 ... 1).
+        sizes: MIB's grid of sizes (fractions, 0.001 ... 1), on both axes.
         layers: layers of the universe (default all).
+        attribution_split: the split whose prompts the attribution methods are computed on: ``train`` or ``val``
+            (never the test prompts the curves are scored on).
+        attribution_prompts: how many prompts of that split (its first ones).
+        ig_steps: EAP-IG's interpolation points ``k / ig_steps``, ``k = 1 .. ig_steps`` (MIB: 5).
+        ig_path: what EAP-IG interpolates: ``joint`` (every direction's scale at once), ``layer`` (one layer at a
+            time), ``inputs`` (the residual entering layer 0, MIB's EAP-IG-inputs); docs/circuits.md.
     """
 
     def __init__(
@@ -100,15 +154,24 @@ class FaithfulnessModule(PretrainedLMModule):
         model: str | None = None,
         mask_run: str | None = None,
         graph_run: str | None = None,
-        methods: Sequence[Method] = ("eap_heads", "mask", "graph", "random"),
+        methods: Sequence[Method] = ("eap_ig", "eap", "eap_ig_heads", "eap_heads", "random"),
         random_seeds: Sequence[int] = (0, 1, 2),
         sizes: Sequence[float] = MIB_SIZES,
         layers: Sequence[int] | None = None,
+        attribution_split: AttributionSplit = "train",
+        attribution_prompts: int = 64,
+        ig_steps: int = 5,
+        ig_path: IGPath = "joint",
         **loading,
     ):
         methods = [methods] if isinstance(methods, str) else list(methods)
         check_methods(methods, mask_run, graph_run, random_seeds)
         sizes = check_sizes(sizes)
+        check_choice("attribution_split", attribution_split, AttributionSplit)
+        check_choice("ig_path", ig_path, IGPath)
+        if attribution_prompts < 1:
+            raise ValueError(f"attribution_prompts={attribution_prompts}: give at least 1")
+        alphas(ig_steps)  # ig_steps < 1 fails here
         masks = load_run(mask_run, need=("masks",), what="direction-mask run").masks if mask_run else None
         if model is None:
             model = masks["model"] if masks else _graph_model(graph_run)
@@ -117,7 +180,8 @@ class FaithfulnessModule(PretrainedLMModule):
         self.sizes, self.methods = sizes, methods
         self.components = universe_components(self.view, layers, progress=True)
         self.universe = Universe(self.components)
-        self.intervention = Intervention(self.view, self.components)
+        self.weights = fair_weights(self.universe)
+        self.patch = CircuitPatch(self.view, self.components)
         self.rankings: dict[str, Tensor] = {}
         self.ranking_info: dict[str, dict] = {}
         if "mask" in methods:
@@ -130,9 +194,9 @@ class FaithfulnessModule(PretrainedLMModule):
         if "random" in methods:
             for s in random_seeds:
                 self.rankings[f"random_{s}"] = random_ranking(len(self.universe), s)
-        self.names = (["eap_heads"] if "eap_heads" in methods else []) + list(self.rankings)
-        self.states = CurveStates(len(self.names), len(sizes))
         self.task: str | None = None
+        self.plan: CurvePlan | None = None
+        self.states: CurveStates | None = None
         self.faithfulness: dict[str, dict] = {}
         self.summary: dict = {}
         self._seconds: dict[str, float] = {}
@@ -142,70 +206,168 @@ class FaithfulnessModule(PretrainedLMModule):
         self.task = getattr(getattr(dm, "task", None), "name", None)
         if self.task is None:
             raise ValueError("faithfulness needs task prompts (ioi, gp or gt): use lit_svd.datamodules.tasks")
-        if self.hparams.mask_run:
-            check_not_trained_on(self.hparams.mask_run, dm)
+        hp = self.hparams
+        if any(m in self.methods for m in (*DIRECTION_METHODS, *HEAD_METHODS)):
+            have = len(dm.splits[hp.attribution_split])
+            if have < hp.attribution_prompts:
+                raise ValueError(
+                    f"attribution_prompts={hp.attribution_prompts} but the {hp.attribution_split} split has {have}"
+                    f" prompts; lower it or raise data.n_{hp.attribution_split}"
+                )
+        if hp.mask_run:
+            check_prompts_apart(hp.mask_run, "train", dm, "mask run's training split")
+        if hp.graph_run:
+            check_prompts_apart(hp.graph_run, "test", dm, "circuit-graph run's prompts")
 
-    def on_test_start(self) -> None:
-        for c in self.components:
-            for attr in ("U", "S", "V", "read"):
-                t = getattr(c, attr)
-                if t is not None:
-                    setattr(c, attr, t.to(self.device))
-        if "eap_heads" in self.methods:
-            start = time.monotonic()
-            attr = self._attributions()
-            self.rankings = {"eap_heads": None, **self.rankings}
-            self.rankings["eap_heads"], self.ranking_info["eap_heads"] = eap_ranking(
-                self.universe, attr, self.view.n_kv_heads
-            )
-            self.ranking_info["eap_heads"]["attribution_s"] = time.monotonic() - start
-        self._start = time.monotonic()
+    # --- rankings from attribution patching -----------------------------------------------------------------
+    def _attribution_batches(self) -> list[dict]:
+        """This rank's share of the first ``attribution_prompts`` prompts of ``attribution_split``, batched."""
+        from torch.utils.data import DataLoader, Subset
 
-    def _attributions(self) -> Attributions:
-        """Head and MLP attributions over this rank's test batches, summed over ranks (prompt-weighted mean)."""
+        from lit_svd.datamodules.common import ShardSampler
+
+        dm, hp = self.trainer.datamodule, self.hparams
+        data = Subset(dm.splits[hp.attribution_split], range(hp.attribution_prompts))
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        sampler = ShardSampler(data, num_replicas=world, rank=rank) if world > 1 else None
+        loader = DataLoader(data, batch_size=dm.batch_size, collate_fn=dm.collate, sampler=sampler)
+        return [{k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in b.items()} for b in loader]
+
+    @property
+    def _wants_directions(self) -> bool:
+        return any(m in self.methods for m in DIRECTION_METHODS)
+
+    def _attribution_scores(self) -> dict[str, Tensor]:
+        """Per attribution method its flat scores (directions ``[N]``; heads ``[L * H + L]``: heads then MLPs),
+        summed over this rank's prompts, then over ranks, divided by the prompts (the mean metric's attribution)."""
+        hp, universe = self.hparams, self.universe
+        points = alphas(hp.ig_steps)
+        writers = [c.name for c in self.components if c.kind in WRITER_KINDS]
         L, H = self.view.n_layers, self.view.n_heads
-        heads, mlps, prompts = torch.zeros(L, H, dtype=torch.float64), torch.zeros(L, dtype=torch.float64), 0
-        for batch in self.trainer.datamodule.test_dataloader():
+        totals: dict[str, Tensor] = {}
+
+        def add(name: str, value: Tensor) -> None:
+            totals[name] = totals.get(name, torch.zeros_like(value)) + value
+
+        prompts = 0
+        for batch in self._attribution_batches():
             with torch.inference_mode(False):  # Lightning tests in inference mode; attribution needs a gradient
-                batch = {k: v.to(self.device).clone() if isinstance(v, Tensor) else v for k, v in batch.items()}
-                got = batch_attributions(self.view, batch, self.task)
-            heads += got.heads * got.prompts
-            mlps += got.mlps * got.prompts
-            prompts += got.prompts
-        packed = torch.cat([heads.flatten(), mlps, torch.tensor([float(prompts)], dtype=torch.float64)])
+                batch = {k: v.clone() if isinstance(v, Tensor) else v for k, v in batch.items()}
+                if self._wants_directions:
+                    per_point = batch_integrands(self.patch, batch, self.task, points, hp.ig_path)
+                    add("eap", universe.flatten(per_point[-1]))  # alpha = 1: the clean run
+                    add(
+                        "eap_ig",
+                        universe.flatten({n: sum(p[n] for p in per_point) for n in per_point[0]}) / len(points),
+                    )
+                if "eap_ig_heads" in self.methods:
+                    per_point = batch_integrands(self.patch, batch, self.task, points, hp.ig_path, writers)
+                    flat = universe.flatten(mean_over_points(per_point))
+                    units = unit_attributions(universe, flat, L, H, 1)
+                    add("eap_ig_heads", torch.cat([units.heads.flatten(), units.mlps]))
+                if "eap_heads" in self.methods:
+                    got = batch_attributions(self.view, batch, self.task)
+                    add("eap_heads", torch.cat([got.heads.flatten(), got.mlps]) * got.prompts)
+            prompts += len(batch["answer_pos"])
+        names = sorted(totals)
+        if not names:
+            return {}
+        packed = torch.cat([*(totals[n] for n in names), torch.tensor([float(prompts)], dtype=torch.float64)])
         packed = self.trainer.strategy.reduce(packed.to(self.device), reduce_op="sum").cpu()
-        n = float(packed[-1])
-        return Attributions(packed[: L * H].view(L, H) / n, packed[L * H : L * H + L] / n, int(n))
+        out, start = {}, 0
+        for n in names:
+            out[n] = packed[start : start + len(totals[n])] / packed[-1]
+            start += len(totals[n])
+        return out
+
+    def _attribution_rankings(self) -> None:
+        L, H = self.view.n_layers, self.view.n_heads
+        start = time.monotonic()
+        scores = self._attribution_scores()
+        seconds = time.monotonic() - start
+        for method in (m for m in (*DIRECTION_METHODS, *HEAD_METHODS) if m in self.methods):
+            if method in DIRECTION_METHODS:
+                source, fair = DIRECTION_METHODS[method]
+                s = scores[source]
+                pair = attribution_rankings(per_weight(s, self.weights) if fair else s)
+                top = s.abs().argsort(descending=True)[:5]
+                info = {"top_directions": [str(self.universe.address(int(i))) for i in top]}
+            else:
+                s = scores[method]
+                attr = Attributions(s[: L * H].view(L, H), s[L * H :], self.hparams.attribution_prompts)
+                pair = {}
+                for variant in (SIGNED, ABSOLUTE):
+                    pair[variant], info = eap_ranking(self.universe, attr, self.view.n_kv_heads, variant == SIGNED)
+            for variant, ranking in pair.items():
+                self.rankings[f"{method}/{variant}"] = ranking
+            prompts = f"{self.hparams.attribution_split}[:{self.hparams.attribution_prompts}]"
+            self.ranking_info[method] = {**info, "attribution_s": seconds, "prompts": prompts}
+        self.attribution_scores = scores
+
+    # --- curves ---------------------------------------------------------------------------------------------
+    def on_test_start(self) -> None:
+        self.patch.to(self.device)
+        if any(m in self.methods for m in (*DIRECTION_METHODS, *HEAD_METHODS)):
+            self._attribution_rankings()
+        self.plan = plan_curves(self.rankings, self.sizes, len(self.universe), AXES, self.weights)
+        self.states = CurveStates(sum(len(self.plan.circuits(n)) for n in self.plan.rankings)).to(self.device)
+        self._start = time.monotonic()
 
     @torch.no_grad()
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        sums = batch_sums(self.intervention, self.universe, batch, self.rankings, self.sizes, self.task)
-        self.states.update(sums, self.names)
+        assert self.plan is not None and self.states is not None
+        sums = batch_sums(self.patch, self.universe, batch, self.plan, self.task)
+        self.states.update(sums, list(self.plan.rankings))
         for name, s in sums.seconds.items():
             self._seconds[name] = self._seconds.get(name, 0.0) + s
 
     def on_test_epoch_end(self) -> None:
+        assert self.plan is not None and self.states is not None
         got = self.states.compute()
-        sums = CurveSums(
-            full=float(got["full"]),
-            empty=float(got["empty"]),
-            circuits={n: got["circuits"][i].cpu() for i, n in enumerate(self.names)},
-            prompts=int(got["prompts"]),
-            seconds=self._seconds,
-        )
-        curves, info = curves_from_sums(sums, self.sizes, len(self.universe))
-        self.faithfulness = {name: c.row() for name, c in curves.items()}
-        randoms = [r for n, r in self.faithfulness.items() if n.startswith("random_")]
-        if randoms:
-            cpr = torch.tensor([r["cpr"] for r in randoms], dtype=torch.float64)
-            cmd = torch.tensor([r["cmd"] for r in randoms], dtype=torch.float64)
-            spread = lambda t: float(t.std()) if len(t) > 1 else 0.0  # noqa: E731
-            info["random"] = {"cpr_mean": float(cpr.mean()), "cpr_std": spread(cpr), "cmd_mean": float(cmd.mean()),
-                              "cmd_std": spread(cmd), "seeds": len(randoms)}  # fmt: skip
+        circuits, start = {}, 0
+        for name in self.plan.rankings:
+            width = len(self.plan.circuits(name))
+            circuits[name] = got["circuits"][start : start + width].cpu()
+            start += width
+        sums = CurveSums(float(got["full"]), float(got["empty"]), circuits, int(got["prompts"]), self._seconds)
+        curves, info = curves_from_sums(sums, self.plan)
+        self.faithfulness = method_results(curves)
+        info["random"] = random_summary(self.faithfulness)
         info["wall_s"] = time.monotonic() - self._start
         info["rankings"] = self.ranking_info
         self.summary = info
         self.states.reset()
+
+
+def method_results(curves: dict) -> dict[str, dict]:
+    """Curves by ranking name (``<method>/<signed|absolute>`` or ``<method>``) grouped per method with MIB's two
+    scores per axis (``faithfulness.method_scores``)."""
+    out: dict[str, dict] = {}
+    for name, by_axis in curves.items():
+        method, _, variant = name.partition("/")
+        out.setdefault(method, {"rankings": {}})["rankings"][variant or "ranking"] = {
+            axis: c.row() for axis, c in by_axis.items()
+        }
+    for method, entry in out.items():
+        variants = entry["rankings"]
+        signed = f"{method}/{SIGNED}" if SIGNED in variants else method
+        absolute = f"{method}/{ABSOLUTE}" if ABSOLUTE in variants else method
+        entry.update(method_scores(curves, signed, absolute))
+    return out
+
+
+def random_summary(faithfulness: dict) -> dict | None:
+    """Mean and spread of the random rankings' CPR and CMD per axis (None without random rankings)."""
+    randoms = [r for n, r in faithfulness.items() if n.startswith("random_")]
+    if not randoms:
+        return None
+    out: dict = {"seeds": len(randoms)}
+    for score in ("cpr", "cmd"):
+        for axis in AXES:
+            t = torch.tensor([r[score][axis] for r in randoms], dtype=torch.float64)
+            out[f"{score}_{axis}_mean"] = float(t.mean())
+            out[f"{score}_{axis}_std"] = float(t.std()) if len(t) > 1 else 0.0
+    return out
 
 
 def _graph_model(graph_run: str | None) -> str:
@@ -217,20 +379,21 @@ def _graph_model(graph_run: str | None) -> str:
     return content["model"]
 
 
-def check_not_trained_on(mask_run: str, dm) -> None:
-    """None of the test prompts may be in the mask run's training split (its ``config.yaml`` data section)."""
+def check_prompts_apart(run: str, split: str, dm, what: str) -> None:
+    """None of the test prompts may be in ``split`` of the run's data section (its ``config.yaml``; a run without
+    one is not checked)."""
     from lit_svd.datamodules.tasks import TaskDataModule
 
-    found = load_run(mask_run)
+    found = load_run(run)
     if not found.has("config"):
         return
     args = found.init_args("data")
     args.pop("num_workers", None)
-    trained = {tuple(e.clean_ids) for e in TaskDataModule(**args).splits["train"].examples}
+    theirs = {tuple(e.clean_ids) for e in TaskDataModule(**args).splits[split].examples}
     ours = [tuple(e.clean_ids) for e in dm.splits["test"].examples]
-    overlap = sum(p in trained for p in ours)
+    overlap = sum(p in theirs for p in ours)
     if overlap:
         raise ValueError(
-            f"data: {overlap} of the {len(ours)} test prompts are in the mask run's training split"
-            f" ({Path(mask_run) / 'config.yaml'}); use its data section (a test split drawn apart from its training)"
+            f"data: {overlap} of the {len(ours)} test prompts are in the {what} ({Path(run) / 'config.yaml'});"
+            " the curves must be scored on prompts no ranking was built on"
         )

@@ -7,14 +7,27 @@ from dataclasses import dataclass
 
 from lit_svd.results.base import Result, doc_field, optional
 
-CURVE_COLUMNS = ("method", "size", "n_kept", "value", "metric", "cpr", "cmd", "seconds")
+CURVE_COLUMNS = (
+    "method",
+    "ranking",
+    "axis",
+    "size",
+    "n_kept",
+    "raw_size",
+    "fair_size",
+    "value",
+    "metric",
+    "cpr",
+    "cmd",
+    "seconds",
+)
 
 
 @dataclass(kw_only=True, repr=False)
 class FaithfulnessResult(Result):
-    """Per ranking (method) its faithfulness curve over MIB's grid of sizes, CPR and CMD, on one task's test
-    prompts, with one ablation (the directions outside the circuit patched toward the corrupted run at every
-    position)."""
+    """Per method its rankings' faithfulness curves over MIB's grid of sizes on two axes (raw fraction of directions,
+    fair size), MIB's two scores (CPR of the signed ranking, CMD of the absolute one), on one task's test prompts,
+    with one ablation (the directions outside the circuit patched toward the corrupted run at every position)."""
 
     experiment = "faithfulness"
     table_file = "faithfulness.csv"
@@ -27,14 +40,20 @@ class FaithfulnessResult(Result):
     m_full: float = doc_field("m(full): mean task metric of the clean prompts (nothing patched)")
     m_empty: float = doc_field("m(empty): mean task metric with every direction patched (the corrupted run)")
     faithfulness: dict = doc_field(
-        "per method (eap_heads, mask, graph, random_<seed>): sizes [n] (fractions kept), n_kept [n], values [n]"
-        " ((m(C) - m(empty)) / (m(full) - m(empty)), ratio of means), metric [n] (m(C)), cpr (trapezoid area of"
-        " values over sizes), cmd (area of |1 - values|), seconds (that curve's forwards)"
+        "per method (eap_ig, eap, eap_ig_heads, eap_heads, mask, graph, random_<seed>): rankings {signed, absolute"
+        " (attribution methods) or ranking: {raw, fair: {sizes [n], n_kept [n], raw_size [n] (fraction of the"
+        " directions kept), fair_size [n] (mean kept fraction of the units), values [n] ((m(C) - m(empty)) /"
+        " (m(full) - m(empty)), ratio of means, not clipped), metric [n] (m(C)), cpr, cmd (trapezoid areas of"
+        " values and |1 - values| over sizes), seconds}}}, cpr {raw, fair} (of the signed ranking), cmd {raw, fair}"
+        " (of the absolute ranking)"
     )
-    random: dict | None = optional("the random rankings: cpr_mean, cpr_std, cmd_mean, cmd_std, seeds")
+    random: dict | None = optional(
+        "the random rankings: cpr_<axis>_mean, cpr_<axis>_std, cmd_<axis>_mean, cmd_<axis>_std (axis raw, fair), seeds"
+    )
     rankings: dict = doc_field(
-        "per method what its ranking used (eap_heads: top_units, attribution_s; mask: directions_scored, kept;"
-        " graph: nodes_used, nodes_skipped, directions_scored, qk_nodes, graph_run)"
+        "per method what its ranking used (attribution methods: prompts, attribution_s, top_directions or"
+        " top_units; mask: directions_scored, kept; graph: nodes_used, nodes_skipped, directions_scored, qk_nodes,"
+        " graph_run)"
     )
     mask_run: str | None = doc_field("the mask run folder (null: none)", None)
     graph_run: str | None = doc_field("the circuit-graph run folder (null: none)", None)
@@ -42,20 +61,36 @@ class FaithfulnessResult(Result):
 
     @property
     def headline(self) -> dict:
-        """m(full), m(empty); each ranking's CPR and CMD (the random rankings as their mean)."""
+        """m(full), m(empty); each ranking's CPR (signed) and CMD (absolute) on the fair axis (the random rankings as
+        their mean)."""
         out: dict = {"m_full": self.m_full, "m_empty": self.m_empty}
-        for method, c in self.faithfulness.items():
+        for method, e in self.faithfulness.items():
             if not method.startswith("random"):
-                out.update({f"cpr_{method}": c.get("cpr"), f"cmd_{method}": c.get("cmd")})
+                out.update({f"cpr_fair_{method}": e["cpr"].get("fair"), f"cmd_fair_{method}": e["cmd"].get("fair")})
         if self.random:
-            out.update(cpr_random_mean=self.random.get("cpr_mean"), cmd_random_mean=self.random.get("cmd_mean"))
+            r = self.random
+            out.update(cpr_fair_random_mean=r.get("cpr_fair_mean"), cmd_fair_random_mean=r.get("cmd_fair_mean"))
         return out
 
+    def scores(self) -> list[dict]:
+        """One row per method: CPR (signed ranking) and CMD (absolute ranking) on each axis."""
+        return [
+            {"method": m, **{f"{s}_{a}": e[s][a] for s in ("cpr", "cmd") for a in ("raw", "fair") if a in e[s]}}
+            for m, e in self.faithfulness.items()
+        ]
+
     def rows(self) -> list[dict]:
-        """One row per (method, size)."""
+        """One row per (method, ranking, axis, size)."""
         out = []
-        for method, c in self.faithfulness.items():
-            for i, size in enumerate(c["sizes"]):
-                row = {"method": method, "size": size, "n_kept": c["n_kept"][i], "value": c["values"][i]}
-                out.append({**row, "metric": c["metric"][i], "cpr": c["cpr"], "cmd": c["cmd"], "seconds": c["seconds"]})
+        for method, entry in self.faithfulness.items():
+            for ranking, axes in entry["rankings"].items():
+                for axis, c in axes.items():
+                    for i, size in enumerate(c["sizes"]):
+                        fair = c.get("fair_size")
+                        out.append({
+                            "method": method, "ranking": ranking, "axis": axis, "size": size,
+                            "n_kept": c["n_kept"][i], "raw_size": c["raw_size"][i],
+                            "fair_size": None if fair is None else fair[i], "value": c["values"][i],
+                            "metric": c["metric"][i], "cpr": c["cpr"], "cmd": c["cmd"], "seconds": c["seconds"],
+                        })  # fmt: skip
         return out

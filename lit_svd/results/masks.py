@@ -42,6 +42,11 @@ class MaskResult(Result):
     steps: int = doc_field("optimiser steps")
     straight_through: bool = doc_field("trained through the hard masks")
     soft_steps: int = doc_field("soft warm-up steps before straight-through training")
+    loss: str = doc_field("the distance trained: kl (at the answer position) or metric (to the full model's)", "kl")
+    alpha_final: float | None = doc_field(
+        "the L1 weight at max_steps, raised geometrically from alpha (null: none)", None
+    )
+    drop_null: bool = doc_field("null directions left out of the masked components", False)
     eval_split: str = doc_field("the split of the flat scores (val or test)")
     metric: str = doc_field("logit_diff, or prob_diff for GT")
     kl_soft: float = doc_field("KL(full || soft-masked) at the answer position")
