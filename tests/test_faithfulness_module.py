@@ -168,7 +168,7 @@ def test_ddp_two_processes_equal_one(tiny_dirs, tmp_path):
     args = ["test", "--config", str(ROOT / "configs/faithfulness/smollm2_ioi.yaml"), "--model.init_args.model",
             model_dir, "--model.init_args.mask_run", "null", "--model.init_args.graph_run", "null",
             "--model.init_args.methods", "[eap_ig, eap_heads, random]", "--model.init_args.random_seeds", "[0]",
-            "--model.init_args.attribution_prompts", "8",
+            "--model.init_args.attribution_prompts", "8", "--model.init_args.ig_steps", str(module.hparams.ig_steps),
             "--model.init_args.sizes", str(SIZES), "--data.init_args.tokenizer", model_dir]  # fmt: skip
     for key in ("n_train", "n_val", "n_test", "batch_size"):
         args += [f"--data.init_args.{key}", str(data[key])]
@@ -177,7 +177,14 @@ def test_ddp_two_processes_equal_one(tiny_dirs, tmp_path):
     two, _ = only_results(tmp_path / "two")
     assert two["n_prompts"] == 8 and one.n_prompts == 8
     assert two["rankings"]["eap_heads"]["top_units"] == one.rankings["eap_heads"]["top_units"]
-    assert two["rankings"]["eap_ig"]["top_directions"] == one.rankings["eap_ig"]["top_directions"]
+    # the same EAP-IG steps on both sides (the config's 10 against the module's default 5 gave other scores); near-equal
+    # scores may still trade places (float32, prompts batched with other padding): the two-process top directions
+    # carry the one-process top scores (1e-5 of the largest)
+    scores = module.attribution_scores["eap_ig"].abs()
+    index = {str(module.universe.address(i)): i for i in range(len(module.universe))}
+    top = scores.sort(descending=True).values[:5]
+    got = torch.stack([scores[index[a]] for a in two["rankings"]["eap_ig"]["top_directions"]])
+    assert (got - top).abs().max() <= 1e-5 * top[0]
     for method, entry in one.faithfulness.items():
         for variant, axes in entry["rankings"].items():
             for axis, c in axes.items():
