@@ -166,13 +166,16 @@ class EdgeAblation:
         return c if post is None else c * post.reshape(P, 1).to(dt)
 
     # --- the corrupted run -----------------------------------------------------------------------
-    @torch.no_grad()
     def reference(self, batch: dict) -> Reference:
         """The corrupted prompts' residuals and writer coefficients (``Reference``)."""
+        return self.record(batch, "corrupt_ids")
+
+    @torch.no_grad()
+    def record(self, batch: dict, ids: str = "corrupt_ids") -> Reference:
+        """The residuals and writer coefficients of an unpatched run of ``batch[ids]`` (``Reference``)."""
         check_lengths(batch)
         u, v = self.u, self.view
         resid: dict[tuple[str, int | None], Tensor] = {}
-        coef = torch.zeros(0)
         parts: list[Tensor] = []
         got: dict = {}
 
@@ -193,7 +196,7 @@ class EdgeAblation:
                 Hook(v.site_module(l, "down"), _keep_site(v, l, "down", got, ("down", l)), "post"),
             ]
         with hooks(*specs), eager_attention(v.model):
-            forward_answer_logits(v.model, batch["corrupt_ids"], batch["attention_mask"], batch["answer_pos"])
+            forward_answer_logits(v.model, batch[ids], batch["attention_mask"], batch["answer_pos"])
         embed = resid["attn", 0]
         parts.append(torch.ones(embed.shape[0], 1, dtype=u.dtype, device=embed.device))
         for l in range(v.n_layers):
