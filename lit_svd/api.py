@@ -66,6 +66,7 @@ METHODS: dict[str, Method] = {
     "masks": Method("masks"),
     "mounts": Method("mounts", "{prefix}_wikitext.yaml", task=None),
     "circuits": Method("circuits"),
+    "edge_circuits": Method("edge_circuits"),
 }
 
 

@@ -42,8 +42,7 @@ class Setup:
         self.batch = edge_batch(B=3, T=6)
         self.scores = attribute(self.universe, [self.batch], "ioi", steps=STEPS)
         att = EdgeAttribution(self.universe, "ioi", STEPS)
-        self.dc, self.d_embed, _ = att.writer_changes(self.batch)
-        self.corrupt_embed = att.ablation.record(self.batch, "corrupt_ids").embed
+        self.dc, self.d_embed, _, self.corrupt_embed = att.writer_changes(self.batch)
         self.writes = {key: self.unit_writes(key) for key in ("clean_ids", "corrupt_ids")}
 
     def unit_writes(self, ids: str) -> list[torch.Tensor]:

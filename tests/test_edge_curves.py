@@ -59,21 +59,20 @@ def random_ranking(universe, level, dtype, seed=0, values=7):
 
 
 def brute_force(ranking, target, weighted):
-    rows = []
+    """The kept set of a full sort of every edge: key descending, then reader unit, then flat index."""
+    key, unit, index, weight = [], [], [], []
     for r in ranking.universe.readers:
         S = ranking.scores(r)
+        key.append(keys(S).reshape(-1))
+        unit.append(torch.full((S.numel(),), r.index))
+        index.append(torch.arange(S.numel()))
         w = ranking.weights(r).expand(S.shape).reshape(-1)
-        k = keys(S).reshape(-1)
-        for i in range(len(k)):
-            rows.append((-int(k[i]), r.index, i, float(w[i]) if weighted else 1.0))
-    rows.sort()
-    kept, total = set(), 0.0
-    for _, unit, i, w in rows:
-        if total + w > target + 1e-9 * max(1.0, target):
-            break
-        total += w
-        kept.add((unit, i))
-    return kept
+        weight.append(w if weighted else torch.ones_like(w))
+    key, unit, index, weight = (torch.cat(t) for t in (key, unit, index, weight))
+    order = torch.argsort(key, descending=True, stable=True)  # units and indices are already ascending
+    cum = weight[order].cumsum(0)
+    n = int((cum <= target + 1e-9 * max(1.0, target)).sum())
+    return set(zip(unit[order][:n].tolist(), index[order][:n].tolist()))
 
 
 def kept_set(ranking, cut):
@@ -182,3 +181,14 @@ def test_planted_curve_beats_random(planted):
     assert curves["absolute_fair"].cpr > curves["random"].cpr + 0.3, cpr
     assert curves["signed"].cpr > curves["random"].cpr + 0.1, cpr
     assert curves["smallest"].cpr < curves["random"].cpr + 0.05, cpr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_keys_keep_the_order_of_the_floats(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(1000, generator=g, dtype=dtype) * 10.0 ** torch.randint(-30, 30, (1000,), generator=g),
+                   torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-45, -1e-45], dtype=dtype)])  # fmt: skip
+    k = keys(x)
+    order = torch.argsort(k)
+    assert bool((x[order][1:] >= x[order][:-1]).all())
+    assert len(k.unique()) == len(x.unique()) + 1  # -0.0 and +0.0 differ as keys only

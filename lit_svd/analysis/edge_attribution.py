@@ -77,9 +77,9 @@ class EdgeAttribution:
         self.task = task_scorer(task)
         self.ablation = EdgeAblation(universe, self.task)
 
-    def writer_changes(self, batch: dict) -> tuple[Tensor, Tensor, Tensor]:
-        """``(dc [P, n_cols], d_embed [P, d], delta [n_units, P, d])``: clean - corrupted writer coefficients, the
-        embedding's change, and each writer unit's clean - corrupted write."""
+    def writer_changes(self, batch: dict) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(dc [P, n_cols], d_embed [P, d], delta [n_units, P, d], corrupt_embed [P, d])``: clean - corrupted writer
+        coefficients, the embedding's change, each writer unit's clean - corrupted write, the corrupted embedding."""
         clean, corrupt = self.ablation.record(batch, "clean_ids"), self.ablation.record(batch, "corrupt_ids")
         dc = clean.coef - corrupt.coef
         d_embed = clean.embed - corrupt.embed
@@ -88,14 +88,13 @@ class EdgeAttribution:
             + [dc[:, w.offset : w.offset + w.size] @ self.u.W[w.offset : w.offset + w.size] for w in self.u.writers[1:]]
         )
         dc[:, 0] = 0.0  # the embedding has no coefficient: its edges use d_embed
-        return dc, d_embed, delta
+        return dc, d_embed, delta, corrupt.embed
 
     def batch(self, batch: dict) -> BatchGradients:
         """The gradients of one batch over ``steps`` interpolation steps (module docstring)."""
         check_lengths(batch)
         u = self.u
-        dc, d_embed, delta = self.writer_changes(batch)
-        corrupt_embed = self.ablation.record(batch, "corrupt_ids").embed
+        dc, d_embed, delta, corrupt_embed = self.writer_changes(batch)
         A: dict[int, Tensor] = {}
         g_final = torch.zeros_like(d_embed)
         units = torch.zeros(u.n_blocks, dtype=torch.float64, device=u.device)
@@ -103,15 +102,22 @@ class EdgeAttribution:
             embed = corrupt_embed + (i / self.steps) * d_embed
             grads, inputs = self._step(batch, embed)
             g_final += grads.pop(u.readers[-1].index) / self.steps
-            for r in u.readers[:-1]:
-                g, y = grads[r.index], inputs[r.point, r.layer]
-                f = self.view.norm_factor(r.point, r.layer, y)  # [P, 1]
-                A[r.index] = A.get(r.index, 0) + (g * f).T / self.steps
-                gamma = g @ u.basis(r).Rc  # [P, d]: dm/dx^ through the directions, x^ = f y_c
+            for (point, layer), y in inputs.items():
+                if point == "final":
+                    continue
+                readers = u.reader_units(point, layer)
+                f = self.view.norm_factor(point, layer, y)  # [P, 1]
                 y_c = y - y.mean(-1, keepdim=True) if self.view.norm_kind == "layernorm" else y
-                full = f * gamma - f**3 / y.shape[-1] * (gamma * y_c).sum(-1, keepdim=True) * y_c
-                blocks = slice(int(u.block_offsets[r.index]), int(u.block_offsets[r.index + 1]))
-                units[blocks] += torch.einsum("pd,npd->n", full, delta[: r.n_up]).double() / self.steps
+                full = []
+                for r in readers:
+                    g = grads[r.index]
+                    A[r.index] = A.get(r.index, 0) + (g * f).T / self.steps
+                    gamma = g @ u.basis(r).Rc  # [P, d]: dm/dx^ through the directions, x^ = f y_c
+                    full.append(f * gamma - f**3 / y.shape[-1] * (gamma * y_c).sum(-1, keepdim=True) * y_c)
+                n_up = readers[0].n_up  # the units of one read point see the same writers
+                got = torch.stack(full).reshape(len(readers), -1) @ delta[:n_up].reshape(n_up, -1).T
+                for r, row in zip(readers, got.double() / self.steps):
+                    units[int(u.block_offsets[r.index]) : int(u.block_offsets[r.index + 1])] += row
         logits = u.readers[-1]
         units[int(u.block_offsets[logits.index]) :] += torch.einsum("pd,npd->n", g_final, delta).double()
         return BatchGradients(A, g_final, dc, d_embed, units, len(batch["answer_pos"]), self.steps)

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, NoEdges
+from lit_svd.analysis.edge_attribution import EdgeScores
 from lit_svd.analysis.edges import EdgeUniverse, Level, ReaderUnit
 from lit_svd.analysis.faithfulness import MIB_SIZES, areas, check_sizes, n_kept
 
@@ -297,6 +298,45 @@ def random_spec(universe: EdgeUniverse, level: Level, seed: int) -> CurveSpec:
         return out
 
     return CurveSpec(circuits)
+
+
+LEVELS: tuple[Level, ...] = ("directions", "writer_units", "units")
+
+
+def score_ranking(scores: EdgeScores, level: Level) -> EdgeRanking:
+    """The signed ranking of ``scores`` at ``level``."""
+    u = scores.universe
+    if level == "directions":
+        return EdgeRanking(u, level, scores.directions)
+    if level == "writer_units":
+        return EdgeRanking(u, level, scores.writer_units)
+    offsets = u.block_offsets
+    return EdgeRanking(u, level, lambda r: scores.units[int(offsets[r.index]) : int(offsets[r.index + 1])][None])
+
+
+def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequence[str]) -> dict[str, CurveSpec]:
+    """Curves by name: ``<level>_<signed|abs>_<raw|fair>`` (a ranking of ``scores``) or ``random_<level>_<seed>``;
+    one-line errors for others."""
+    out = {}
+    for name in names:
+        parts = name.split("_")
+        if parts[0] == "random":
+            level, seed = "_".join(parts[1:-1]), parts[-1]
+            if level not in LEVELS or not seed.isdigit():
+                raise ValueError(f"curve {name!r}: random curves are random_<level>_<seed>, level one of {LEVELS}")
+            out[name] = random_spec(universe, level, int(seed))  # type: ignore[arg-type]
+            continue
+        level, sign, axis = "_".join(parts[:-2]), parts[-2], parts[-1]
+        if level not in LEVELS or sign not in ("signed", "abs") or axis not in ("raw", "fair"):
+            raise ValueError(
+                f"curve {name!r}: give <level>_<signed|abs>_<raw|fair> (level one of {', '.join(LEVELS)}) or"
+                " random_<level>_<seed>"
+            )
+        if scores is None:
+            raise ValueError(f"curve {name!r} needs edge scores")
+        ranking = score_ranking(scores, level)  # type: ignore[arg-type]
+        out[name] = ranked_spec(ranking if sign == "signed" else absolute(ranking), axis)
+    return out
 
 
 @dataclass

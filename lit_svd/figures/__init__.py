@@ -7,11 +7,12 @@ from __future__ import annotations
 
 def figures_of(result) -> dict:
     """The figures of any typed result (``lit_svd.results``), by its type."""
-    from lit_svd.figures import circuits, directions, masks, mounts, sad, tasks, toy, training
+    from lit_svd.figures import circuits, directions, edge_circuits, masks, mounts, sad, tasks, toy, training
     from lit_svd.results import (
         CircuitResult,
         CompareDirectionsResult,
         DirectionCheckResult,
+        EdgeCircuitResult,
         EvaluateResult,
         MaskBlocksResult,
         MaskCurveResult,
@@ -36,6 +37,7 @@ def figures_of(result) -> dict:
         MountsResult: mounts.figures,
         EvaluateResult: tasks.figures,
         CircuitResult: circuits.figures,
+        EdgeCircuitResult: edge_circuits.figures,
     }
     kind = next((t for t in type(result).__mro__ if t in draw), None)  # a subclass draws as its type
     if kind is None:
