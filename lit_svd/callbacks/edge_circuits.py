@@ -61,7 +61,7 @@ class EdgeCircuitReport(Callback):
             m_full=f["m_full"],
             m_empty=f["m_empty"],
             curves=module.curves,
-            summary=module.summary,
+            comparison=module.summary,
             top_edges=[{k: e[k] for k in ("writer", "reader", "reader_unit", "score")} for e in module.top],
             timing=module.timing,
             graph=None if module.graph is None else {k: v for k, v in module.graph.items() if k != "nodes"},

@@ -155,14 +155,15 @@ class EdgeCircuitModule(PretrainedLMModule):
     def on_test_start(self) -> None:
         hp, dm = self.hparams, self.trainer.datamodule
         self._start = time.monotonic()
-        self.universe = EdgeUniverse(self.view)
+        with torch.inference_mode(False):  # Lightning tests in inference mode; the attribution takes gradients
+            self.universe = EdgeUniverse(self.view)
         self.timing["universe_s"] = time.monotonic() - self._start
         examples = dm.splits["train"].examples[: hp.n_attribution]
         size = dm.batch_size
         batches = [self._to_device(dm.collate(examples[i : i + size])) for i in range(0, len(examples), size)]
         start = time.monotonic()
         self.store = ScoreFile(self.universe, hp.scores_dir)
-        with torch.inference_mode(False), torch.enable_grad():  # Lightning tests in inference mode
+        with torch.inference_mode(False), torch.enable_grad():
             batches = [{k: v.clone() if isinstance(v, Tensor) else v for k, v in b.items()} for b in batches]
             self.scores = attribute(self.universe, batches, self.task, hp.steps, store=self.store.keep)
         self.timing["attribution_s"] = time.monotonic() - start

@@ -38,7 +38,7 @@ class EdgeCircuitResult(Result):
         " [n] (weighted edge count / blocks), values [n] ((m(C) - m(empty)) / (m(full) - m(empty))), metric [n],"
         " cpr (area of values: signed rankings), cmd (area of |1 - values|: absolute rankings), seconds"
     )
-    summary: dict = doc_field(
+    comparison: dict = doc_field(
         "per curve: cpr, cmd; comparisons: direction vs head-level edges on the fair axis (cpr: signed, cmd:"
         " absolute) and the random curves' mean"
     )
