@@ -70,7 +70,7 @@ def main() -> None:
 
     t = time.monotonic()
     store = ScoreFile(universe)
-    scores = attribute(universe, train_batches, args.task, steps=args.steps, store=store.keep)
+    scores = attribute(universe, train_batches, args.task, steps=args.steps, store=store)
     out["attribution_s"], out["scores_gb"] = time.monotonic() - t, store.nbytes / 2**30
     out["peak_rss_after_attribution_gb"] = peak_gb()
     say(f"attribution {out['attribution_s']:.1f} s, peak {peak_gb():.2f} GiB")

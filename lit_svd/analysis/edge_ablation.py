@@ -40,7 +40,7 @@ alone (``r_k . total - sum over kept``): the cost follows the partially kept edg
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -48,8 +48,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit
+from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit, WriterUnit
 from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
+from lit_svd.models.base import ModelView
 from lit_svd.models.hooks import Hook, first_input, hooks, output_tensor
 from lit_svd.models.points import eager_attention
 
@@ -221,7 +222,7 @@ class EdgeAblation:
         check_lengths(batch)
         u, v = self.u, self.view
         P = reference.embed.shape[0]
-        masks = {r.index: circuit.keep(r) for r in u.readers}
+        masks = _LazyMasks(circuit, u)  # one reader unit's mask at a time, when the forward reaches it
         live = _Live(
             dc=torch.zeros(P, u.n_writer_cols, dtype=u.dtype, device=u.device),
             delta=torch.zeros(len(u.writers), P, v.d_model, dtype=u.dtype, device=u.device),
@@ -363,7 +364,7 @@ class EdgeAblation:
 
         return hook
 
-    def _fill(self, units, coef: Tensor, reference: Reference, live: _Live) -> None:
+    def _fill(self, units: list[WriterUnit], coef: Tensor, reference: Reference, live: _Live) -> None:
         """Record the live coefficients of consecutive writer units: their ``dc`` columns and ``delta`` writes."""
         u = self.u
         start, stop = units[0].offset, units[-1].offset + units[-1].size
@@ -397,6 +398,16 @@ class EdgeAblation:
             return args, {**kwargs, "hidden_states": new}
 
         return pre
+
+
+class _LazyMasks:
+    """``masks[index]``: the circuit's keep mask of a reader unit, computed when asked (each is asked once)."""
+
+    def __init__(self, circuit: Circuit, universe: EdgeUniverse):
+        self.circuit, self.u = circuit, universe
+
+    def __getitem__(self, index: int) -> Tensor | None:
+        return self.circuit.keep(self.u.readers[index])
 
 
 def _block_states(u: EdgeUniverse, r: ReaderUnit, M: Tensor) -> Tensor:
@@ -444,21 +455,21 @@ def _edge_sum(u: EdgeUniverse, Rc: Tensor, which: Tensor, cols: Tensor, dc: Tens
     return out
 
 
-def _keep_input(store: dict, key) -> object:
+def _keep_input(store: dict, key: object) -> Callable:
     def pre(module, args, kwargs):
         store[key] = first_input(args, kwargs)
 
     return pre
 
 
-def _keep_output(store: dict, key) -> object:
+def _keep_output(store: dict, key: object) -> Callable:
     def post(module, args, kwargs, out):
         store[key] = output_tensor(out)
 
     return post
 
 
-def _keep_site(view, layer: int, site: str, store: dict, key) -> object:
+def _keep_site(view: ModelView, layer: int, site: str, store: dict, key: object) -> Callable:
     def post(module, args, kwargs, out):
         store[key] = view.site_output(layer, site, out)
 

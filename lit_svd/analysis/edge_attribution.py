@@ -36,7 +36,7 @@ count times ``d + P`` multiply-adds.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -103,10 +103,10 @@ class EdgeAttribution:
             grads, inputs = self._step(batch, embed)
             g_final += grads.pop(u.readers[-1].index) / self.steps
             for (point, layer), y in inputs.items():
-                if point == "final":
+                if point not in ("attn", "mlp") or layer is None:
                     continue
-                readers = u.reader_units(point, layer)
-                f = self.view.norm_factor(point, layer, y)  # [P, 1]
+                readers = u.reader_units("attn" if point == "attn" else "mlp", layer)
+                f = self.view.norm_factor("attn" if point == "attn" else "mlp", layer, y)  # [P, 1]
                 y_c = y - y.mean(-1, keepdim=True) if self.view.norm_kind == "layernorm" else y
                 full = []
                 for r in readers:
@@ -181,7 +181,7 @@ class EdgeAttribution:
             attn = output_tensor(out)
             pattern = output_tensor(out, 1)
             B, T, d = attn.shape
-            add = 0
+            add = torch.zeros(B * T, d, dtype=u.dtype, device=u.device)
             for r in units:
                 change = offsets[r.index].reshape(B, T, -1)
                 mixed = torch.einsum("bds,bsk->bdk", pattern[:, r.group].to(u.dtype), change)
@@ -230,7 +230,7 @@ class EdgeScores:
     unit."""
 
     universe: EdgeUniverse
-    store: dict[int, Tensor]
+    store: Mapping[int, Tensor]
     units: Tensor
     prompts: int
     steps: int
@@ -249,19 +249,18 @@ class EdgeScores:
 def edge_scores(
     universe: EdgeUniverse,
     parts: Sequence[BatchGradients],
-    store: Callable[[ReaderUnit, Tensor], Tensor] | None = None,
+    store: MutableMapping[int, Tensor] | None = None,
 ) -> EdgeScores:
     """Direction and head-level edge scores from the batches' gradients: per reader unit
-    ``G_u * (A_u dc^T) / prompts`` over every prompt at once (module docstring). ``store(u, scores)`` keeps one
-    unit's scores (default: in memory, in the analysis dtype) and returns what ``EdgeScores`` holds for it."""
+    ``G_u * (A_u dc^T) / prompts`` over every prompt at once (module docstring). ``store``: where each unit's scores
+    go (by reader unit index; default: a dict, in memory in the analysis dtype; ``edge_curves.ScoreFile``: a file)."""
     u = universe
     prompts = sum(p.prompts for p in parts)
     if prompts == 0:
         raise ValueError("edge attribution: no prompts")
     dc = torch.cat([p.dc for p in parts])  # [P, n_cols]
     d_embed = torch.cat([p.d_embed for p in parts])
-    held: dict[int, Tensor] = {}
-    keep = store or (lambda r, s: s)
+    held: MutableMapping[int, Tensor] = {} if store is None else store
     for r in u.readers:
         n = r.n_cols
         if r.kind == "logits":
@@ -273,8 +272,8 @@ def edge_scores(
             Rc = u.basis(r).Rc
             S = (Rc @ u.W[:n].T) * (A @ dc[:, :n])
             S[:, 0] = (A * (Rc @ d_embed.T)).sum(1)
-        held[r.index] = keep(r, S / prompts)
-    units = sum(p.units for p in parts) / prompts
+        held[r.index] = S / prompts
+    units = torch.stack([p.units for p in parts]).sum(0) / prompts
     return EdgeScores(u, held, units, prompts, parts[0].steps)
 
 
@@ -283,7 +282,7 @@ def attribute(
     batches: Iterable[dict],
     task: str | TaskScorer,
     steps: int = STEPS,
-    store: Callable[[ReaderUnit, Tensor], Tensor] | None = None,
+    store: MutableMapping[int, Tensor] | None = None,
 ) -> EdgeScores:
     """EAP-IG scores of every edge over ``batches`` (``EdgeAttribution.batch`` then ``edge_scores``)."""
     att = EdgeAttribution(universe, task, steps)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,10 +115,10 @@ def select(ranking: EdgeRanking, targets: Sequence[float], weighted: bool) -> li
     counts = torch.zeros(n_buckets, dtype=torch.float64)
     weights = torch.zeros(n_buckets, dtype=torch.float64)
     for r in u.readers:
-        b = _bucket(keys(ranking.scores(r))).cpu()
+        ids = _bucket(keys(ranking.scores(r))).cpu()
         w = ranking.weights(r).expand(ranking_shape(ranking, r)).reshape(-1)
-        counts += torch.bincount(b, minlength=n_buckets).double()
-        weights += torch.bincount(b, w, n_buckets)
+        counts += torch.bincount(ids, minlength=n_buckets).double()
+        weights += torch.bincount(ids, w, n_buckets)
     hist = weights if weighted else counts
     above, above_n, above_w = (_above(h) for h in (hist, counts, weights))
     total = float(hist.sum())
@@ -131,16 +131,16 @@ def select(ranking: EdgeRanking, targets: Sequence[float], weighted: bool) -> li
             out[i] = Cut(-(2**63), len(u.readers), 0, int(counts.sum()), float(weights.sum()))
             continue
         level = t + _eps(t)
-        b = int(torch.nonzero((above <= level) & (above + hist > level)).flatten()[0])
-        found.setdefault(b, []).append(i)
+        bucket = int(torch.nonzero((above <= level) & (above + hist > level)).flatten()[0])
+        found.setdefault(bucket, []).append(i)
     cands = _candidates(ranking, list(found))
-    for b, which in found.items():
-        c = cands[b]
+    for bucket, which in found.items():
+        c = cands[bucket]
         w = c["weight"] if weighted else torch.ones(len(c["key"]), dtype=torch.float64)
-        cum = float(above[b]) + w.cumsum(0)
+        cum = float(above[bucket]) + w.cumsum(0)
         for i in which:
             n = int((cum <= targets[i] + _eps(targets[i])).sum())
-            kept, weight = int(above_n[b]) + n, float(above_w[b]) + float(c["weight"][:n].sum())
+            kept, weight = int(above_n[bucket]) + n, float(above_w[bucket]) + float(c["weight"][:n].sum())
             if n == 0:  # the prefix ends above this bucket: keep the keys above its largest
                 out[i] = Cut(int(c["key"][0]), -1, -1, kept, weight)
             else:
@@ -324,7 +324,7 @@ def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequen
             level, seed = "_".join(parts[1:-1]), parts[-1]
             if level not in LEVELS or not seed.isdigit():
                 raise ValueError(f"curve {name!r}: random curves are random_<level>_<seed>, level one of {LEVELS}")
-            out[name] = random_spec(universe, level, int(seed))  # type: ignore[arg-type]
+            out[name] = random_spec(universe, level, int(seed))
             continue
         level, sign, axis = "_".join(parts[:-2]), parts[-2], parts[-1]
         if level not in LEVELS or sign not in ("signed", "abs") or axis not in ("raw", "fair"):
@@ -334,7 +334,7 @@ def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequen
             )
         if scores is None:
             raise ValueError(f"curve {name!r} needs edge scores")
-        ranking = score_ranking(scores, level)  # type: ignore[arg-type]
+        ranking = score_ranking(scores, level)
         out[name] = ranked_spec(ranking if sign == "signed" else absolute(ranking), axis)
     return out
 
@@ -408,24 +408,47 @@ def curves_of(
     return out, {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts}
 
 
-class ScoreFile:
-    """Direction edge scores of every reader unit in one float32 memory-mapped file (``[K_u, n_cols]`` each):
-    ``keep(u, scores)`` writes one unit's and returns its memory-mapped view (``edge_attribution.edge_scores``'s
-    ``store``). The file lives in ``folder`` (default: a temporary folder) and is removed with the object."""
+class ScoreFile(MutableMapping):
+    """Direction edge scores of every reader unit (``[K_u, n_cols]`` each, float32) in one file, as a mapping from
+    the reader unit's index (``edge_attribution.edge_scores``'s ``store``): ``store[i] = scores`` writes a unit's,
+    ``store[i]`` reads it back (a fresh tensor: nothing stays in memory; the operating system caches the file). The
+    file lives in ``folder`` (default: a temporary folder) and is removed with the object."""
 
     def __init__(self, universe: EdgeUniverse, folder: str | Path | None = None):
         self._dir = tempfile.TemporaryDirectory(dir=folder, prefix="edge_scores_")
         sizes = [r.size * r.n_cols for r in universe.readers]
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)])
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.path = Path(self._dir.name) / "scores.f32"
-        self.data = np.memmap(self.path, dtype=np.float32, mode="w+", shape=(int(self.offsets[-1]),))
         self.shapes = {r.index: (r.size, r.n_cols) for r in universe.readers}
+        self.written: set[int] = set()
+        with open(self.path, "wb") as f:
+            f.truncate(int(self.offsets[-1]) * 4)
 
-    def keep(self, r: ReaderUnit, scores: Tensor) -> Tensor:
-        lo, hi = int(self.offsets[r.index]), int(self.offsets[r.index + 1])
-        self.data[lo:hi] = scores.detach().float().cpu().numpy().reshape(-1)
-        return torch.from_numpy(self.data[lo:hi]).reshape(self.shapes[r.index])
+    def __setitem__(self, index: int, scores: Tensor) -> None:
+        data = scores.detach().float().cpu().contiguous().numpy().reshape(-1)
+        if data.size != int(self.offsets[index + 1] - self.offsets[index]):
+            raise ValueError(f"scores of reader unit {index}: {data.size} values, expected {self.shapes[index]}")
+        with open(self.path, "r+b") as f:
+            f.seek(int(self.offsets[index]) * 4)
+            f.write(data.tobytes())
+        self.written.add(index)
+
+    def __getitem__(self, index: int) -> Tensor:
+        if index not in self.written:
+            raise KeyError(index)
+        count = int(self.offsets[index + 1] - self.offsets[index])
+        data = np.fromfile(self.path, dtype=np.float32, count=count, offset=int(self.offsets[index]) * 4)
+        return torch.from_numpy(data).reshape(self.shapes[index])
+
+    def __delitem__(self, index: int) -> None:
+        self.written.discard(index)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self.written))
+
+    def __len__(self) -> int:
+        return len(self.written)
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.nbytes)
+        return int(self.offsets[-1]) * 4

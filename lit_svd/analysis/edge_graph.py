@@ -146,9 +146,10 @@ def check_edges(
             [mean_metric(_drop_one(r, j, u.device)) - full for j in _null_edges(u, r, edge["index"], n_random, g)],
             dtype=torch.float64,
         )
-        stats = summarize(effect, null) if len(null) > 1 else {"z": None, "percentile": None}
+        stats: dict = summarize(effect, null) if len(null) > 1 else {"z": None, "percentile": None}
         gap_fraction = -effect / gap if gap else None
-        passes_z = stats.get("z") is not None and stats["z"] >= Z_PASS
+        z = stats.get("z")
+        passes_z = z is not None and z >= Z_PASS
         rows.append({
             **{k: edge[k] for k in ("writer", "reader", "reader_unit", "score")},
             "effect": effect,

@@ -331,8 +331,8 @@ class EdgeUniverse:
         Rc = R[:, 1:]
         if v.norm_kind == "layernorm":
             Rc = Rc - Rc.mean(-1, keepdim=True)
-        cast = lambda t: None if t is None else t.to(device=self.device, dtype=self.dtype)  # noqa: E731
-        return ReaderBasis(cast(R), cast(Rc), cast(Y), cast(bias), cast(read), split)
+        cast = lambda t: t.to(device=self.device, dtype=self.dtype)  # noqa: E731
+        return ReaderBasis(cast(R), cast(Rc), cast(Y), cast(bias), None if read is None else cast(read), split)
 
     def _k_map(self, layer: int) -> Tensor:
         return self.view.k_map(layer)[:: self.view.n_heads // self.view.n_kv_heads]

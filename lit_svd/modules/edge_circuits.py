@@ -165,7 +165,7 @@ class EdgeCircuitModule(PretrainedLMModule):
         self.store = ScoreFile(self.universe, hp.scores_dir)
         with torch.inference_mode(False), torch.enable_grad():
             batches = [{k: v.clone() if isinstance(v, Tensor) else v for k, v in b.items()} for b in batches]
-            self.scores = attribute(self.universe, batches, self.task, hp.steps, store=self.store.keep)
+            self.scores = attribute(self.universe, batches, self.task, hp.steps, store=self.store)
         self.timing["attribution_s"] = time.monotonic() - start
         self.timing["scores_gb"] = self.store.nbytes / 2**30
 
