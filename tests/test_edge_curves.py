@@ -3,7 +3,7 @@
 * ``select`` against a brute-force sort of every edge (key descending, then reader unit, then flat index) on a tiny
   universe: the kept set of each target is the longest prefix whose count (raw) or weighted count (fair) is at most
   the target, with scores drawn from a few values (ties everywhere), in float32 and float64, at every level, and
-  with 4-bit buckets (so that many buckets are crossed);
+  with 4-bit buckets and scores read a few rows at a time; float32 and float64 scores spread over many buckets;
 * a head-level circuit's weighted count is its edge count; a direction ranking's cut at a fraction of the blocks
   has that weighted count at most;
 * random circuits are nested over the fractions and keep about that fraction;
@@ -19,6 +19,8 @@
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -88,6 +90,8 @@ def kept_set(ranking, cut):
 @pytest.mark.parametrize("bits", [16, 4])
 def test_select_is_the_prefix_of_a_full_sort(universe, level, dtype, bits, monkeypatch):
     monkeypatch.setattr(edge_curves, "BUCKET_BITS", bits)
+    if bits == 4:  # also read the scores in chunks of a few rows
+        monkeypatch.setattr(edge_curves, "_key_rows", functools.partial(edge_curves._key_rows, elements=200))
     ranking = random_ranking(universe, level, dtype)
     n = ranking.count()
     for weighted in (False, True):
@@ -192,3 +196,12 @@ def test_keys_keep_the_order_of_the_floats(dtype):
     order = torch.argsort(k)
     assert bool((x[order][1:] >= x[order][:-1]).all())
     assert len(k.unique()) == len(x.unique()) + 1  # -0.0 and +0.0 differ as keys only
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scores_spread_over_the_buckets(dtype):
+    """Scores of one sign and a few orders of magnitude fall into many buckets of ``select`` (not into the two of
+    the key's sign bits): the buckets are what keeps the candidate read small."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(100_000, generator=g, dtype=torch.float64).to(dtype) * 1e-3
+    assert len(edge_curves._bucket(keys(x)).unique()) > 100

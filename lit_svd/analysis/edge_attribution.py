@@ -49,6 +49,7 @@ from lit_svd.models.hooks import Hook, first_input, hooks, output_tensor
 from lit_svd.models.points import eager_attention
 
 STEPS = 5  # MIB's EAP-IG default
+ROWS = 128  # reader directions per product when the scores are formed
 
 
 @dataclass
@@ -83,10 +84,10 @@ class EdgeAttribution:
         clean, corrupt = self.ablation.record(batch, "clean_ids"), self.ablation.record(batch, "corrupt_ids")
         dc = clean.coef - corrupt.coef
         d_embed = clean.embed - corrupt.embed
-        delta = torch.stack(
-            [d_embed]
-            + [dc[:, w.offset : w.offset + w.size] @ self.u.W[w.offset : w.offset + w.size] for w in self.u.writers[1:]]
-        )
+        delta = torch.empty(len(self.u.writers), *d_embed.shape, dtype=d_embed.dtype, device=d_embed.device)
+        delta[0] = d_embed
+        for w in self.u.writers[1:]:
+            torch.matmul(dc[:, w.offset : w.offset + w.size], self.u.W[w.offset : w.offset + w.size], out=delta[w.index])
         dc[:, 0] = 0.0  # the embedding has no coefficient: its edges use d_embed
         return dc, d_embed, delta, corrupt.embed
 
@@ -270,7 +271,10 @@ def edge_scores(
         else:
             A = torch.cat([p.A[r.index] for p in parts], 1)  # [K, P]
             Rc = u.basis(r).Rc
-            S = (Rc @ u.W[:n].T) * (A @ dc[:, :n])
+            S = torch.empty(r.size, n, dtype=A.dtype, device=A.device)
+            for i in range(0, r.size, ROWS):  # a few rows at a time: G_u and A_u dc^T are [K, n_cols] each
+                rows = slice(i, i + ROWS)
+                torch.mul(Rc[rows] @ u.W[:n].T, A[rows] @ dc[:, :n], out=S[rows])
             S[:, 0] = (A * (Rc @ d_embed.T)).sum(1)
         held[r.index] = S / prompts
     units = torch.stack([p.units for p in parts]).sum(0) / prompts

@@ -77,12 +77,13 @@ def absolute(ranking: EdgeRanking) -> EdgeRanking:
 
 
 def keys(x: Tensor) -> Tensor:
-    """int64 keys with the order of the float scores ``x`` (float32 or float64; -0.0 below +0.0)."""
+    """int64 keys with the order of the float scores ``x`` (float32 or float64; -0.0 below +0.0), spread over the
+    whole int64 range (a float32's key in the top 32 bits), so that their top bits make the buckets of ``select``."""
     if x.dtype == torch.float64:
         b = x.contiguous().view(torch.int64)
         return torch.where(b < 0, b ^ 0x7FFFFFFFFFFFFFFF, b)
     b = x.float().contiguous().view(torch.int32).long()
-    return torch.where(b < 0, b ^ 0x7FFFFFFF, b)
+    return torch.where(b < 0, b ^ 0x7FFFFFFF, b) << 32
 
 
 @dataclass(frozen=True)
@@ -115,10 +116,11 @@ def select(ranking: EdgeRanking, targets: Sequence[float], weighted: bool) -> li
     counts = torch.zeros(n_buckets, dtype=torch.float64)
     weights = torch.zeros(n_buckets, dtype=torch.float64)
     for r in u.readers:
-        ids = _bucket(keys(ranking.scores(r))).cpu()
-        w = ranking.weights(r).expand(ranking_shape(ranking, r)).reshape(-1)
-        counts += torch.bincount(ids, minlength=n_buckets).double()
-        weights += torch.bincount(ids, w, n_buckets)
+        cols = ranking.weights(r)
+        for _, k in _key_rows(ranking, r):
+            ids = _bucket(k)
+            counts += torch.bincount(ids, minlength=n_buckets).double()
+            weights += torch.bincount(ids, cols.repeat(len(ids) // len(cols)), n_buckets)
     hist = weights if weighted else counts
     above, above_n, above_w = (_above(h) for h in (hist, counts, weights))
     total = float(hist.sum())
@@ -163,6 +165,14 @@ def _eps(t: float) -> float:
     return 1e-9 * max(1.0, abs(t))
 
 
+def _key_rows(ranking: EdgeRanking, r: ReaderUnit, elements: int = 1 << 22) -> Iterator[tuple[int, Tensor]]:
+    """``r``'s keys, flat, in chunks of whole rows (at most ``elements`` each but one row): ``(flat start, keys)``."""
+    S = ranking.scores(r)
+    rows = max(1, elements // max(1, S.shape[1]))
+    for i in range(0, S.shape[0], rows):
+        yield i * S.shape[1], keys(S[i : i + rows]).reshape(-1).cpu()
+
+
 def _bucket(k: Tensor) -> Tensor:
     """The top ``BUCKET_BITS`` of the keys as a bucket index ``0 .. 2^BUCKET_BITS - 1`` (key order)."""
     return ((k >> (64 - BUCKET_BITS)) + (1 << (BUCKET_BITS - 1))).reshape(-1)
@@ -174,17 +184,17 @@ def _candidates(ranking: EdgeRanking, buckets: Sequence[int]) -> dict[int, dict[
     wanted = torch.tensor(sorted(buckets), dtype=torch.long)
     parts: dict[str, list[Tensor]] = {"bucket": [], "key": [], "unit": [], "index": [], "weight": []}
     for r in ranking.universe.readers:
-        k = keys(ranking.scores(r)).reshape(-1).cpu()
-        b = _bucket(k)
-        idx = torch.nonzero(torch.isin(b, wanted)).flatten()
-        if not len(idx):
-            continue
         cols = ranking.weights(r)
-        parts["bucket"].append(b[idx])
-        parts["key"].append(k[idx])
-        parts["unit"].append(torch.full((len(idx),), r.index, dtype=torch.long))
-        parts["index"].append(idx)
-        parts["weight"].append(cols[idx % len(cols)])
+        for start, k in _key_rows(ranking, r):
+            b = _bucket(k)
+            idx = torch.nonzero(torch.isin(b, wanted)).flatten()
+            if not len(idx):
+                continue
+            parts["bucket"].append(b[idx])
+            parts["key"].append(k[idx])
+            parts["unit"].append(torch.full((len(idx),), r.index, dtype=torch.long))
+            parts["index"].append(idx + start)
+            parts["weight"].append(cols[idx % len(cols)])
     got = {name: torch.cat(t) for name, t in parts.items()}
     order = torch.argsort(got["key"], descending=True, stable=True)  # units and indices came in ascending order
     got = {name: t[order] for name, t in got.items()}

@@ -131,6 +131,7 @@ class EdgeUniverse:
         dtype: the analysis dtype (default: the model's, float32 for bf16 / fp16 models).
     """
 
+    @torch.no_grad()
     def __init__(self, view: ModelView, dtype: torch.dtype | None = None):
         if not view.fold_norms:
             raise ValueError("edge circuits need a view with fold_norms=True (weights acting on the norm output)")
