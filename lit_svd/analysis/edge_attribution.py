@@ -87,7 +87,8 @@ class EdgeAttribution:
         delta = torch.empty(len(self.u.writers), *d_embed.shape, dtype=d_embed.dtype, device=d_embed.device)
         delta[0] = d_embed
         for w in self.u.writers[1:]:
-            torch.matmul(dc[:, w.offset : w.offset + w.size], self.u.W[w.offset : w.offset + w.size], out=delta[w.index])
+            cols = slice(w.offset, w.offset + w.size)
+            torch.matmul(dc[:, cols], self.u.W[cols], out=delta[w.index])
         dc[:, 0] = 0.0  # the embedding has no coefficient: its edges use d_embed
         return dc, d_embed, delta, corrupt.embed
 
