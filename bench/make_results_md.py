@@ -162,7 +162,7 @@ NOT_STORED = [
     "Tiled mounts on SmolLM2 and Gemma-3 with their ceiling and null (mounts.md)",
     "SAD over training and the mechanisms-during-training callbacks (sad.md, training.md)",
     "Gemma-3 SAD (11/72) and task figures (sad.md, data.md)",
-    "Every benchmark ratio (guide.md, Benchmarks)",
+    "Every benchmark ratio (each method's page, its benchmark section)",
     "Faithfulness on SmolLM2 IOI with the 60-step mask and the TransformerLens comparison (circuits.md)",
 ]
 

@@ -38,7 +38,13 @@ The reference was written by this script on the machine kind CI runs on (AMD EPY
 AVX-512 kernels, one thread). Regenerated for stated reasons only: ``sad_training`` after the data change
 (disjoint train / val / test windows); all five on the CI machine kind; ``sad`` and ``sad_training`` when the
 Haar-rotated control became a function of the span of each head's basis (``analysis.sad.rotated_bases``), so
-that a sign another BLAS build gives a singular vector no longer draws another control.
+that a sign another BLAS build gives a singular vector no longer draws another control; ``sad`` and ``masks`` when
+every method began to read its SVDs from the model's cache (``models.svds``: computed once in float64, signs fixed
+by ``linalg.sign_fixed``): the matched-spectrum null of a rotary head depends on the signs of its singular vectors
+(its draws rotate the factors ``U^T A_q``, ``V^T A_k`` separately), so its draws moved and the null's N_recon
+histogram with them (every verdict and count of heads stayed; the real heads' values moved by rounding, at most
+5.1e-7 in a sparsity, the SVD now being float64), and a mask run's receptors swap ``promotes`` /
+``promotes_negative`` where a sign flipped; both are now the same on every LAPACK build.
 """
 
 from __future__ import annotations

@@ -21,8 +21,12 @@ FAST = os.environ.get("LIT_SVD_EXAMPLE_FAST") == "1"  # the tests: a tiny model,
 # %%
 sad = ls.sad(MODEL, task="ioi", n_test=8 if FAST else 32, batch_size=4 if FAST else 16, out=f"{OUT}/sad")
 
+# %% [markdown]
+# `print(sad)` gives the kind, the model, the headline numbers and the folder; `sad.headline` is those numbers.
+
 # %%
-s = sad.summary["summary"]
+print(sad)
+s = sad.headline
 print(f"{s['n_heads_sparser_than_null']} of {s['n_heads_eligible']} heads are sparser than their matched null")
 print(f"median N_recon: {s['n_recon_median']:g} (matched null {s['n_recon_median_null']:g})")
 

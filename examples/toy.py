@@ -24,10 +24,12 @@ toy = ls.run("configs/toy/single_pair.yaml", max_steps=20 if FAST else 600, out=
 print(type(toy).__name__, "in", toy.folder)
 
 # %% [markdown]
-# `.summary` is the results.json content; its `summary` block holds the headline numbers.
+# `.headline` holds the headline numbers (`print(toy)` shows them with the kind and the folder; `.summary` is the
+# whole results.json content).
 
 # %%
-head = toy.summary["summary"]
+print(toy)
+head = toy.headline
 print(f"mean |cos| of the top singular vectors with the template's features: {head['mean_abs_cos']:.3f}")
 print(f"sigma_1 / sigma_2: {head['min_sigma_ratio']:.1f}")
 

@@ -1,4 +1,5 @@
-"""`python -m lit_svd fit|validate|test|predict --config FILE.yaml` (LightningCLI).
+"""`lit-svd fit|validate|test|predict --config FILE.yaml` (LightningCLI): the LightningCLI's door of
+``lit_svd.__main__`` (which also dispatches ``report`` and the tools).
 
 Model and data are given by class_path: any LightningModule / LightningDataModule importable by
 path, the package's own by short name (``ToyAlignmentModule``) or full path.
@@ -15,34 +16,13 @@ last`` resumes the newest ``last.ckpt`` under the run's ``default_root_dir``.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
-import warnings
 
-from lit_svd.errors import DEBUG_ENV, debug, user_message
+from lit_svd.errors import DEBUG_ENV, debug, quiet, user_message
 
 
 # --- entry point ---------------------------------------------------------------------------------------
-def quiet() -> None:
-    """No adverts, deprecation notes or hardware banners: the run's own output and real warnings only."""
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings(
-        "ignore",
-        message=r".*(deprecated|Grad strides do not match|does not have many workers"
-        r"|`isinstance\(treespec, LeafSpec\)`|Checkpoint directory .* exists).*",
-    )
-    for name in (
-        "lightning.pytorch.utilities.rank_zero",
-        "lightning.fabric.utilities.seed",
-        "lightning.fabric.utilities.rank_zero",
-        "lightning.pytorch.accelerators.cuda",
-    ):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
 def main(args: list[str] | None = None):
     """Run the command line (``args``: the arguments after the program name; None: ``sys.argv``). A
     configuration error found without Lightning (types, choices, unknown keys, names) ends the run before

@@ -1,8 +1,9 @@
 """The LightningCLI behind ``python -m lit_svd`` (imported by ``cli.main`` once the fast check has passed).
 
 ``LitSVDCLI`` builds the data module before the model (data-config errors do not wait for a model load),
-applies ``--threads``, warns when CPU processes oversubscribe the cores, checks model and tokenizer names
-before anything loads, resolves ``--ckpt_path last`` and adds the step progress bar.
+applies ``--threads`` (without it, the run takes its share of the cores: ``lit_svd.threads``), warns when CPU
+processes oversubscribe the cores, checks model and tokenizer names before anything loads, resolves
+``--ckpt_path last`` and adds the step progress bar.
 ``OneLineErrorParser`` prints parse errors in the two-line form of ``lit_svd.errors``. ``lightning_cli`` runs
 it (for ``cli.main`` and the API's ``run_cli``); ``is_user_error`` tells an error a user fixes from a bug.
 """
@@ -10,7 +11,6 @@ it (for ``cli.main`` and the API's ``run_cli``); ``is_user_error`` tells an erro
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -18,26 +18,68 @@ from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lit_svd import CONFIGS, PROG
-from lit_svd.errors import ConfigError, debug, one_line_error, root_error, user_message
+from lit_svd import PROG
+from lit_svd.errors import ConfigError, debug, one_line_error, quiet, root_error, user_message
+from lit_svd.registry import experiments
+from lit_svd.threads import fixed_threads
 
 
 def lightning_cli(args: list[str] | None, **parser_kwargs) -> LitSVDCLI:
-    """Run the LightningCLI on ``args`` (None: ``sys.argv``), the package's classes known by short name."""
-    import lit_svd.callbacks  # noqa: F401  (register the package's classes: short class_path names resolve)
-    import lit_svd.datamodules  # noqa: F401
+    """Run the LightningCLI on ``args`` (the arguments after the program name; None: ``sys.argv``), the package's
+    modules and data modules known by short name (callbacks by their full class path, as every config gives them).
+    ``args`` are run as the process's command line (``sys.argv`` for the duration): the result's provenance
+    records them, a DDP launch re-runs them, and LightningCLI does not warn about ``args`` beside ``sys.argv``."""
+    import lit_svd.datamodules  # noqa: F401  (register the package's classes: short class_path names resolve)
     import lit_svd.modules  # noqa: F401
 
-    return LitSVDCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        parser_class=OneLineErrorParser,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs=parser_kwargs,
-        args=args,
-    )
+    argv = sys.argv
+    if args is not None:
+        sys.argv = [argv[0] if argv else PROG, *args]
+    try:
+        return LitSVDCLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            parser_class=OneLineErrorParser,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs=parser_kwargs,
+        )
+    finally:
+        sys.argv = argv
+
+
+def run_cli(args: list[str]) -> Path:
+    """Run ``python -m lit_svd ARGS`` in this process and return the run folder (the Python API's and the report's
+    way to run a method). A configuration error raises ValueError (FileNotFoundError for a missing file) in one
+    line, the CLI's message. While it runs, ``sys.argv`` is that command line (``PROG ARGS``), so the result's
+    provenance records the command that reproduces it. One process: a multi-device (DDP) run is the command
+    line's (Lightning relaunches ``sys.argv``)."""
+    import warnings
+
+    from jsonargparse import ArgumentError
+
+    from lit_svd.output import run_dir
+
+    argv, sys.argv = sys.argv, [PROG]  # the provenance's command: PROG ARGS, the CLI command that reproduces it
+    with warnings.catch_warnings():
+        if not debug():
+            quiet()
+        try:
+            cli = lightning_cli(list(args), exit_on_error=False)
+        except ArgumentError as err:
+            if debug():
+                raise
+            raise ValueError(one_line_error(str(err))) from None
+        except Exception as err:
+            if debug() or not is_user_error(err):
+                raise
+            message = user_message(err)[0].removeprefix("error: ")
+            kind = FileNotFoundError if isinstance(root_error(err), FileNotFoundError) else ValueError
+            raise kind(message) from err
+        finally:
+            sys.argv = argv
+    return run_dir(cli.trainer)
 
 
 def is_user_error(err: BaseException) -> bool:
@@ -54,13 +96,15 @@ def is_user_error(err: BaseException) -> bool:
 
 # --- checks before anything is built -----------------------------------------------------------------------
 def check_names(cfg) -> None:
-    """Model and tokenizer names that cannot be had fail before anything is built (offline: no network)."""
+    """Model and tokenizer names that cannot be had fail before anything is built (offline: no network); the name
+    of a model object in use (the Python API's ``m.sad(...)``, ``models.loaded.using``) stands for it."""
     from lit_svd.model_names import check_available
+    from lit_svd.models.loading import in_use
 
     for group, key in (("model", "model"), ("data", "tokenizer")):
         args = (cfg.get(group) or {}).get("init_args") or {}
         name = args.get(key) if hasattr(args, "get") else None
-        if isinstance(name, str):
+        if isinstance(name, str) and in_use(name) is None:
             check_available(name, key, args.get("revision"))
 
 
@@ -128,25 +172,17 @@ def last_checkpoint(root: str | os.PathLike | None) -> Path:
 
 
 def experiments_help() -> str:
-    """One line per shipped config (configs/<method>/<name>.yaml): subcommand, path, its first comment sentence."""
-    if not CONFIGS.is_dir():
-        return ""
-    lines = [f"experiments (run one as: {PROG} <subcommand> --config <path>; any key can be overridden):"]
-    for method in sorted(p for p in CONFIGS.iterdir() if p.is_dir()):
-        for cfg in sorted(method.glob("*.yaml")):
-            text = cfg.read_text()
-            about = next((ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("#")), "")
-            about = re.split(r"\. | \(needs", about)[0].rstrip(".,")
-            about = about if len(about) <= 72 else about[:69].rsplit(" ", 1)[0] + " ..."
-            command = "fit " if "max_steps" in text else "test"
-            lines.append(f"  {command} {cfg.relative_to(CONFIGS.parent)!s:<38} {about}")
-    lines += [
-        "",
-        "subcommands: fit (train, then report), validate, test (analyse a frozen model), predict.",
-        f"`{PROG} fit --help` lists every option; `{PROG} fit --model.help CLASS` one module's arguments;",
-        "--debug (or LIT_SVD_DEBUG=1) shows tracebacks; --threads N sets torch's CPU threads.",
-    ]
-    return "\n".join(lines)
+    """The LightningCLI's epilog: the shipped experiments (``registry.experiments``) and how to run them."""
+    return "\n".join(
+        [
+            f"experiments (run one as: {PROG} <subcommand> --config <path>; any key can be overridden):",
+            *experiments(),
+            "",
+            "subcommands: fit (train, then report), validate, test (analyse a frozen model), predict.",
+            f"`{PROG} fit --help` lists every option; `{PROG} fit --model.help CLASS` one module's arguments;",
+            "--debug (or LIT_SVD_DEBUG=1) shows tracebacks; --threads N sets torch's CPU threads.",
+        ]
+    )
 
 
 class RawEpilogFormatter(DefaultHelpFormatter):
@@ -187,8 +223,8 @@ class LitSVDCLI(LightningCLI):
             "--threads",
             type=int | None,
             default=None,
-            help="torch CPU threads for this run (null: OMP_NUM_THREADS, else torch's default);"
-            " 1 is fastest on a shared machine",
+            help="torch CPU threads for this run (null: OMP_NUM_THREADS, else this run's share of the cores:"
+            " cores // lit_svd runs alive, re-read as runs start and end; lit_svd.threads)",
         )
         # data before model: jsonargparse instantiates groups of equal depth in the order they were added
         actions = parser._actions
@@ -199,12 +235,13 @@ class LitSVDCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         threads = cfg.get("threads")
-        if threads is not None:
-            if threads < 1:
-                raise ConfigError(f"threads={threads}: must be a positive integer or null")
+        if threads is not None and threads < 1:
+            raise ConfigError(f"threads={threads}: must be a positive integer or null")
+        self.fixed_threads = fixed_threads(threads)  # None: the run shares the cores (lit_svd.threads)
+        if self.fixed_threads is not None:
             import torch
 
-            torch.set_num_threads(threads)
+            torch.set_num_threads(self.fixed_threads)
         warn_oversubscription(cfg.get("trainer", {}))
         check_names(cfg)
         check_module_config(cfg)
@@ -227,4 +264,8 @@ class LitSVDCLI(LightningCLI):
         given = list(config.get("callbacks") or []) + list(callbacks)
         if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in given):
             callbacks = [*callbacks, StepProgressBar()]
+        if getattr(self, "fixed_threads", None) is None:
+            from lit_svd.callbacks.threads import ThreadShare
+
+            callbacks = [*callbacks, ThreadShare()]
         return super()._instantiate_trainer(config, callbacks)

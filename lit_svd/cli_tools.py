@@ -1,11 +1,12 @@
-"""Command-line tools beside the LightningCLI (``cli.py``), each a subcommand of
+"""Command-line tools beside the LightningCLI (``cli.py``), each a subcommand of ``lit-svd`` / ``python -m lit_svd``
+(``lit_svd.registry.TOOLS``; from Python: ``lit_svd.tool(name, ...)`` or ``run_tool(argv)``):
 
-    python -m lit_svd.cli_tools evaluate --task ioi gp gt --n-test 256 [--out DIR] [--figure tasks.png]
-    python -m lit_svd.cli_tools mask-curve runs/masks_a* [--out DIR | curve.png]
-    python -m lit_svd.cli_tools mask-blocks RUN --out DIR [--rel-gaps 0.01 0.02 0.05]
-    python -m lit_svd.cli_tools mask-thresholds RUN --out DIR [--thresholds 1e-3 0.01 0.1 0.5] [--max-kl 0.25]
-    python -m lit_svd.cli_tools compare-directions MODEL_A MODEL_B --out DIR [--kinds qk ov] [--top 8]
-    python -m lit_svd.cli_tools mounts-merge RUN_A RUN_B ... --out DIR
+    lit-svd evaluate --task ioi gp gt --n-test 256 [--out DIR] [--figure tasks.png]
+    lit-svd mask-curve runs/masks_a* [--out DIR | curve.png]
+    lit-svd mask-blocks RUN --out DIR [--rel-gaps 0.01 0.02 0.05]
+    lit-svd mask-thresholds RUN --out DIR [--thresholds 1e-3 0.01 0.1 0.5] [--max-kl 0.25]
+    lit-svd compare-directions MODEL_A MODEL_B --out DIR [--kinds qk ov] [--top 8]
+    lit-svd mounts-merge RUN_A RUN_B ... --out DIR
 
 Each tool writes its typed result (``lit_svd.results``) as results.json, its table as CSV and its figure
 into its output; runs are read through ``lit_svd.runs``, figures drawn by ``lit_svd.figures``. Errors a
@@ -44,6 +45,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from lit_svd import PROG as LIT_SVD
 from lit_svd.errors import debug as debug_wanted
 from lit_svd.errors import fail, fail_with
 from lit_svd.figures import figures_of
@@ -62,7 +64,7 @@ from lit_svd.results import (
 from lit_svd.runs import find_results, load_run
 
 COLUMNS = ("alpha", "kept_fraction", "kl_hard", "kl_soft", "logit_diff_hard", "accuracy_hard", "steps")
-PROG = "python -m lit_svd.cli_tools"
+PROG = LIT_SVD  # the tools are subcommands of the one command line
 DEBUG_ENV = "LIT_SVD_DEBUG"
 
 
@@ -185,18 +187,15 @@ def mask_blocks(args: argparse.Namespace) -> MaskBlocksResult:
     """Annotate a finished direction-mask run with the blocks of its components (nothing is retrained)."""
     from lit_svd.analysis.blocks import block_report, component_blocks, direction_block, kept_blocks
     from lit_svd.analysis.masks import hard_masks
-    from lit_svd.models import view as make_view
     from lit_svd.models.intervene import build_components
-    from lit_svd.models.loading import load_causal_lm
+    from lit_svd.models.loaded import ModelOptions, load_model
 
     run = load_run(args.folder, need=("config", "masks", "results"), what="direction-mask run")
     out = new_folder(args.out, run.folder)
     hp = run.init_args("model")
     saved, source = run.masks, run.result
-    model, _ = load_causal_lm(hp["model"], gguf_file=hp.get("gguf_file"), revision=hp.get("revision"))
-    comps = build_components(
-        make_view(model, fold_norms=hp.get("fold_norms", True)), hp["components"], hp.get("layers"), progress=True
-    )
+    options = ModelOptions(**{k: hp[k] for k in ModelOptions().as_dict() if k in hp})  # the run's loading options
+    comps = build_components(load_model(options).view(), hp["components"], hp.get("layers"), progress=True)
     hard = hard_masks(saved["lambdas"], saved["threshold"])
     keep = {c.name: hard[c.name].bool() for c in comps}
     result = MaskBlocksResult(
@@ -324,16 +323,13 @@ def compare_directions(args: argparse.Namespace) -> CompareDirectionsResult:
     from lit_svd.analysis.spectrum import layer_kinds, layer_svds
     from lit_svd.analysis.tracking import compare_svds
     from lit_svd.linalg import SVD
-    from lit_svd.models import view as make_view
-    from lit_svd.models.loading import load_causal_lm
+    from lit_svd.models.loaded import ModelOptions, load_model
 
     for name, value in (("--top", args.top), ("--rel-gap", args.rel_gap), ("--min-cos", args.min_cos)):
         if value <= 0 or (name != "--top" and value >= 1):
             raise ToolError(f"{name} {value}: must be {'a positive integer' if name == '--top' else 'in (0, 1)'}")
-    views = [
-        make_view(load_causal_lm(m, gguf_file=g)[0])
-        for m, g in ((args.model_a, args.gguf_a), (args.model_b, args.gguf_b))
-    ]
+    pairs = ((args.model_a, args.gguf_a), (args.model_b, args.gguf_b))
+    views = [load_model(ModelOptions(m, g)).view() for m, g in pairs]
     shapes = [(v.model_type, v.n_layers, v.n_heads, v.d_model) for v in views]
     if shapes[0] != shapes[1]:
         raise ToolError(
@@ -539,5 +535,5 @@ def main(argv: Sequence[str] | None = None) -> Result | None:
         fail_with(err)  # the CLI's two lines: the message, then its hint
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the old door: one line saying where the tools are now
+    fail(f"python -m lit_svd.cli_tools is now {PROG} <tool>", f"hint: {PROG} {' '.join(sys.argv[1:])}")

@@ -44,6 +44,7 @@ class Signature:
     cls: str
     params: dict[str, Parameter]
     open: bool  # **kwargs reach a class outside the package: unknown names cannot be judged
+    options_check: str | None = None  # the class's ``options_check`` ("module:function"), judged here too
 
 
 # --- the command line ------------------------------------------------------------------------------------
@@ -84,10 +85,12 @@ def merged_config(args: list[str]) -> dict | None:
             value, i = args[i + 1], i + 1
         i += 1
         if key == "config":
+            if not Path(value).is_file():
+                raise ConfigError(f"--config {value}: no such file\nhint: `{PROG} --help` lists the shipped configs")
             try:
                 loaded = yaml.safe_load(Path(value).read_text())
             except (OSError, yaml.YAMLError):
-                return None  # the full CLI reports a missing or unreadable file
+                return None  # the full CLI reports an unreadable file
             if not isinstance(loaded, dict):
                 return None
             for name, item in loaded.items():
@@ -151,6 +154,43 @@ def check_group(config: dict, group: str, subcommand: str) -> None:
             _parse_error(
                 group, subcommand, f'Parser key "{group}": class_path \'{signature.cls}\': Parser key "{name}": {error}'
             )
+    if signature.options_check:
+        check_options(signature, given)
+
+
+def check_options(signature: Signature, given: dict) -> None:
+    """A class's ``options_check`` (``"module:function"``, a torch-free function its constructor also calls) on the
+    options given, typed as the parser would type them; ``n_layers`` / ``n_heads``, where the function takes them,
+    from the model's config.json when it can be read without loading anything (``model_names.light_config``)."""
+    import importlib
+
+    module, _, name = signature.options_check.partition(":")
+    check = getattr(importlib.import_module(module), name)
+    params = inspect.signature(check).parameters
+    kwargs = {k: typed(signature.params[k], v) for k, v in given.items() if k in params and k in signature.params}
+    if {"n_layers", "n_heads"} & set(params) and isinstance(given.get("model"), str):
+        from lit_svd.model_names import config_sizes, light_config
+
+        found = light_config(str(given["model"]), given.get("gguf_file"), given.get("revision"))
+        sizes = dict(zip(("n_layers", "n_heads"), config_sizes(found))) if found else {}
+        kwargs |= {k: v for k, v in sizes.items() if k in params and v is not None}
+    try:
+        check(**kwargs)
+    except ValueError as err:
+        raise ConfigError(f"{err}\nhint: run again with --debug (or LIT_SVD_DEBUG=1) for the traceback") from None
+
+
+def typed(param: Parameter, value: Any) -> Any:
+    """A command-line value as the parser types it (YAML, and an integer given for a float parameter as a float)."""
+    if isinstance(value, _CommandLineValue):
+        import yaml
+
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return str(value)
+    floats = param.annotation is float or float in typing.get_args(param.annotation)
+    return float(value) if floats and isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def _parse_error(group: str, subcommand: str, message: str) -> None:
@@ -262,11 +302,12 @@ def _signature(module: str, name: str, depth: int = 0) -> Signature | None:
         else:
             bases.append(None)  # a class outside the package (LightningModule, a mixin elsewhere)
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    check = _class_constant(cls, "options_check")
     if init is None:
         ours = [b for b in bases if b is not None]
         if not ours:
             return None
-        return Signature(f"{module}.{name}", ours[0].params, ours[0].open)
+        return Signature(f"{module}.{name}", ours[0].params, ours[0].open, check or ours[0].options_check)
     namespace = _namespace(module)
     params = {}
     args = init.args
@@ -280,7 +321,16 @@ def _signature(module: str, name: str, depth: int = 0) -> Signature | None:
         else:
             params = first.params | params
             open_ = first.open
-    return Signature(f"{module}.{name}", params, open_)
+    return Signature(f"{module}.{name}", params, open_, check)
+
+
+def _class_constant(cls: ast.ClassDef, name: str) -> str | None:
+    """A string assigned to ``name`` in a class body (``options_check = "module:function"``)."""
+    for node in cls.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                return node.value.value
+    return None
 
 
 def _imports(tree: ast.Module) -> dict[str, tuple[str, str]]:

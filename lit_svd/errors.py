@@ -7,9 +7,11 @@ This module imports nothing heavy, so that errors found before torch or Lightnin
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
+import warnings
 from typing import NoReturn
 
 DEBUG_ENV = "LIT_SVD_DEBUG"
@@ -89,3 +91,24 @@ def one_line_error(message: str) -> str:
     if unknown and where:
         key, tail = f"{key}.init_args.{unknown.group(1)}", "no such option"
     return f"{key}: {plain_cause(tail)}" + (f" (in {where.group(1).rsplit('.', 1)[-1]})" if where else "")
+
+
+def quiet() -> None:
+    """No adverts, deprecation notes or hardware banners: the run's own output and real warnings only."""
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore",
+        message=r".*(deprecated|Grad strides do not match|does not have many workers"
+        r"|`isinstance\(treespec, LeafSpec\)`|Checkpoint directory .* exists"
+        # a frozen model stays in eval mode on purpose; a mask run's checkpoint holds the masks after their step
+        r"|Found \d+ module\(s\) in eval mode|Using ModelCheckpoint with manual optimization).*",
+    )
+    for name in (
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.seed",
+        "lightning.fabric.utilities.rank_zero",
+        "lightning.pytorch.accelerators.cuda",
+    ):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,14 +1,16 @@
-"""``python -m lit_svd report MODEL --out DIR [--steps sad,masks_ioi,...] [--quick] [--jobs N]``: every method on
-one model.
+"""``lit-svd report MODEL --out DIR [--steps sad,masks_ioi,...] [--quick] [--jobs N]``: every method on one model.
 
-Each step (``STEPS``: SAD on IOI, masks for IOI / GP / GT, the direction check of the IOI mask run, mounts,
-and the circuit graph where its config exists) runs through the Python API (``lit_svd.api``) into
-``DIR/<step>/`` and leaves ``DIR/<step>/step.json`` (status, run folder, seconds, error). Resumable:
+The steps are the methods' report steps (``lit_svd.registry``: SAD on IOI, masks for IOI / GP / GT, the direction
+check of the IOI mask run, mounts, and the circuit graph where its config exists). Each runs in this process as the
+command line would (``commands.method_args`` -> ``cli_lightning.run_cli``: the same results.json as ``lit-svd
+test|fit``) into ``DIR/<step>/`` and leaves ``DIR/<step>/step.json`` (status, run folder, seconds, error).
+Resumable:
 * a step whose step.json says ``done`` is not redone;
 * a step killed mid-way is rerun; one whose config checkpoints (the mask runs: last.ckpt every 24 steps)
   resumes from its newest last.ckpt;
 * a failed step is recorded (the error in the CLI's two lines) and the rest still runs; the next report
   retries it; a step needing a failed one fails in one line naming it.
+A model that cannot be had, an unknown step or option and an unusable ``--out`` fail in two lines before any step.
 Then ``DIR/index.html``: one offline page (no network: figures are files beside it or inline PNG) with each
 step's headline figure, its control beside it (``lit_svd.figures.report``), the key numbers, and links to
 the step's results.json, table and pages. It is rewritten after every step, so a killed report has one too.
@@ -16,9 +18,9 @@ the step's results.json, table and pages. It is rewritten after every step, so a
 ``--jobs N``: N steps at once, each in its own process (``run_parallel``; the direction check still waits for
 the IOI mask run); on a machine with N free cores the report takes about 1/N of the time (one thread each).
 
-``--quick``: reduced settings (``QUICK``: few prompts, steps and tokens) for a fast look. MODEL is any model
-the API takes: ``smollm2-135m``, ``gemma3-270m`` (their own configs), a hub name or folder (the generic
-configs with the model overridden), ``tiny-llama`` and the other tiny models (tests).
+``--quick``: reduced settings (each method's ``quick`` keywords: few prompts, steps and tokens) for a fast look.
+MODEL is any model the API takes: ``smollm2-135m``, ``gemma3-270m`` (their own configs), a hub name or folder (the
+generic configs with the model overridden), ``tiny-llama`` and the other tiny models (tests).
 """
 
 from __future__ import annotations
@@ -35,32 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PROG = "python -m lit_svd report"
+from lit_svd import PROG as LIT_SVD
+from lit_svd.commands import method_args
+from lit_svd.registry import METHODS, Step, report_steps
+
+PROG = f"{LIT_SVD} report"
 
 
-@dataclass(frozen=True)
-class Step:
-    """One step of the report: ``call`` is an API method (``lit_svd.api.METHODS``) or ``directions``."""
-
-    name: str
-    call: str
-    task: str | None = None
-    minutes: float = 1.0  # expected wall minutes on SmolLM2 with the shipped config (the ETA's weights)
-    quick_minutes: float = 0.5  # the same with --quick
-    after: str | None = None  # the step whose run this one reads (directions: the IOI mask run)
-    needs_config: bool = False  # skipped, not failed, when the model has no config for it (the circuit graph)
-    title: str = ""
-
-
-STEPS: tuple[Step, ...] = (
-    Step("sad", "sad", "ioi", 2.0, 0.3, title="Sparse attention decomposition (IOI)"),
-    Step("masks_ioi", "masks", "ioi", 14.0, 5.0, title="Directional circuits: masks (IOI)"),
-    Step("masks_gp", "masks", "gp", 12.0, 5.0, title="Directional circuits: masks (gender pronoun)"),
-    Step("masks_gt", "masks", "gt", 15.0, 5.0, title="Directional circuits: masks (greater-than)"),
-    Step("directions_ioi", "directions", "ioi", 7.0, 1.0, after="masks_ioi", title="Direction check (IOI masks)"),
-    Step("mounts", "mounts", None, 12.0, 2.0, title="Tiled-SVD mounts"),
-    Step("circuits_ioi", "circuits", "ioi", 10.0, 2.0, needs_config=True, title="Circuit graph (IOI)"),
-)
+STEPS: tuple[Step, ...] = report_steps()  # each method's report steps (lit_svd.registry)
 
 # expected wall minutes of the full steps on other models, measured here (docs/api.md: Gemma-3 with --jobs 2);
 # a model not listed starts from SmolLM2's (Step.minutes) and the ETA rescales as its steps finish
@@ -74,29 +58,6 @@ MEASURED_MINUTES: dict[str, dict[str, float]] = {
         "mounts": 13.0,
         "circuits_ioi": 9.3,
     },
-}
-
-# --quick: per API call, the reduced settings (keywords of lit_svd.api)
-QUICK: dict[str, dict[str, Any]] = {
-    "sad": {"n_test": 16, "batch_size": 8, "null_draws": 4},
-    "masks": {  # SmolLM2 keeps every direction after 24 steps (measured): 64 steps (docs/masks.md: 6.5 % kept)
-        "max_steps": 64,
-        "soft_steps": 8,
-        "n_train": 64,
-        "n_val": 16,
-        "n_test": 32,
-        "batch_size": 8,
-        "trajectory_every": 4,
-    },
-    "directions": {"n_random": 8, "max_claims": 256},  # a 64-step mask can keep most directions
-    "mounts": {"test_tokens": 1024, "batch_size": 4, "steer_texts": 2, "steer_mounts": 2, "modes_sweep": [1, 2, 4]},
-    "circuits": {},
-}
-HEADLINE = {  # experiment -> the figure shown first
-    "sad": "sad_heatmap",
-    "direction_mask": "masks_kept_ov",
-    "direction_check": "directions_z",
-    "tiled_mounts": "mounts_lift_depth",
 }
 
 
@@ -142,11 +103,30 @@ def select_steps(names: str | None) -> list[Step]:
     return [s for s in STEPS if s.name in wanted]
 
 
+def check_inputs(model: str, out: Path) -> None:
+    """Before any step: the model can be had (``model_names.check_available``: a missing path, an unknown tiny
+    model, a hub name offline and not cached) and ``out`` is a folder that can be written (two lines otherwise)."""
+    from lit_svd.model_names import ModelUnavailableError, check_available
+
+    try:
+        check_available(model)
+    except ModelUnavailableError as err:
+        raise ReportError(str(err)) from None
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"--out {str(out)!r}: a file, not a folder\nhint: give a new or an existing report folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ReportError(
+            f"--out {str(out)!r}: cannot be created ({err.strerror})\nhint: give a writable folder"
+        ) from None
+
+
 def step_keys(step: Step, model: str, out: Path, quick: bool, threads: int | None) -> dict[str, Any]:
-    """The API keywords of a step: its folder, --quick's settings, the tiny models' tiles, resumption."""
+    """The API keywords of a step: its folder, --quick's settings (the method's ``quick``), resumption."""
     keys: dict[str, Any] = {"out": out / step.name}
     if quick:
-        keys.update(QUICK.get(step.call, {}))
+        keys.update(METHODS[step.method].quick)
     if threads is not None:
         keys["threads"] = threads
     if list((out / step.name).glob("**/checkpoints/last*.ckpt")):
@@ -155,18 +135,22 @@ def step_keys(step: Step, model: str, out: Path, quick: bool, threads: int | Non
 
 
 def run_step(step: Step, model: str, out: Path, quick: bool, threads: int | None):
-    """Run one step through the API; returns its result (the run folder is ``result.folder``)."""
-    from lit_svd import api
+    """Run one step in this process, as the command line would (``commands.method_args``,
+    ``cli_lightning.run_cli``); returns its result (the run folder is ``result.folder``)."""
+    from lit_svd.cli_lightning import run_cli
+    from lit_svd.runs import load_run
 
     keys = step_keys(step, model, out, quick, threads)
-    if step.call == "directions":
+    reads = METHODS[step.method].reads
+    if step.after is not None and reads is not None:
         before = State.read(out / step.after)
         if before is None or before.status != "done":
             raise ValueError(f"{step.name} needs the {step.after} step, which has not finished")
-        return api.directions(out / before.run, **keys)
-    if step.needs_config:
-        api.config_for(step.call, model, step.task)  # FileNotFoundError: skipped
-    return api.method(step.call, model, step.task, **keys)
+        keys[reads] = out / before.run
+    folder = run_cli(method_args(step.method, model, step.task, keys))
+    result = load_run(folder, need=("results",)).result
+    result.folder = folder
+    return result
 
 
 def two_lines(err: BaseException) -> list[str]:
@@ -235,7 +219,7 @@ def report(
     ``index``: False leaves the page to the caller (a step run by a parallel report)."""
     chosen = select_steps(steps)
     root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
+    check_inputs(model, root)
     progress = Progress(chosen, quick, jobs, model)
     if jobs > 1:
         return run_parallel(chosen, model, root, quick, threads, jobs, progress)
@@ -253,7 +237,7 @@ def report(
             result = run_step(step, model, root, quick, threads)
             state = State("done", run=os.path.relpath(result.folder, root), seconds=round(time.monotonic() - t0, 1))
         except FileNotFoundError as err:
-            if not step.needs_config:
+            if not step.optional:
                 state = _failed(err, t0)
             else:
                 state = State("skipped", error=[f"skipped: {str(err).splitlines()[0]}"])
@@ -359,7 +343,7 @@ pre { background: #f6f6f6; padding: .5em; white-space: pre-wrap; }
 
 def key_numbers(result) -> list[tuple[str, Any]]:
     """The numbers a step's section shows: the method's claim and its control side by side."""
-    from lit_svd.api import scalars
+    from lit_svd.runs import scalars
 
     e = result.experiment
     if e == "sad":
@@ -405,7 +389,7 @@ def _fmt(value: Any) -> str:
 
 
 def _section(root: Path, step: Step, quick: bool) -> str:
-    from lit_svd.api import load
+    from lit_svd.runs import load_run
 
     title = html.escape(step.title or step.name)
     state = State.read(root / step.name)
@@ -417,7 +401,7 @@ def _section(root: Path, step: Step, quick: bool) -> str:
         return head + f"<p class='{state.status}'>{state.status}</p><pre>{lines}</pre></section>"
     folder = root / state.run
     try:
-        result = load(folder)
+        result = load_run(folder, need=("results",)).result
     except Exception as err:  # a result that cannot be read back is shown as such, the page still written
         return head + f"<p class='failed'>results.json unreadable</p><pre>{html.escape(str(err))}</pre></section>"
     parts = [
@@ -425,7 +409,7 @@ def _section(root: Path, step: Step, quick: bool) -> str:
         f"<p class='done'>done in {clock(state.seconds or 0)} &middot; <code>{html.escape(state.run)}</code></p>",
     ]
     pngs = sorted(folder.glob("*.png"))
-    first = next((p for p in pngs if p.stem == HEADLINE.get(result.experiment)), pngs[0] if pngs else None)
+    first = next((p for p in pngs if p.stem == METHODS[step.method].headline), pngs[0] if pngs else None)
     figs = []
     if first is not None:
         figs.append(_figure(os.path.relpath(first, root), f"headline: {first.stem}"))
@@ -521,7 +505,6 @@ def main(argv: list[str] | None = None) -> None:
             raise ReportError(f"--threads {args.threads}: must be a positive integer")
         if args.jobs < 1:
             raise ReportError(f"--jobs {args.jobs}: must be a positive integer")
-        select_steps(args.steps)
         states = report(args.model, args.out, args.steps, args.quick, args.threads, args.jobs, not args.no_index)
     except ReportError as err:
         lines = str(err).splitlines()

@@ -75,8 +75,10 @@ class Run:
 
     @cached_property
     def result(self) -> Result:
-        """results.json as its typed result (``lit_svd.results.load_result``)."""
-        return load_result(self.content)
+        """results.json as its typed result (``lit_svd.results.load_result``), its ``folder`` the run's."""
+        result = load_result(self.content)
+        result.folder = self.folder
+        return result
 
 
 def load_run(folder: str | os.PathLike, need: Sequence[Part] = (), what: str = "run") -> Run:
@@ -102,4 +104,22 @@ def find_results(paths: Iterable[str | os.PathLike], experiment: str | None = No
             if experiment is not None and content.get("experiment") != experiment:
                 raise ValueError(f"{file}: experiment is {content.get('experiment')!r}, not {experiment!r}")
             out.append((str(path), load_result(content)))
+    return out
+
+
+def scalars(content: dict, limit: int = 24) -> dict:
+    """The scalar entries of a results.json content, nested ones flattened (``summary.n_heads_eligible``)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, obj: dict) -> None:
+        for key, value in obj.items():
+            if key in ("provenance", "config", "extra") or len(out) >= limit:
+                continue
+            name = f"{prefix}{key}"
+            if isinstance(value, dict) and not prefix:
+                walk(f"{name}.", value)
+            elif isinstance(value, (int, float, str, bool)) or value is None:
+                out[name] = value
+
+    walk("", content)
     return out

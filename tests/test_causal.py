@@ -86,7 +86,10 @@ def test_batched_patch_matches_a_hand_written_hook(arch):
 
         want = _answer_metric(model, batch, Hook(o_proj, hook, "post"))
         assert torch.allclose(got[:, j], want, atol=TOL), (j, (got[:, j] - want).abs().max())
-    assert (got - got[:, :1]).abs().max() > 1e-3  # the probes do change the metric
+    # the probes do change the metric, by several times the comparison's tolerance (so that the agreement above is not
+    # that of two unchanged forwards). Measured: gpt2 7.1e-4, qwen2 2.4e-3, llama 0.073, qwen3 0.069 (which random
+    # directions these are is fixed since the components' singular vectors have fixed signs, models.svds)
+    assert (got - got[:, :1]).abs().max() > 5 * TOL
 
 
 def test_singular_directions_match_the_intervention_patch():

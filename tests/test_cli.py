@@ -171,7 +171,11 @@ def test_every_argument_of_every_class_has_its_own_help_line():
             if not inspect.isclass(cls):
                 continue
             doc = docstring_parser.parse(cls.__doc__ or "")
-            params = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+            params = [
+                name
+                for name, p in inspect.signature(cls.__init__).parameters.items()
+                if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            ]
             missing = [p for p in params if p not in {d.arg_name for d in doc.params}]
             assert not missing, f"{name}: no docstring line for {missing}"
             assert doc.short_description and not doc.short_description.startswith("Args"), name

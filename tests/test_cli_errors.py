@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CFG = ROOT / "configs"
 # Run the CLI with the frozen-model loader of every real-model module replaced: a load is a failure.
 GUARD = (
-    "import sys; import lit_svd.modules.pretrained as P\n"
+    "import sys; import lit_svd.models.loaded as L\n"
     "def refuse(*a, **k):\n    sys.stderr.write('MODEL LOADED\\n'); sys.exit(99)\n"
-    "P.load_causal_lm = refuse; sys.argv[0] = 'python -m lit_svd'\n"
+    "L.load_causal_lm = refuse; sys.argv[0] = 'python -m lit_svd'\n"
     "from lit_svd.cli import main; main()"
 )
 # Run the CLI and report, at exit, every heavy package that was imported (a fast error imports none).
@@ -200,19 +200,19 @@ def test_help_lists_every_experiment_and_the_subcommands():
         line = next((ln for ln in out.splitlines() if f" {cfg.relative_to(ROOT)} " in ln), None)
         assert line is not None, cfg
         assert line.split()[0] == ("fit" if "max_steps" in cfg.read_text() else "test"), line
-    for sub in ("fit", "validate", "test", "predict"):
-        assert f"    {sub} " in out
+    for sub in ("fit", "validate", "test", "predict", "report", "mask-curve", "evaluate"):
+        assert f"\n  {sub} " in out
 
 
 # --- the other cases of the issue, in this process (faster; the same code path as the command line) ----
 @pytest.fixture
 def no_model(monkeypatch):
-    import lit_svd.modules.pretrained as pretrained
+    import lit_svd.models.loaded as loaded
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(pretrained, "load_causal_lm", refuse)
+    monkeypatch.setattr(loaded, "load_causal_lm", refuse)
 
 
 def in_process(capsys, *args: str) -> list[str]:

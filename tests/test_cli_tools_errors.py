@@ -58,7 +58,7 @@ def test_a_mask_run_without_masks_names_the_file(capsys, tmp_path):
 
 def test_the_command_line_and_debug(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, "-m", "lit_svd.cli_tools", "mask-blocks", str(tmp_path / "nowhere"), "--out", "x"]
+    args = [sys.executable, "-m", "lit_svd", "mask-blocks", str(tmp_path / "nowhere"), "--out", "x"]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 2 and "Traceback" not in done.stderr
     debug = subprocess.run([*args, "--debug"], env=env, capture_output=True, text=True, timeout=120)

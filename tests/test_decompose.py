@@ -112,10 +112,10 @@ def pairs(s, layer, n=5, seed=0):
     return pick[:, 0], pick[:, 1], pick[:, 2]
 
 
-def check_qk(s, tol, heads=None, layers=None):
+def check_qk(s, tol, heads=None, layers=None, n_pairs=5):
     v = s.view
     for layer in layers or range(v.n_layers):
-        b, d, src = pairs(s, layer)
+        b, d, src = pairs(s, layer, n_pairs)
         vis = causal_visibility(s.mask, v.window(layer))
         x = augment_inputs(s.cache["attn_normalized", layer].double())
         qk = qk_heads_from_view(v, layer).to(torch.float64)
@@ -274,8 +274,9 @@ def test_real_models_float32(name, request):
     model, tokenizer = request.getfixturevalue(name)
     s = real_setup(model, tokenizer)
     last = s.view.n_layers - 1
-    check_qk(s, 1e-5, heads=[s.view.n_heads - 1], layers=[1, last])  # Gemma-3: a sliding and a global layer
-    check_ov_mlp_logits(s, 1e-5, layers=[last], stride=4)
+    # Gemma-3: a sliding and a global layer; few pairs and positions (a real split is ~1e11 products a layer)
+    check_qk(s, 1e-5, heads=[s.view.n_heads - 1], layers=[1, last], n_pairs=2)
+    check_ov_mlp_logits(s, 1e-5, layers=[last], stride=8)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "gpt_neox"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,31 @@ def test_each_docs_page_opens_with_a_short_summary(page):
     end = next(i for i in range(2, len(lines)) if not lines[i].strip())
     assert 2 <= end - 2 <= 4, f"{page.name}: the opening paragraph has {end - 2} lines"
     assert not lines[2].startswith(("#", "```", "|", "-"))
+
+
+def heading_anchors(text: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation but ``-`` and ``_`` dropped, spaces to ``-``."""
+    anchors = set()
+    for line in text.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", title)))
+    return anchors
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
+def test_every_relative_link_reaches_a_file_and_its_heading(page):
+    """Links between the pages (``[text](guide.md#threads-runs-that-share-a-machine)``) name a file that exists and,
+    with an anchor, one of its headings."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # code blocks hold no links
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:, data:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in heading_anchors(file.read_text()):
+            broken.append(target)
+    assert not broken, f"{page.name}: broken links {broken}"

@@ -6,6 +6,7 @@ reads back as its type, the graph files are written, and bad options fail in one
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -13,10 +14,11 @@ import pytest
 from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import attribute
 from lit_svd.analysis.edge_curves import curve_specs, edge_curves
+from lit_svd.analysis.edge_options import curve_names
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.callbacks.edge_circuits import EdgeCircuitReport
 from lit_svd.datamodules.tasks import TaskDataModule
-from lit_svd.modules.edge_circuits import EdgeCircuitModule, curve_names
+from lit_svd.modules.edge_circuits import EdgeCircuitModule
 from lit_svd.results import load_result
 
 DATA = dict(task="ioi", n_train=12, n_val=2, n_test=6, batch_size=3, seed=0, test_last=True)
@@ -76,8 +78,20 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
         ({"steps": 0}, "steps=0"),
         ({"n_random": 1}, "n_random=1"),
         ({"graph_size": 0.3}, "graph_size=0.3"),
+        ({"fold_norms": False}, "fold_norms=False: the edge universe reads the folded view"),
     ],
 )
 def test_bad_options_fail_in_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message):
         EdgeCircuitModule(model="no-such-model-is-loaded", **kwargs)
+
+
+def test_bad_options_fail_before_torch_on_the_command_line(capsys):
+    """The command line's fast check (before torch is imported) runs the module's own check."""
+    from lit_svd.config_check import check_command_line
+
+    config = Path(__file__).resolve().parents[1] / "configs/edge_circuits/smollm2_ioi.yaml"
+    check_command_line(["test", "--config", str(config)])  # the shipped config passes
+    with pytest.raises(SystemExit) as err:
+        check_command_line(["test", "--config", str(config), "--model.init_args.n_random", "1"])
+    assert err.value.code == 2 and "n_random=1: must be an integer >= 2" in capsys.readouterr().err

@@ -331,6 +331,7 @@ DDP_SCRIPT = textwrap.dedent(
     f"""
     import json, sys, torch
     import lightning.pytorch as pl
+    from lit_svd.cli import end_process_group
     from lit_svd.modules.mounts import MountsAnalysisModule
     model_dir, out = sys.argv[1], sys.argv[2]
     g = torch.Generator().manual_seed(0)
@@ -338,9 +339,12 @@ DDP_SCRIPT = textwrap.dedent(
     module = MountsAnalysisModule(model=model_dir, layers_per_pass=1, **{DDP_KW!r})
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
-    trainer.test(module, dataloaders=torch.utils.data.DataLoader(data, batch_size=4), verbose=False)
-    if trainer.is_global_zero:
-        json.dump(module.rows, open(out, "w"))
+    try:
+        trainer.test(module, dataloaders=torch.utils.data.DataLoader(data, batch_size=4), verbose=False)
+        if trainer.is_global_zero:
+            json.dump(module.rows, open(out, "w"))
+    finally:
+        end_process_group()  # before exit: a live gloo group can abort a finished run
 """
 )
 

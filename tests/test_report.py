@@ -89,6 +89,8 @@ def test_a_report_runs_every_step_and_writes_an_offline_index(full):
     states = {s.name: State.read(out / s.name) for s in STEPS}
     assert states.pop("circuits_ioi").status in ("done", "skipped")  # done once configs/circuits/ has the config
     assert {n: s.status for n, s in states.items()} == {n: "done" for n in states}
+    warned = [ln for ln in proc.stderr.splitlines() if "Warning" in ln or "warn(" in ln]
+    assert not warned, warned  # no library warning on a normal run (Lightning's about `args` was one per step)
     text = (out / "index.html").read_text()
     assert "http://" not in text and "https://" not in text
     page = Page()

@@ -82,7 +82,7 @@ def test_nan_policy_fails_by_default_and_writes_null_where_declared(tmp_path):
     res.kl_hard = math.nan
     with pytest.raises(ValueError, match="kl_hard is nan"):
         res.to_json()
-    training = R.TrainingResult(headline={"mean_sparsity_first": math.nan}, history=[{"step": 0, "x": [math.nan]}])
+    training = R.TrainingResult(overall={"mean_sparsity_first": math.nan}, history=[{"step": 0, "x": [math.nan]}])
     content = json.loads(training.to_json())
     assert content["summary"] == {"mean_sparsity_first": None} and content["history"][0]["x"] == [None]
     assert content["experiment"] == "sad_training"

@@ -20,6 +20,7 @@ SCRIPT = textwrap.dedent('''
     import torch
     import lightning.pytorch as pl
     from lit_svd.callbacks import SVDAlignmentCallback
+    from lit_svd.cli import end_process_group
     from lit_svd.datamodules import SparseFeatureDataModule
     from lit_svd.modules import ToyAlignmentModule
 
@@ -38,7 +39,10 @@ SCRIPT = textwrap.dedent('''
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=4, default_root_dir=sys.argv[1],
                          enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                          callbacks=[SVDAlignmentCallback(every_n_steps=2), RecordBatches()])
-    trainer.fit(ToyAlignmentModule(n_instances=2), SparseFeatureDataModule(n_instances=2, batch_size=32, seed=5))
+    try:
+        trainer.fit(ToyAlignmentModule(n_instances=2), SparseFeatureDataModule(n_instances=2, batch_size=32, seed=5))
+    finally:
+        end_process_group()  # before exit: a live gloo group can abort a finished run
 ''')
 
 

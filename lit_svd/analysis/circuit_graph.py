@@ -11,8 +11,8 @@ embedding, each head's OV singular directions and ``b_V``, each layer's ``b_O``,
 so at most ``1 / threshold`` writers are kept per reader. Every kept *head direction* ``Ll.ov.hH.dk`` (the only
 writers whose own inputs are traced; MLP directions, the embedding and biases are leaves) is expanded at the next
 level, up to ``depth`` levels of edges, into its head's readers at the positions where its write was read
-(each position weighted by its share of the kept contributions' |value|; positions below ``threshold`` of
-that share are dropped and the rest renormalised to weights summing to 1):
+(each position weighted by its share of the kept contributions' |value|; positions below ``position_share`` are
+dropped and the rest renormalised to weights summing to 1):
 
 * ``ov`` (reader kind ``"ov"``): the direction's own mixed coefficient ``z_h(d) W_O v_k`` at those destinations
   (``ov_reads(..., mix=True)``: rows over the sources, the clean pattern frozen), the weighted sum over
@@ -48,8 +48,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args, overload
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 from jaxtyping import Float, Int
@@ -57,6 +57,15 @@ from torch import Tensor
 
 from lit_svd.addresses import Address
 from lit_svd.analysis.decompose import Decomposer, Reads, Side, Split, logit_reads, ov_reads, qk_reads
+from lit_svd.analysis.graph_options import (  # noqa: F401  (TRACEABLE, Unit: re-exported)
+    DEFAULT_DEPTH,
+    DEFAULT_POSITION_SHARE,
+    DEFAULT_QK_TOP,
+    DEFAULT_THRESHOLD,
+    TRACEABLE,
+    Unit,
+    check_graph_options,
+)
 from lit_svd.analysis.sad import causal_visibility
 from lit_svd.linalg import REL_GAP, DirectionBlocks, direction_blocks
 from lit_svd.metrics import TaskScorer, task_scorer
@@ -66,18 +75,13 @@ from lit_svd.models.points import ActivationCache
 if TYPE_CHECKING:
     import networkx as nx
 
-Unit = Literal["direction", "block", "head"]
 ReaderKind = Literal["logit", "ov", "qk_query", "qk_key"]
-TRACEABLE = ("qk", "ov")  # reader options (``readers``)
 METRIC = "metric"  # the root node's key
-DEFAULT_THRESHOLD = 0.002  # SmolLM2 IOI: the metric spreads over ~35k writers, the largest share is ~0.005
-DEFAULT_DEPTH = 2
-DEFAULT_QK_TOP = 2
 
 
 @dataclass(frozen=True)
 class GraphOptions:
-    """How a graph is built (module docstring).
+    """How a graph is built (module docstring; ``analysis.graph_options`` holds the defaults and the one check).
 
     Args:
         threshold: a writer is kept for a reader when ``|contribution| >= threshold * sum |contributions|``; in (0, 1).
@@ -86,6 +90,8 @@ class GraphOptions:
         unit: node unit: ``direction``, ``block`` (near-equal singular values), ``head``.
         qk_top: QK directions traced per (head, destination): the largest ``|c_j(d, s)|``.
         rel_gap: relative gap below which neighbouring singular values share a block (``unit: block``).
+        position_share: a kept head direction is expanded at the positions holding at least this share of its
+            kept contributions' |value|; in (0, 1).
     """
 
     threshold: float = DEFAULT_THRESHOLD
@@ -94,29 +100,11 @@ class GraphOptions:
     unit: Unit = "direction"
     qk_top: int = DEFAULT_QK_TOP
     rel_gap: float = REL_GAP
+    position_share: float = DEFAULT_POSITION_SHARE
 
     def check(self, n_layers: int | None = None) -> GraphOptions:
         """The options if valid (``n_layers``: the model's, bounds ``depth``); one-line errors otherwise."""
-        if not isinstance(self.threshold, (int, float)) or not 0 < self.threshold < 1:
-            raise ValueError(f"threshold={self.threshold!r}: must lie in (0, 1) (a share of sum |contributions|)")
-        top = n_layers if n_layers is not None else self.depth
-        if not isinstance(self.depth, int) or isinstance(self.depth, bool) or not 1 <= self.depth <= max(top, 1):
-            raise ValueError(f"depth={self.depth!r}: must be an integer in 1 .. {top} (the model's layers)")
-        readers = (self.readers,) if isinstance(self.readers, str) else tuple(self.readers)
-        for r in readers:
-            if r == "mlp":
-                raise ValueError(
-                    "readers: 'mlp' is not offered (an MLP output direction is not a linear function of its input"
-                    " directions, so its split would not be exact); allowed: qk, ov"
-                )
-            if r not in TRACEABLE:
-                raise ValueError(f"readers: {r!r} unknown; allowed: {', '.join(TRACEABLE)}")
-        if self.unit not in get_args(Unit):
-            raise ValueError(f"unit={self.unit!r} unknown; allowed: {', '.join(get_args(Unit))}")
-        if not isinstance(self.qk_top, int) or self.qk_top < 1:
-            raise ValueError(f"qk_top={self.qk_top!r}: must be an integer >= 1")
-        if not 0 <= self.rel_gap < 1:
-            raise ValueError(f"rel_gap={self.rel_gap!r}: must be in [0, 1)")
+        check_graph_options(**asdict(self), n_layers=n_layers)
         return self
 
 
@@ -229,12 +217,12 @@ def _kept(values: Tensor, threshold: float) -> Tensor:
     return (values.abs() >= threshold * total) & (total > 0)
 
 
-def _positions(weights: dict[int, float], threshold: float) -> dict[int, float]:
-    """Positions whose share of |contribution| is at least ``threshold``, renormalised to sum to 1."""
+def _positions(weights: dict[int, float], share: float) -> dict[int, float]:
+    """Positions whose share of |contribution| is at least ``share``, renormalised to sum to 1."""
     total = sum(weights.values())
     if total <= 0:
         return {}
-    keep = {p: w / total for p, w in weights.items() if w / total >= threshold}
+    keep = {p: w / total for p, w in weights.items() if w / total >= share}
     if not keep:
         keep = {max(weights, key=lambda p: weights[p]): 1.0}
     s = sum(keep.values())
@@ -357,7 +345,7 @@ class GraphBuilder:
         ov_req: dict[tuple[int, Address], dict[tuple[int, int], float]] = {}
         qk_pos: dict[tuple[int, int, int], dict[int, float]] = {}  # (prompt, layer, head) -> {dest: weight}
         for (b, w), positions in frontier.items():
-            kept = _positions(positions, opt.threshold)
+            kept = _positions(positions, opt.position_share)
             if "ov" in opt.readers:
                 acc_ov = ov_req.setdefault((b, w), {})
                 for d, x in kept.items():

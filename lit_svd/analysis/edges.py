@@ -30,8 +30,8 @@ of its reader unit), so a block counts 1 whatever its dimensions, a head-level c
 edge count, and a circuit of direction edges is measured in head-level edges (MIB's neuron-level weighting, a
 fraction of each edge's writer and reader kept). Counts on SmolLM2 and Gemma-3: docs/circuits.md.
 
-The bases are computed here in float64 from the view with the same calls as ``models.intervene.build_component``
-(so a direction here is the component's direction of the same address) and kept in the analysis dtype.
+The bases are the view's SVDs (``models.svds.view_svd``: computed once per model, the same directions as every
+other method's of the same address), combined in float64 and kept in the analysis dtype.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ import torch
 from torch import Tensor
 
 from lit_svd.addresses import EMBED_LAYER, Address
-from lit_svd.linalg import svd_dense, svd_factored
 from lit_svd.models.base import ModelView, analysis_dtype
+from lit_svd.models.svds import view_svd
 
 Level = Literal["directions", "writer_units", "units"]
 ReaderKind = Literal["q", "k", "v", "mlp", "logits"]
@@ -118,11 +118,6 @@ class ReaderBasis:
     split: int = 0  # mlp: how many of the K directions are mlp_in's (the rest are mlp_gate's)
 
 
-def _svd(M: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    svd = svd_dense(M.double())
-    return svd.U, svd.S, svd.V
-
-
 class EdgeUniverse:
     """Writer and reader units of ``view``'s model, their bases (module docstring) and the edge counts.
 
@@ -139,8 +134,6 @@ class EdgeUniverse:
         self.dtype = dtype or analysis_dtype(view.model_dtype)
         self.device = next(view.model.parameters()).device
         self.writers: list[WriterUnit] = [WriterUnit(0, EMBED_LAYER, "embed", 0, 1, 0)]
-        self._svds: dict[tuple[str, int], tuple[Tensor, Tensor, Tensor]] = {}
-        self._ov: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
         writes: list[Tensor] = [torch.zeros(1, view.d_model, dtype=self.dtype, device=self.device)]
         self.head_read: dict[int, Tensor] = {}  # layer -> W_O V [H, d_head, K]
         self.mlp_V: dict[int, Tensor] = {}  # layer -> [d, K]
@@ -156,7 +149,7 @@ class EdgeUniverse:
                 self._add_writer(l, "head", h, K)
                 writes.append((V[h].T * gain).to(self.dtype))
             self._mlp_units[l] = len(self.writers)
-            _, _, Vm = _svd(view.mlp_out(l))
+            _, _, Vm = self._map_svd("mlp_out", l)
             self.mlp_V[l] = Vm.to(self.dtype)
             self._add_writer(l, "mlp", 0, Vm.shape[1])
             writes.append((Vm.T * self._gain("mlp", l)).to(self.dtype))
@@ -179,11 +172,9 @@ class EdgeUniverse:
             self._add_reader(l, "mlp", 0, K_mlp, up_mlp)
         self._add_reader(view.n_layers, "logits", 0, 1, len(self.writers))
         self._bases: dict[int, ReaderBasis] = {}
-        for l in range(view.n_layers):  # every basis now, then the layer's float64 SVDs are dropped
+        for l in range(view.n_layers):
             for u in self.reader_units("attn", l) + self.reader_units("mlp", l):
                 self._bases[u.index] = self._basis(u)
-            self._svds = {key: value for key, value in self._svds.items() if key[1] != l}
-            self._ov.pop(l, None)
 
     # --- construction ----------------------------------------------------------------------------
     def _gain(self, point: Literal["attn", "mlp"], layer: int) -> Tensor:
@@ -205,29 +196,23 @@ class EdgeUniverse:
 
     def ov_svd(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
         """``(U [H, d+1, K], S [H, K], V [H, d, K])`` of the heads' OV maps (float64; the ``ov`` component's)."""
-        if layer not in self._ov:
-            fm = self.view.ov(layer)
-            svd = svd_factored(fm.A.double(), fm.B.double())
-            self._ov[layer] = (svd.U, svd.S, svd.V)
-        return self._ov[layer]
+        return self._map_svd("ov", layer)
 
-    def _cached_svd(self, kind: str, layer: int) -> tuple[Tensor, Tensor, Tensor]:
-        """float64 SVD of a reader map (``q`` per head, ``k`` per KV head, ``mlp_in`` / ``mlp_gate``), as
-        ``models.intervene.build_component`` computes it; kept until the bases of its layer are built."""
-        key = (kind, layer)
-        if key not in self._svds:
-            M = self._k_map(layer) if kind == "k" else getattr(self.view, "q_map" if kind == "q" else kind)(layer)
-            self._svds[key] = _svd(M)
-        return self._svds[key]
+    def _map_svd(self, kind: str, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The view's SVD of map ``kind`` (``models.svds``: ``q`` per head, ``k`` per KV head, ``ov`` per head, the
+        MLP's maps unbatched) in float64."""
+        svd = view_svd(self.view, layer, kind)
+        U, S, V = (t.double() for t in (svd.U, svd.S, svd.V))
+        return (U[0], S[0], V[0]) if kind.startswith("mlp") else (U, S, V)
 
     def _q_svd(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
-        return self._cached_svd("q", layer)
+        return self._map_svd("q", layer)
 
     def _k_svd(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
-        return self._cached_svd("k", layer)
+        return self._map_svd("k", layer)
 
     def _mlp_in_svd(self, layer: int, kind: str) -> tuple[Tensor, Tensor, Tensor]:
-        return self._cached_svd(kind, layer)
+        return self._map_svd(kind, layer)
 
     # --- sizes and counts ------------------------------------------------------------------------
     @property

@@ -46,43 +46,20 @@ import torch
 from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
+from lit_svd.analysis.sad_options import (  # noqa: F401  (re-exported: the checks of SAD's options)
+    check_null_draws,
+    check_null_stride,
+    check_threshold,
+    check_tolerance,
+)
 from lit_svd.linalg import REL_GAP, SVD, direction_blocks, rolls_tovee_sparsity, svd_factored
 from lit_svd.models.base import ModelView, augment_inputs, inverse_rms  # [1, x]; per-head norm factors
 from lit_svd.models.hooks import capture
+from lit_svd.models.svds import view_svd
 
 DEFAULT_RECON_TOL = 1e-4
 
 Rotate = Callable[[Tensor, Tensor], Tensor]
-
-
-def check_threshold(threshold: float | None, key: str = "threshold") -> float | None:
-    """``None`` (uniform 1/n rule) or a number in [0, 1]; anything else fails with one line."""
-    if threshold is not None and not (isinstance(threshold, (int, float)) and 0.0 <= threshold <= 1.0):
-        raise ValueError(
-            f"{key}={threshold!r} is outside [0, 1]: give an attention weight in [0, 1], or null for"
-            " the uniform level 1/(visible sources)"
-        )
-    return threshold
-
-
-def check_tolerance(tol: float, key: str = "recon_tol") -> float:
-    if not (isinstance(tol, (int, float)) and 0.0 <= tol < 1.0):
-        raise ValueError(f"{key}={tol!r} is outside [0, 1): give a fraction of sum_k |c_k|, e.g. 1e-4")
-    return float(tol)
-
-
-def check_null_draws(n: int, key: str = "null_draws") -> int:
-    """0 (no matched null) or at least 2 draws (a percentile needs more than one)."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or n == 1:
-        raise ValueError(f"{key}={n!r}: must be 0 (no matched null) or an integer >= 2")
-    return n
-
-
-def check_null_stride(n: int, key: str = "null_stride") -> int:
-    """A positive integer: the matched null sees every n-th prompt (``null_prompts``)."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"{key}={n!r}: must be a positive integer (1: every prompt)")
-    return n
 
 
 def null_prompts(n_rows: int, index: Tensor | None, stride: int, device: torch.device | None = None) -> Tensor | None:
@@ -170,16 +147,17 @@ def qk_heads_from_view(view: ModelView, layer: int) -> QKHeads:
 
 
 @torch.no_grad()
-def basis_blocks(qk: QKHeads, rel_gap: float = REL_GAP, top: int = 8) -> list[dict]:
+def basis_blocks(qk: QKHeads, rel_gap: float = REL_GAP, top: int = 8, svd: SVD | None = None) -> list[dict]:
     """Per head of ``qk``: how identifiable the SAD basis directions are. The basis ``U`` is that of
     ``Omega(0) = A_q A_k^T`` for every offset (module docstring), so a term ``t_k`` is as well defined as
     ``u_k`` is, i.e. by ``Omega(0)``'s spectrum; the spectra of ``Omega(delta)`` at other rotary offsets do
     not enter (the decomposition never uses their singular vectors). Returns ``rank``, ``n_isolated`` and
     ``top_terms``: the ``top`` largest directions with ``sigma``, ``block`` (id, size, first, last), ``gap``
-    and ``isolated`` (``lit_svd.analysis.blocks.direction_block``)."""
+    and ``isolated`` (``lit_svd.analysis.blocks.direction_block``). ``svd``: the SVD of ``qk`` where it is known
+    (the view's, ``models.svds.view_svd``), else computed here in float64."""
     from lit_svd.analysis.blocks import direction_block
 
-    S = svd_factored(qk.A_q.double(), qk.A_k.double()).S.cpu()  # [h, k]
+    S = (svd or svd_factored(qk.A_q.double(), qk.A_k.double())).S.double().cpu()  # [h, k]
     b = direction_blocks(S, rel_gap, size=qk.A_q.shape[-2])
     return [
         {
@@ -617,7 +595,9 @@ def layer_bases(
     view.check_layer(layer)
     heads = list(range(view.n_heads)) if heads is None else [view.check_head(h) for h in heads]
     qk = qk_heads_from_view(view, layer).select(heads).to(dtype)
-    svd = svd_factored(qk.A_q, qk.A_k)
+    whole = view_svd(view, layer, "qk")  # computed once per view (models.svds): the heads' Omega(0) = A_q A_k^T
+    idx = torch.tensor(heads, device=whole.U.device)
+    svd = SVD(whole.U[idx], whole.S[idx], whole.V[idx]).to(dtype)
     null = null_heads(qk, svd, null_draws, seed * 100_003 + layer + 7_919_000, heads) if null_draws else None
     return LayerBases(
         layer,

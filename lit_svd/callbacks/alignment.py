@@ -166,7 +166,7 @@ class SVDAlignmentCallback(Callback):
             n_instances=module.n_instances,
             frozen_features=module.frozen_features,
             template_pairs=[list(pr) for pr in module.pairs],
-            headline=headline,
+            overall=headline,
             history=[{"step": s, "mean_abs_cos": v} for s, v in self.history],
             tracked_directions=self.tracked,
             instances=instances,

@@ -21,7 +21,7 @@ class MountsReport(pl.Callback):
         rows = getattr(pl_module, "rows", None)
         if not rows or not trainer.is_global_zero:
             return
-        hp = dict(pl_module.hparams)
+        hp = {**pl_module.options.as_dict(), **pl_module.hparams}  # every loading option, however it was built
         result = mounts_result(
             rows,
             model=hp.get("model"),

@@ -83,7 +83,7 @@ class SADReport(Callback):
             save_figures(trainer, sad_figures(result))
 
 
-_FIELD = {"summary": "headline"}  # results.json key -> field name
+_FIELD = {"summary": "overall"}  # results.json key -> field name
 
 
 def report_scalars(results: dict) -> dict[str, float]:
@@ -308,7 +308,7 @@ class SADCallback(Callback):
             null_draws=self.null_draws,
             null_at=self.null_at,
             null_probe=self.null_probe,
-            headline=summary,
+            overall=summary,
             history=self.history,
         )
         if trainer.is_global_zero:

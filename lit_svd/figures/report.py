@@ -25,7 +25,7 @@ def control(result):
 
 def sad_against_controls(result: SADResult):
     """Heads sparser than each control (matched-spectrum null, pair null, rotated basis), of the eligible heads."""
-    s = result.headline
+    s = result.overall
     labels, counts = [], []
     for key, label in (("null", "matched null"), ("unattended", "pair null"), ("rotated", "rotated")):
         if f"n_heads_sparser_than_{key}" in s:

@@ -14,7 +14,7 @@ def figures(result: SADResult) -> dict:
 
 
 def _grid(result: SADResult, key: str) -> np.ndarray:
-    s = result.headline
+    s = result.overall
     grid = np.full((result.n_layers, result.n_heads_per_layer), np.nan)
     for r in result.heads:
         if r["n_pairs"] >= s["min_pairs"] and r.get(key) is not None:
@@ -51,7 +51,7 @@ def head_heatmap(result: SADResult):
         ax.set_xticks(range(n_heads))
         ax.tick_params(labelsize=6)
     axes[0].set_ylabel("layer")
-    s = result.headline
+    s = result.overall
     parts = [
         f"{s[f'n_heads_sparser_than_{k}']}/{s['n_heads_eligible']} sparser than {label}"
         for k, label in (("null", "matched null"), ("unattended", "pair null"), ("rotated", "rotated"))
@@ -64,7 +64,7 @@ def head_heatmap(result: SADResult):
 def n_recon(result: SADResult):
     """Pooled N_recon distributions (singular basis, matched null over all draws, pair null, rotated) and
     the per-head medians."""
-    s = result.headline
+    s = result.overall
     kinds = [
         (suffix, label)
         for suffix, label in (

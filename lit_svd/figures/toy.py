@@ -24,7 +24,7 @@ def figures(result: ToyAlignmentResult) -> dict:
     if len({i["interference"] for i in instances}) > 1 and len({i["d_model"] for i in instances}) == 1:
         out["interference_sweep"] = interference_sweep(instances)
     if len({i["d_model"] for i in instances}) > 1:
-        out["theorem1_superposition"] = theorem1_superposition(result.headline["theorem1_groups"], result.n_features)
+        out["theorem1_superposition"] = theorem1_superposition(result.overall["theorem1_groups"], result.n_features)
     return out
 
 

@@ -36,7 +36,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float, Int
@@ -44,19 +44,19 @@ from torch import Tensor, nn
 
 from lit_svd.choices import check_choice, choices
 from lit_svd.linalg import FactoredABt
-
-if TYPE_CHECKING:
-    from lit_svd.models.points import ActivationCache, Point
+from lit_svd.models.points import (  # noqa: F401  (NormPoint, PostNormPoint, HFModule: re-exported)
+    ActivationCache,
+    HFModule,
+    NormPoint,
+    Point,
+    PostNormPoint,
+    run_with_cache,
+)
 
 Site = Literal["q", "k", "v", "o", "gate", "up", "down"]
 SITES: tuple[Site, ...] = choices(Site)
-NormPoint = Literal["attn", "mlp", "final"]
 NORM_POINTS: tuple[NormPoint, ...] = choices(NormPoint)
-PostNormPoint = Literal["attn", "mlp"]
 HeadNormSite = Literal["q", "k"]
-# A Hugging Face module (the model, a decoder block, its attention): its submodules and config keys are named per
-# architecture, and only the views read them, so the type checker takes them as they come.
-HFModule = Any
 # Where each site sits: its module and the part of that module's output that is the site (``_sites``).
 Sites = dict[str, tuple[HFModule, slice | tuple[int, int] | None]]
 
@@ -412,8 +412,6 @@ class ModelView(ABC):
     ) -> ActivationCache:
         """One forward of the model; the named activation points (``lit_svd.models.points``) as an
         ``ActivationCache``. ``points``: names (every layer) or ``(name, layer)`` pairs."""
-        from lit_svd.models.points import run_with_cache
-
         return run_with_cache(self, points, input_ids, attention_mask)
 
     def _fold(self, point: NormPoint, layer: int | None, W: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,7 +1,8 @@
 """Running the unchanged HF forward with components rescaled along their singular directions.
 
 A *component* is one bias-augmented linear map of the model, batched over its groups (heads, KV
-heads, or the layer), with its SVD ``M = U diag(S) V^T`` computed once from the view:
+heads, or the layer), with its SVD ``M = U diag(S) V^T`` read from the view (``models.svds``: computed once
+per view, signs fixed):
 
 ===========  =====================================  =======  ============================================
 kind         matrix (view method)                   groups   what is rescaled
@@ -51,9 +52,10 @@ from torch import Tensor, nn
 
 from lit_svd.addresses import DIRECTION_KINDS, Address
 from lit_svd.choices import check_choice
-from lit_svd.linalg import SVD, svd_dense, svd_factored
+from lit_svd.linalg import SVD
 from lit_svd.models.base import ModelView
 from lit_svd.models.hooks import Hook, first_input, hooks
+from lit_svd.models.svds import view_svd
 
 KINDS = DIRECTION_KINDS  # the maps whose directions are masked (addresses.DirectionKind)
 ALIASES = {"mlp": "mlp_in, mlp_gate (gated MLPs), mlp_out", "qk": "qk (non-rotary) or q and k (rotary)"}
@@ -141,39 +143,26 @@ def expand_kinds(view: ModelView, kinds: Sequence[str]) -> list[str]:
 
 
 def _component(kind: str, layer: int, svd: SVD, **extra: Any) -> Component:
-    """A component from its float64 SVD, kept in float32."""
+    """A component from its SVD, kept in float32."""
     svd = svd.to(torch.float32)
     return Component(kind, layer, svd.U, svd.S, svd.V, **extra)
 
 
 @torch.no_grad()
 def build_component(view: ModelView, kind: str, layer: int) -> Component:
-    """The SVD of one component (all groups), computed in float64 from the view's folded weights."""
+    """The SVD of one component (all groups): the view's sign-fixed SVD of the map (``models.svds.view_svd``,
+    computed once per view in float64 from the folded weights)."""
     view.check_layer(layer)
-    if kind == "qk":
-        if view.rotary_dim:
-            raise ValueError(f"components: joint 'qk' cannot be masked on rotary {view.model_type}; use q and k")
-        fm = view.qk(layer)
-        return _component(kind, layer, svd_factored(fm.A.double(), fm.B.double()), scale=view.attn(layer).scale)
-    if kind == "ov":
-        fm = view.ov(layer)
-        svd = svd_factored(fm.A.double(), fm.B.double()).to(torch.float32)
-        read = view.attn(layer).W_O.float() @ svd.V  # [H, d_head, K]
-        return _component(kind, layer, svd, read=read)
-    if kind == "q":
-        M = view.q_map(layer)
-    elif kind == "k":
-        M = view.k_map(layer)[:: view.n_heads // view.n_kv_heads]  # one map per KV head
-    elif kind == "mlp_in":
-        M = view.mlp_in(layer)[None]
-    elif kind == "mlp_gate":
-        M = view.mlp_gate(layer)[None]
-    elif kind == "mlp_out":
-        M = view.mlp_out(layer)[None]
-    else:
+    if kind == "qk" and view.rotary_dim:
+        raise ValueError(f"components: joint 'qk' cannot be masked on rotary {view.model_type}; use q and k")
+    if kind not in KINDS:
         expand_kinds(view, [kind])  # raises the one-line error
-        raise AssertionError(kind)
-    return _component(kind, layer, svd_dense(M.double()))
+    svd = view_svd(view, layer, kind).to(torch.float32)
+    if kind == "qk":
+        return _component(kind, layer, svd, scale=view.attn(layer).scale)
+    if kind == "ov":
+        return _component(kind, layer, svd, read=view.attn(layer).W_O.float() @ svd.V)  # read: [H, d_head, K]
+    return _component(kind, layer, svd)
 
 
 def build_components(

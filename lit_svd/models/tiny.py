@@ -6,21 +6,21 @@ norm conventions) at a size that runs in milliseconds on a CPU.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lit_svd.choices import check_choice, choices
+from lit_svd.choices import check_choice
+from lit_svd.model_names import (  # noqa: F401  (the architectures, named where names are checked without torch)
+    ARCHITECTURES,
+    HEAD_NORM_ARCHITECTURES,
+    Architecture,
+    HeadNormArchitecture,
+)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
-Architecture = Literal["gpt2", "gpt_neox", "llama", "gemma2", "qwen2"]
-ARCHITECTURES: tuple[Architecture, ...] = choices(Architecture)
-# also built here, tested by tests/test_gemma3.py and tests/test_qwen.py: per-head query / key norms (Gemma-3
-# also two rotary bases and sliding windows)
-HeadNormArchitecture = Literal["gemma3", "qwen3"]
-HEAD_NORM_ARCHITECTURES: tuple[HeadNormArchitecture, ...] = choices(HeadNormArchitecture)
 BIAS_STD = {"qwen2": 0.5}
 # what each gated (Llama-layout) family sets beyond the shared tiny shape
 GATED: dict[str, dict] = {

@@ -9,14 +9,13 @@ the value and what is allowed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Mapping
 
-# The reader kinds the builder traces (analysis/circuit_graph.py: TRACEABLE) and what each needs of the model: every
-# supported architecture has attention heads, so both are there; an MLP reader is not offered (an MLP output
-# direction is not a linear function of its input directions: its split would not be exact).
-READERS: dict[str, str] = {"qk": "attention", "ov": "attention"}
-UNITS = ("direction", "block", "head")
-DEFAULTS = {"threshold": 0.05, "depth": 2, "readers": tuple(READERS), "unit": "direction"}  # the builder's
+from lit_svd.analysis.graph_options import check_graph_options
+
+# the graph's options (the check's parameters but the model's n_layers and parts)
+OPTIONS = tuple(p for p in inspect.signature(check_graph_options).parameters if p not in ("n_layers", "parts"))
 
 
 def model_parts(config) -> set[str]:
@@ -24,28 +23,6 @@ def model_parts(config) -> set[str]:
     config = getattr(config, "text_config", None) or config
     heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
     return {"attention"} if heads else set()
-
-
-def check_options(threshold: float, depth: int, readers: Sequence[str], unit: str, n_layers: int, parts: set) -> None:
-    """threshold in (0, 1); depth an integer in 1 .. n_layers; readers known and present in the model; a known
-    unit."""
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
-        raise ValueError(
-            f"threshold={threshold!r}: must lie in (0, 1) (a share of the sum of absolute contributions per reader)"
-        )
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= n_layers:
-        raise ValueError(f"depth={depth!r}: must be an integer in 1 .. {n_layers} (the model's layers)")
-    readers = [readers] if isinstance(readers, str) else list(readers)
-    if not readers:
-        raise ValueError(f"readers=[]: give at least one of {', '.join(READERS)}")
-    for r in readers:
-        if r not in READERS:
-            why = " (an MLP's split into its input directions would not be exact)" if r.startswith("mlp") else ""
-            raise ValueError(f"readers: {r!r} is not a reader kind{why}; allowed: {', '.join(READERS)}")
-        if READERS[r] not in parts:
-            raise ValueError(f"readers: {r!r} needs {READERS[r]} heads, which this model lacks")
-    if unit not in UNITS:
-        raise ValueError(f"unit={unit!r} unknown; allowed: {', '.join(UNITS)}")
 
 
 def check_tokenizer(model: str, data_args: Mapping, model_tokenizer) -> None:
@@ -74,6 +51,6 @@ def check_circuit_config(model_args: Mapping, data_args: Mapping) -> None:
         return
     where = {k: model_args.get(k) for k in ("gguf_file", "revision")}
     config = load_config(model, **where)
-    given = {k: model_args[k] for k in ("threshold", "depth", "readers", "unit") if k in model_args}
-    check_options(**{**DEFAULTS, **given}, n_layers=n_layers_of(config), parts=model_parts(config))
+    given = {k: model_args[k] for k in OPTIONS if k in model_args}
+    check_graph_options(**given, n_layers=n_layers_of(config), parts=model_parts(config))
     check_tokenizer(model, data_args, load_tokenizer(model, **where))

@@ -36,6 +36,7 @@ import torch
 from lit_svd.analysis.causal import LEVEL, MIN_GAP_FRACTION, N_RANDOM, Z_PASS
 from lit_svd.analysis.circuit_graph import (
     DEFAULT_DEPTH,
+    DEFAULT_POSITION_SHARE,
     DEFAULT_QK_TOP,
     DEFAULT_THRESHOLD,
     TRACEABLE,
@@ -48,13 +49,13 @@ from lit_svd.analysis.circuit_graph import (
 )
 from lit_svd.analysis.decompose import Decomposer
 from lit_svd.analysis.edge_check import Edge, EdgeTotals, check_batch, check_context, judge_edge
+from lit_svd.analysis.graph_options import check_circuit_options
 from lit_svd.analysis.sad import abs_term_sums, layer_bases
 from lit_svd.linalg import REL_GAP
 from lit_svd.metrics import task_scorer
 from lit_svd.models.base import augment_inputs
 from lit_svd.modules.pretrained import PretrainedLMModule
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 CONSTANT_WRITERS = ("b_Q", "b_K", "b_V", "b_O", "b_in", "b_gate", "b_out", "b_U")
 
 
@@ -91,27 +92,27 @@ class CircuitGraphModule(PretrainedLMModule):
     """A task's circuit graph of singular directions (docs/circuits.md, "Circuit graphs") and its edge checks.
 
     Args:
-        model: the model (alias, hub name, local folder or GGUF file).
         threshold: a writer is kept for a reader when |contribution| >= threshold x sum |contributions|; in (0, 1).
         depth: levels of edges from the metric (1: its direct writers); 1 .. the model's layers.
         readers: readers of a kept head direction traced: qk, ov.
         unit: node unit: direction, block (near-equal singular values), head. Checks need direction.
         qk_top: QK directions traced per (head, destination).
         rel_gap: relative gap of a block (unit: block).
+        position_share: a kept head direction is expanded at the positions holding at least this share of its kept
+            contributions' |value|; in (0, 1).
         n_check: strongest checkable edges of the merged graph to check (0: none).
         n_random: random readers per checked edge in the null.
         seed: seeds the random readers.
         rows_per_forward: (prompt, probe) rows per patched forward (memory against speed).
         sad_terms: also measure, per head, each QK direction's mean |c_k| over every pair SAD analyses on the test
             prompts (all destinations): the report compares the graph's QK nodes with each graph head's top terms.
-        dtype: cast the model (float64 for exact tests; null: as loaded).
-        gguf_file: the GGUF file inside ``model`` when it is a folder.
-        revision: hub revision.
     """
+
+    # the options judged before anything loads (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.analysis.graph_options:check_circuit_options"
 
     def __init__(
         self,
-        model: str = "smollm2-135m",
         threshold: float = DEFAULT_THRESHOLD,
         depth: int = DEFAULT_DEPTH,
         readers: Sequence[str] = TRACEABLE,
@@ -123,24 +124,13 @@ class CircuitGraphModule(PretrainedLMModule):
         seed: int = 0,
         rows_per_forward: int = 256,
         sad_terms: bool = True,
-        dtype: Literal["float32", "float64"] | None = None,
-        gguf_file: str | None = None,
-        revision: str | None = None,
+        position_share: float = DEFAULT_POSITION_SHARE,
+        **loading,
     ):
-        options = GraphOptions(threshold, depth, tuple(readers), unit, qk_top, rel_gap).check()
-        if n_check < 0:
-            raise ValueError(f"n_check={n_check}: must be >= 0")
-        if n_check and unit != "direction":
-            raise ValueError(
-                f"n_check={n_check} with unit={unit!r}: edge checks run on direction graphs; set n_check: 0"
-            )
-        if n_random < 2:
-            raise ValueError(f"n_random={n_random}: the null needs at least 2 random readers")
-        if rows_per_forward < 1:
-            raise ValueError(f"rows_per_forward={rows_per_forward}: must be >= 1")
-        super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
-        if dtype is not None:
-            self.lm.to(DTYPES[dtype])
+        graph = (threshold, depth, readers, unit, qk_top, rel_gap, position_share)
+        check_circuit_options(*graph, n_check, n_random, rows_per_forward, loading.get("fold_norms", True))
+        options = GraphOptions(threshold, depth, tuple(readers), unit, qk_top, rel_gap, position_share)
+        super().__init__(**loading)
         self.options = options.check(self.view.n_layers)
         self.save_hyperparameters()
         self.task: str | None = None
@@ -232,7 +222,8 @@ class CircuitGraphModule(PretrainedLMModule):
             "model": self.model_name,
             "n_prompts": sums.n_prompts,
             "options": {
-                **{k: getattr(self.options, k) for k in ("threshold", "depth", "unit", "qk_top", "rel_gap")},
+                **{k: getattr(self.options, k) for k in ("threshold", "position_share", "depth", "unit", "qk_top")},
+                "rel_gap": self.options.rel_gap,
                 "readers": list(self.options.readers),
                 "n_check": hp.n_check,
                 "n_random": hp.n_random,

@@ -41,8 +41,7 @@ from lit_svd.analysis.readouts import readouts
 from lit_svd.choices import check_choice
 from lit_svd.linalg import REL_GAP
 from lit_svd.models.intervene import Component, build_components
-from lit_svd.models.loading import DType
-from lit_svd.modules.pretrained import PretrainedLMModule
+from lit_svd.modules.pretrained import PretrainedLMModule, run_loading
 from lit_svd.runs import load_run
 
 
@@ -136,11 +135,7 @@ class DirectionCheckModule(PretrainedLMModule):
         rows_per_forward: (prompt, direction) rows per batched forward (memory against speed).
         top_k: tokens per readout side.
         rel_gap: relative gap below which neighbouring singular values share a block (``linalg.REL_GAP``).
-        model: the model (default: the run's).
-        dtype: what the frozen model runs in (float32, bfloat16, float16; float64 for exact checks); the
-            analysis maths stays float32 / float64 (``PretrainedLMModule``).
-        device_map: accelerate device map of the frozen model (e.g. some layers on "disk"; ``PretrainedLMModule``).
-        offload_folder: where disk-offloaded weights go.
+        model: the model (default: the run's; its gguf_file, revision and fold_norms are the run's too).
     """
 
     def __init__(
@@ -155,9 +150,7 @@ class DirectionCheckModule(PretrainedLMModule):
         top_k: int = 8,
         rel_gap: float = REL_GAP,
         model: str | None = None,
-        dtype: DType = "float32",
-        device_map: str | dict[str, int | str] | None = None,
-        offload_folder: str | None = None,
+        **loading,
     ):
         for kind in kinds:
             check_choice("kinds", kind, PATCHABLE, where=" among the kinds that can be patched")
@@ -169,16 +162,7 @@ class DirectionCheckModule(PretrainedLMModule):
             raise ValueError(f"rel_gap={rel_gap!r}: must be in [0, 1)")
         self.run_path = Path(run)
         state, self.claims, self.n_claimed = run_claims(self.run_path, claims, kinds, max_claims)
-        hp = state.get("hparams", {})
-        super().__init__(
-            model=model or state["model"],
-            gguf_file=hp.get("gguf_file"),
-            revision=hp.get("revision"),
-            fold_norms=hp.get("fold_norms", True),
-            dtype=dtype,
-            device_map=device_map,
-            offload_folder=offload_folder,
-        )
+        super().__init__(model=model or state["model"], **run_loading(state.get("hparams", {}), loading))
         self.save_hyperparameters()
         layers = sorted({int(n.split(".")[0][1:]) for n in self.claims})
         wanted = sorted({n.split(".", 1)[1] for n in self.claims})

@@ -33,7 +33,6 @@ from lit_svd.analysis.masks import (
 from lit_svd.linalg import REL_GAP
 from lit_svd.metrics import TaskScorer, task_scorer
 from lit_svd.models.intervene import Intervention, build_components
-from lit_svd.models.loading import DType
 from lit_svd.modules import mask_measures
 from lit_svd.modules.pretrained import PretrainedLMModule
 
@@ -41,13 +40,10 @@ SCORES = ("metric", "correct", "agree", "kl")
 
 
 class DirectionMaskModule(PretrainedLMModule):
-    """Learn a mask over the singular directions of a frozen model's components (KL + alpha * L1).
+    """Learn a mask over the singular directions of a frozen model's components (KL + alpha * L1). The model's
+    loading options (model, dtype, device_map, ...) are ``PretrainedLMModule``'s.
 
     Args:
-        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file of the frozen model.
-        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
-        revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
-        fold_norms: fold the norms' weights into the views' matrices.
         components: component types (``qk``, ``ov``, ``mlp`` or explicit ``q``, ``k``, ``mlp_in``,
             ``mlp_gate``, ``mlp_out``; see ``lit_svd.models.intervene``).
         layers: layers to mask (default all).
@@ -78,18 +74,10 @@ class DirectionMaskModule(PretrainedLMModule):
             the L1 term still counts every direction, so a block of m costs m times its lambda).
         rel_gap: relative gap below which neighbouring singular values share a block (blocks in the
             reports, and the units of ``mask_unit=block``); default ``lit_svd.linalg.REL_GAP``.
-        dtype: what the frozen model runs in (float32, bfloat16, float16; float64 for exact checks); the
-            analysis maths stays float32 / float64 (``PretrainedLMModule``).
-        device_map: accelerate device map of the frozen model (e.g. some layers on "disk"; ``PretrainedLMModule``).
-        offload_folder: where disk-offloaded weights go.
     """
 
     def __init__(
         self,
-        model: str = "smollm2-135m",
-        gguf_file: str | None = None,
-        revision: str | None = None,
-        fold_norms: bool = True,
         components: Sequence[str] = ("qk", "ov", "mlp"),
         layers: Sequence[int] | None = None,
         alpha: float = 2e-4,
@@ -107,9 +95,7 @@ class DirectionMaskModule(PretrainedLMModule):
         soft_steps: int = 0,
         mask_unit: MaskUnit = "direction",
         rel_gap: float = REL_GAP,
-        dtype: DType = "float32",
-        device_map: str | dict[str, int | str] | None = None,
-        offload_folder: str | None = None,
+        **loading,
     ):
         check_mask_config(alpha, init, threshold, ablation, positions)
         check_mask_unit(mask_unit)
@@ -120,15 +106,7 @@ class DirectionMaskModule(PretrainedLMModule):
             raise ValueError(f"lr_min={lr_min} is invalid; give a number in [0, lr={lr}] or null")
         if soft_steps < 0:
             raise ValueError(f"soft_steps={soft_steps} is invalid; give an integer >= 0")
-        super().__init__(
-            model=model,
-            gguf_file=gguf_file,
-            revision=revision,
-            fold_norms=fold_norms,
-            dtype=dtype,
-            device_map=device_map,
-            offload_folder=offload_folder,
-        )
+        super().__init__(**loading)
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.alpha, self.threshold, self.ablation, self.positions = alpha, threshold, ablation, positions

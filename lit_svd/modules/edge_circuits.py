@@ -21,7 +21,6 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Sequence
-from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -30,48 +29,16 @@ from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import STEPS, EdgeScores, attribute
 from lit_svd.analysis.edge_curves import LEVELS, ScoreFile, curve_specs, edge_curves
 from lit_svd.analysis.edge_graph import GRAPH_F, check_edges, circuit_graph, graph_size, top_edges
+from lit_svd.analysis.edge_options import Axis, Method, check_edge_options, curve_names
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.analysis.faithfulness import MIB_SIZES, check_sizes
 from lit_svd.modules.pretrained import PretrainedLMModule
-
-Method = Literal["directions", "writer_units", "units", "random"]
-Axis = Literal["raw", "fair"]
-
-
-def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int]) -> list[str]:
-    """The curves of the options: each ranked level signed and absolute on each axis (``units``: raw only, the same
-    circuits on both axes), and with ``random`` one random curve per seed at each ranked level."""
-    ranked = [m for m in methods if m != "random"]
-    names = []
-    for level in ranked:
-        for sign in ("signed", "abs"):
-            for axis in ["raw"] if level == "units" else axes:
-                names.append(f"{level}_{sign}_{axis}")
-    if "random" in methods:
-        names += [f"random_{level}_{s}" for level in (ranked or ["directions"]) for s in seeds]
-    return names
-
-
-def check_options(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int], graph_curve: str | None) -> None:
-    """Known methods and axes; a graph curve among the curves; one-line errors naming the key."""
-    for key, values, allowed in (("methods", methods, get_args(Method)), ("axes", axes, get_args(Axis))):
-        if not values:
-            raise ValueError(f"{key}=[]: give at least one of {', '.join(allowed)}")
-        for v in values:
-            if v not in allowed:
-                raise ValueError(f"{key}: {v!r} unknown; allowed: {', '.join(allowed)}")
-    if "random" in methods and not seeds:
-        raise ValueError("methods has 'random' but random_seeds is empty; give seeds, e.g. [0]")
-    names = curve_names(methods, axes, seeds)
-    if graph_curve is not None and graph_curve not in names:
-        raise ValueError(f"graph_curve={graph_curve!r} is not one of the curves: {', '.join(names)} (or null)")
 
 
 class EdgeCircuitModule(PretrainedLMModule):
     """EAP-IG edge circuits between directions, their MIB curves and the graph of one circuit.
 
     Args:
-        model: the model (alias, hub name, local folder or GGUF file).
         methods: edge levels ranked by EAP-IG: directions (reader direction x writer direction), writer_units
             (reader direction x writer unit), units (reader unit x writer unit: MIB's head-level edges); random:
             random circuits at each ranked level.
@@ -88,13 +55,14 @@ class EdgeCircuitModule(PretrainedLMModule):
         n_random: random edges per check.
         seed: seeds the checks' random edges.
         scores_dir: folder of the memory-mapped edge scores (null: a temporary folder; removed at the end).
-        gguf_file: the GGUF file inside ``model`` when it is a folder.
-        revision: hub revision.
+        loading: the model's loading options (``PretrainedLMModule``'s; ``fold_norms`` must stay true).
     """
+
+    # the options judged before anything loads (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.analysis.edge_options:check_edge_options"
 
     def __init__(
         self,
-        model: str = "smollm2-135m",
         methods: Sequence[Method] = ("directions", "units", "random"),
         axes: Sequence[Axis] = ("raw", "fair"),
         random_seeds: Sequence[int] = (0,),
@@ -109,22 +77,16 @@ class EdgeCircuitModule(PretrainedLMModule):
         n_random: int = 16,
         seed: int = 0,
         scores_dir: str | None = None,
-        gguf_file: str | None = None,
-        revision: str | None = None,
+        **loading,
     ):
         methods = [methods] if isinstance(methods, str) else list(methods)
         axes = [axes] if isinstance(axes, str) else list(axes)
-        check_options(methods, axes, random_seeds, graph_curve)
+        check_edge_options(methods, axes, random_seeds, graph_curve, steps, n_attribution, top_edges, n_check,
+                           n_random, loading.get("fold_norms"))  # fmt: skip
         sizes = check_sizes(sizes)
-        if steps < 1:
-            raise ValueError(f"steps={steps}: integrated gradients need at least 1 step")
-        for key, value, low in (("n_attribution", n_attribution, 1), ("top_edges", top_edges, 0),
-                                ("n_check", n_check, 0), ("n_random", n_random, 2)):  # fmt: skip
-            if value < low:
-                raise ValueError(f"{key}={value}: must be >= {low}")
         if graph_size is not None and graph_size not in sizes:
             raise ValueError(f"graph_size={graph_size}: must be one of sizes {sizes}")
-        super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
+        super().__init__(**loading)
         self.save_hyperparameters()
         self.sizes, self.methods, self.axes = sizes, methods, axes
         self.names = curve_names(methods, axes, random_seeds)

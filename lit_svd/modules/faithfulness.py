@@ -84,7 +84,8 @@ class FaithfulnessModule(PretrainedLMModule):
     """Faithfulness curves (MIB's grid, CPR, CMD) of several rankings of the model's directions.
 
     Args:
-        model: the model (default: the mask run's, else the graph run's).
+        model: the model (default: the mask run's, else the graph run's; its other loading options are
+            ``PretrainedLMModule``'s).
         mask_run: folder of a finished direction-mask run (``masks.pt``; ``config.yaml`` for the split check).
         graph_run: folder of a finished circuit-graph run (``results.json`` with ``edges``).
         methods: rankings to score: ``eap_heads``, ``mask``, ``graph``, ``graph_mlp`` (the graph with its MLP
@@ -92,7 +93,6 @@ class FaithfulnessModule(PretrainedLMModule):
         random_seeds: one random ranking per seed (``random_<seed>``).
         sizes: fractions of the universe's directions kept (MIB: 0.001 ... 1).
         layers: layers of the universe (default all).
-        gguf_file, revision, fold_norms: as ``PretrainedLMModule``.
     """
 
     def __init__(
@@ -104,9 +104,7 @@ class FaithfulnessModule(PretrainedLMModule):
         random_seeds: Sequence[int] = (0, 1, 2),
         sizes: Sequence[float] = MIB_SIZES,
         layers: Sequence[int] | None = None,
-        gguf_file: str | None = None,
-        revision: str | None = None,
-        fold_norms: bool = True,
+        **loading,
     ):
         methods = [methods] if isinstance(methods, str) else list(methods)
         check_methods(methods, mask_run, graph_run, random_seeds)
@@ -114,7 +112,7 @@ class FaithfulnessModule(PretrainedLMModule):
         masks = load_run(mask_run, need=("masks",), what="direction-mask run").masks if mask_run else None
         if model is None:
             model = masks["model"] if masks else _graph_model(graph_run)
-        super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=fold_norms)
+        super().__init__(model=model, **loading)
         self.save_hyperparameters()
         self.sizes, self.methods = sizes, methods
         self.components = universe_components(self.view, layers, progress=True)

@@ -207,12 +207,10 @@ class FineTuneLMModule(PretrainedLMModule):
     every real token; task batches (``clean_ids``, ``answer_pos``, ``correct_id``: ``TaskDataModule``) on
     the next-token loss of the answer alone, and log the logit difference correct - wrong
     (``val/logit_diff``). Only the linear sites of ``trainable`` in ``layers`` learn; everything else
-    (embeddings, norms, other layers, the unembedding) stays frozen, so that it fits a CPU.
+    (embeddings, norms, other layers, the unembedding) stays frozen, so that it fits a CPU. The model's loading
+    options are ``PretrainedLMModule``'s; it is loaded afresh (never a model object in use: it changes the weights).
 
     Args:
-        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file.
-        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
-        revision: hub revision.
         trainable: which linear maps learn: "attention" (q, k, v, o), "mlp" (gate, up, down) or "all".
         layers: the layers whose maps learn (null: every layer).
         lr: AdamW learning rate (after a linear warm-up, constant).
@@ -220,23 +218,23 @@ class FineTuneLMModule(PretrainedLMModule):
         warmup_steps: steps of the linear warm-up.
     """
 
+    shares_model = False  # trains: its weights are its own
+
     def __init__(
         self,
-        model: str = "smollm2-135m",
-        gguf_file: str | None = None,
-        revision: str | None = None,
         trainable: Part = "attention",
         layers: list[int] | None = None,
         lr: PositiveFloat = 1e-4,
         weight_decay: NonNegativeFloat = 0.0,
         warmup_steps: int = 10,
+        **loading,
     ):
         check_choice("model.trainable", trainable, Part)
         if not lr > 0 or weight_decay < 0 or warmup_steps < 0:
             raise ValueError(
                 f"model.lr={lr!r} must be > 0, weight_decay={weight_decay!r} and warmup_steps={warmup_steps!r} >= 0"
             )
-        super().__init__(model=model, gguf_file=gguf_file, revision=revision, fold_norms=True)
+        super().__init__(**loading)
         self.save_hyperparameters()
         v = self.view
         self.train_layers = list(range(v.n_layers)) if layers is None else [v.check_layer(int(l)) for l in layers]

@@ -43,7 +43,6 @@ from lit_svd.choices import check_choice
 from lit_svd.models.base import SITES
 from lit_svd.models.hooks import Hook, first_input, hooks
 from lit_svd.models.layer_passes import layer_groups, pass_bounds, run_blocks
-from lit_svd.models.loading import DType
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 DEFAULT_TILE_WIDTHS = M.PAPER_TILE_WIDTHS  # "fixed": the paper's absolute widths
@@ -92,12 +91,10 @@ def _tokens(t: Tensor, mask: Tensor | None) -> Tensor:
 class MountsAnalysisModule(PretrainedLMModule):
     """Scores tiled-SVD mounts against whole-matrix SVD, column sampling and random directions on every
     requested site-layer, with the data ceiling and the structureless null beside them; the results
-    (``self.rows``) are written by ``lit_svd.callbacks.MountsReport``.
+    (``self.rows``) are written by ``lit_svd.callbacks.MountsReport``. The model's loading options are
+    ``PretrainedLMModule``'s.
 
     Args:
-        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file of the frozen model.
-        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
-        revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
         sites: linear sites among q, k, v, o, gate, up, down (null: all the model has).
         layers: layers to score (null: every layer).
         tile_widths: column-tile width per site: "scaled" (the paper's number of tiles per site for this
@@ -122,17 +119,10 @@ class MountsAnalysisModule(PretrainedLMModule):
             configs use 8, which bench/mounts_bench.py and the SmolLM2 run show changes no verdict).
         layers_per_pass: score this many layers per pass over the tokens (null: all layers in one pass); memory
             holds one group's plans and sums (SmolLM2: about 0.15 GB a layer), the table does not change.
-        dtype: what the frozen model runs in (float32, bfloat16, float16; float64 for exact checks); the
-            analysis maths stays float32 / float64 (``PretrainedLMModule``).
-        device_map: accelerate device map of the frozen model (e.g. some layers on "disk"; ``PretrainedLMModule``).
-        offload_folder: where disk-offloaded weights go.
     """
 
     def __init__(
         self,
-        model: str = "smollm2-135m",
-        gguf_file: str | None = None,
-        revision: str | None = None,
         sites: list[str] | None = None,
         layers: list[int] | None = None,
         tile_widths: dict[str, int] | Literal["scaled", "fixed"] = "scaled",
@@ -152,19 +142,9 @@ class MountsAnalysisModule(PretrainedLMModule):
         null_control: bool = True,
         null_stride: int = 1,
         layers_per_pass: int | None = None,
-        dtype: DType = "float32",
-        device_map: str | dict[str, int | str] | None = None,
-        offload_folder: str | None = None,
+        **loading,
     ):
-        super().__init__(
-            model=model,
-            gguf_file=gguf_file,
-            revision=revision,
-            fold_norms=True,
-            dtype=dtype,
-            device_map=device_map,
-            offload_folder=offload_folder,
-        )
+        super().__init__(**loading)
         self.save_hyperparameters()
         view = self.view
         self.sites = list(sites) if sites is not None else [s for s in SITES if s != "gate" or view.gated_mlp]

@@ -5,28 +5,14 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
-from lit_svd.models.loading import DType, load_causal_lm, torch_dtype
+from lit_svd.models.loaded import OPTION_HELP, ModelOptions, obtain
+from lit_svd.models.loading import DType, torch_dtype
 
 
 class PretrainedLMModule(pl.LightningModule):
-    """Loads ``model`` (alias, hub name, local path or GGUF) frozen in eval mode, with its view.
+    # the docstring is built below from the options' one description (models.loaded.OPTION_HELP)
 
-    Subclasses implement ``test_step`` / ``training_step`` and read weights through ``self.view``.
-
-    Args:
-        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file.
-        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
-        revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
-        fold_norms: fold the norms' weights into the views' matrices.
-        dtype: what the frozen model runs in ("float32", "bfloat16", "float16"; "float64" for exact checks). The
-            analysis maths (weights read through the view, SVDs, sums, nulls, statistics, trained masks) stays in
-            float32 (float64 for a float64 model): the view returns float32 weights of a bf16 / fp16 model.
-        device_map: place the model with accelerate (``{module name: device, "cpu" or "disk"}`` or "auto");
-            modules mapped to "disk" are offloaded to ``offload_folder`` and loaded layer by layer in each
-            forward (``lit_svd.models.loading.layer_offload_map`` writes such a map). Lightning does not move a
-            placed model.
-        offload_folder: where disk-offloaded weights are written.
-    """
+    shares_model = True  # frozen weights: takes the model object in use under the same options (models.loaded)
 
     def __init__(
         self,
@@ -39,21 +25,13 @@ class PretrainedLMModule(pl.LightningModule):
         offload_folder: str | None = None,
     ):
         super().__init__()
+        self.options = ModelOptions(model, gguf_file, revision, dtype, device_map, offload_folder, fold_norms).check()
+        self.loaded = obtain(self.options, share=self.shares_model)
         self.model_name = model
         self.model_dtype = torch_dtype(dtype, "model.dtype")
-        lm, self.tokenizer = load_causal_lm(
-            model,
-            gguf_file=gguf_file,
-            revision=revision,
-            dtype=self.model_dtype,
-            device_map=device_map,
-            offload_folder=offload_folder,
-        )
-        for p in lm.parameters():
-            p.requires_grad_(False)
-        self.lm = lm
+        self.tokenizer = self.loaded.tokenizer
+        self.lm = self.loaded.lm
         self.fold_norms = fold_norms
-        self._view = None
 
     @property
     def analysis_dtype(self) -> torch.dtype:
@@ -80,12 +58,8 @@ class PretrainedLMModule(pl.LightningModule):
 
     @property
     def view(self):
-        """The architecture view of the frozen model (built on first use, on the module's device)."""
-        from lit_svd.models import view
-
-        if self._view is None:
-            self._view = view(self.lm, fold_norms=self.fold_norms)
-        return self._view
+        """The architecture view of the frozen model (the model object's: its SVDs are computed once)."""
+        return self.loaded.view(self.fold_norms)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """The frozen model is rebuilt from ``model`` at construction: checkpoints hold only what trains."""
@@ -96,3 +70,31 @@ class PretrainedLMModule(pl.LightningModule):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.lm(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+def run_loading(run_hparams: dict, loading: dict) -> dict:
+    """The loading options of a module that reads a finished run (``run_hparams``: the run's module options): its
+    ``gguf_file`` and ``revision`` where not given, and its ``fold_norms`` (the run's directions are those of its
+    view, so another value fails in one line)."""
+    out = dict(loading)
+    for key in ("gguf_file", "revision"):
+        if out.get(key) is None and run_hparams.get(key) is not None:
+            out[key] = run_hparams[key]
+    fold = run_hparams.get("fold_norms", True)
+    if out.setdefault("fold_norms", fold) != fold:
+        raise ValueError(
+            f"model.fold_norms={out['fold_norms']}: the run's directions are those of a view with fold_norms={fold};"
+            f" give --model.init_args.fold_norms {str(fold).lower()}"
+        )
+    return out
+
+
+PretrainedLMModule.__doc__ = """A frozen pretrained causal LM (alias, hub name, local path or GGUF) in eval mode, with
+its view: the base of every real-model analysis. Its seven loading options are every such module's (a subclass
+takes them as ``**loading`` and passes them on); the model object is built in one place
+(``lit_svd.models.loaded.obtain``).
+
+Subclasses implement ``test_step`` / ``training_step`` and read weights through ``self.view``.
+
+Args:
+""" + "\n".join(f"    {name}: {text}" for name, text in OPTION_HELP.items())

@@ -23,18 +23,15 @@ from lit_svd.analysis.sad import (
     PairStats,
     attention_inputs,
     basis_blocks,
-    check_null_draws,
-    check_null_stride,
-    check_threshold,
-    check_tolerance,
     decompose_layer,
     layer_bases,
     null_prompts,
     qk_heads_from_view,
     summarise_heads,
 )
+from lit_svd.analysis.sad_options import check_sad_options
 from lit_svd.models.layer_passes import layer_groups, pass_bounds, run_blocks
-from lit_svd.models.loading import DType
+from lit_svd.models.svds import view_svd
 from lit_svd.modules.pretrained import PretrainedLMModule
 
 
@@ -107,18 +104,11 @@ class SADHeadStats(Metric):
 
 
 def parse_head_selection(view, layers: list[int] | None, heads: list[list[int]] | None) -> dict[int, list[int]]:
-    """``{layer: [heads]}`` from ``layers`` (all heads of each) or ``heads`` (``[layer, head]`` pairs);
-    neither: every head. Out-of-range entries fail with one line (IndexError)."""
-    if layers is not None and heads is not None:
-        raise ValueError(
-            "give model.layers or model.heads, not both: layers analyses every head of each layer,"
-            " heads lists [layer, head] pairs"
-        )
+    """``{layer: [heads]}`` from ``layers`` (all heads of each) or ``heads`` (``[layer, head]`` pairs, checked by
+    ``check_sad_options``); neither: every head. Out-of-range entries fail with one line (IndexError)."""
     if heads is not None:
         chosen: dict[int, list[int]] = {}
         for pair in heads:
-            if len(pair) != 2:
-                raise ValueError(f"model.heads entry {pair!r} is not a [layer, head] pair")
             layer, head = int(pair[0]), int(pair[1])
             view.check_layer(layer)
             view.check_head(head)
@@ -137,10 +127,6 @@ class SADAnalysisModule(PretrainedLMModule):
     """Sparse attention decomposition of a pretrained model's heads over the test prompts.
 
     Args:
-        model: offline alias (``smollm2-135m``), hub name, local folder or ``.gguf`` file of the frozen model.
-        gguf_file: the GGUF file inside ``model`` when ``model`` is a folder.
-        revision: hub revision (e.g. a Pythia training checkpoint such as ``step1000``).
-        fold_norms: fold the norms' weights into the views' matrices.
         layers: analyse every head of these layers (neither ``layers`` nor ``heads``: all heads).
         heads: or these ``[layer, head]`` pairs.
         threshold: a pair is analysed when the head's attention weight is >= threshold (in [0, 1]); null
@@ -157,21 +143,16 @@ class SADAnalysisModule(PretrainedLMModule):
         pair_null: also decompose each head on the visible pairs it does not attend to (the pair null).
         min_pairs: heads with fewer analysed pairs are left out of the summary.
         input_key: the batch key holding token ids (``clean_ids`` for task prompts; ``input_ids`` as fallback).
-        dtype: what the frozen model runs in (float32, bfloat16, float16, float64); the decomposition, nulls and
-            statistics run in float32 (float64 for a float64 model).
-        device_map: accelerate device map of the frozen model (e.g. some layers on "disk"; ``PretrainedLMModule``).
-        offload_folder: where disk-offloaded weights go.
         layers_per_pass: decompose this many layers per pass over the prompts (null: all in one pass); memory
             holds one group's bases and null frames (SmolLM2 with 16 draws: about 45 MB a layer), the
             results do not change.
     """
 
+    # the options judged before anything loads (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.analysis.sad_options:check_sad_options"
+
     def __init__(
         self,
-        model: str = "smollm2-135m",
-        gguf_file: str | None = None,
-        revision: str | None = None,
-        fold_norms: bool = True,
         layers: list[int] | None = None,
         heads: list[list[int]] | None = None,
         threshold: float | None = None,
@@ -179,29 +160,14 @@ class SADAnalysisModule(PretrainedLMModule):
         seed: int = 0,
         min_pairs: int = 20,
         input_key: str = "clean_ids",
-        dtype: DType = "float32",
         null_draws: int = DEFAULT_NULL_DRAWS,
         pair_null: bool = True,
         null_stride: int = 1,
         layers_per_pass: int | None = None,
-        device_map: str | dict[str, int | str] | None = None,
-        offload_folder: str | None = None,
+        **loading,
     ):
-        check_threshold(threshold, "model.threshold")
-        check_tolerance(recon_tol, "model.recon_tol")
-        if not isinstance(min_pairs, int) or min_pairs < 1:
-            raise ValueError(f"model.min_pairs={min_pairs!r} must be a positive integer")
-        check_null_draws(null_draws, "model.null_draws")
-        check_null_stride(null_stride, "model.null_stride")
-        super().__init__(
-            model=model,
-            gguf_file=gguf_file,
-            revision=revision,
-            fold_norms=fold_norms,
-            dtype=dtype,
-            device_map=device_map,
-            offload_folder=offload_folder,
-        )
+        check_sad_options(threshold, recon_tol, min_pairs, null_draws, null_stride, layers, heads)
+        super().__init__(**loading)
         self.save_hyperparameters()
         self.selection = parse_head_selection(self.view, layers, heads)
         self.layer_list = list(self.selection)
@@ -346,8 +312,8 @@ class SADAnalysisModule(PretrainedLMModule):
         hp = self.hparams
         return {
             "experiment": "sad",
-            "model": hp.model,
-            "revision": hp.revision,
+            "model": self.options.model,
+            "revision": self.options.revision,
             "model_type": self.view.model_type,
             "n_prompts": int(sums["n_prompts"].item()),
             "n_directions": self.stats.recon_hist.shape[-1],
@@ -355,7 +321,7 @@ class SADAnalysisModule(PretrainedLMModule):
             "threshold_rule": "uniform 1/n_visible" if hp.threshold is None else "fixed",
             "recon_tol": hp.recon_tol,
             "seed": hp.seed,
-            "dtype": hp.dtype,
+            "dtype": self.options.dtype,
             "null_draws": hp.null_draws,
             "null_stride": hp.null_stride,
             "pair_null": hp.pair_null,
@@ -372,5 +338,6 @@ def annotate_basis(rows: list[dict], view, rel_gap: float, top: int = 8) -> None
     per_layer: dict[int, list[dict]] = {}
     for row in rows:
         if row["layer"] not in per_layer:
-            per_layer[row["layer"]] = basis_blocks(qk_heads_from_view(view, row["layer"]), rel_gap, top)
+            l = row["layer"]
+            per_layer[l] = basis_blocks(qk_heads_from_view(view, l), rel_gap, top, view_svd(view, l, "qk"))
         row["basis"] = per_layer[row["layer"]][row["head"]]

@@ -51,17 +51,19 @@ def result_type(experiment: str | None) -> type[Result]:
 
 
 def load_result(source: str | os.PathLike | dict) -> Result:
-    """A results.json (its path, a run folder holding one, or its content) as its typed result."""
-    if not isinstance(source, dict):
-        path = Path(source)
-        if path.is_dir():
-            path = path / "results.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no results.json (has the run finished?)")
-        content: dict = json.loads(path.read_text(encoding="utf-8"))
-    else:
-        content = source
-    return result_type(content.get("experiment")).from_dict(content)
+    """A results.json (its path, a run folder holding one, or its content) as its typed result; read from a file,
+    its ``folder`` is the file's folder."""
+    if isinstance(source, dict):
+        return result_type(source.get("experiment")).from_dict(source)
+    path = Path(source)
+    if path.is_dir():
+        path = path / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no results.json (has the run finished?)")
+    content: dict = json.loads(path.read_text(encoding="utf-8"))
+    result = result_type(content.get("experiment")).from_dict(content)
+    result.folder = path.parent
+    return result
 
 
 __all__ = [

@@ -7,6 +7,10 @@ DataFrame of the result's rows (one per head, direction, site, ...: ``rows()``),
 ``results.json`` and, for results with a table file, the CSV. Keys a result type does not know (sections
 another callback added, keys of a newer schema) are kept in ``extra`` and written back unchanged.
 
+What a reader sees: ``headline`` (the few numbers that say what the run found and its control, named by the
+type's ``headline_keys``), a ``repr`` of at most 15 lines (kind, model, headline, table, folder, provenance),
+``figures`` (``lit_svd.figures.figures_of``) and ``_repr_html_`` (Jupyter: ``lit_svd.results.show``).
+
 The JSON key of a field is its name, except where ``key=`` says otherwise (a field cannot be called
 ``summary``: that name is the results.json content on every result).
 """
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lit_svd.output import csv_text, to_jsonable, write_text
+from lit_svd.results.show import pick, result_html, short_repr
 
 SCHEMA_VERSION = 1
 _MISSING = dataclasses.MISSING
@@ -129,23 +134,27 @@ def _hints(cls: type) -> dict[str, Any]:
 
 @dataclass(kw_only=True)
 class Result:
-    """Base of every method's result (see the module docstring). Subclasses set ``experiment`` (the
-    results.json ``experiment`` value) and, if their table is written as a file, ``table_file``."""
+    """Base of every method's result (see the module docstring). Subclasses are ``@dataclass(kw_only=True,
+    repr=False)`` (the short ``repr`` is this class's) and set ``experiment`` (the results.json ``experiment``
+    value), ``headline_keys`` and, if their table is written as a file, ``table_file``."""
 
     experiment: ClassVar[str] = ""
     aliases: ClassVar[tuple[str, ...]] = ()  # other ``experiment`` values this type reads (``experiment_name``)
     table_file: ClassVar[str | None] = None  # the CSV of ``table()`` that ``save`` writes beside results.json
     table_columns: ClassVar[tuple[str, ...] | None] = None  # its columns (default: the row keys)
     sections: ClassVar[dict[str, type[Result]]] = {}  # fields holding a nested typed result: {field name: its type}
+    # the headline numbers: "field/key/..." paths (a list index is a number), named by their last part or "name=path"
+    headline_keys: ClassVar[tuple[str, ...]] = ()
 
     provenance: Provenance | None = doc_field("what produced the result (Provenance)", None)
     extra: dict = doc_field("results.json keys this type does not know, kept as read", dict)
+    folder: Path | None = field(default=None, compare=False, metadata={"doc": "the run folder read from or saved to"})
 
     # --- the fields ------------------------------------------------------------------------------------
     @classmethod
     def content_fields(cls) -> list[dataclasses.Field]:
-        """The fields written as results.json keys (all but ``provenance`` and ``extra``)."""
-        return [f for f in dataclasses.fields(cls) if f.name not in ("provenance", "extra")]
+        """The fields written as results.json keys (all but ``provenance``, ``extra`` and ``folder``)."""
+        return [f for f in dataclasses.fields(cls) if f.name not in ("provenance", "extra", "folder")]
 
     @classmethod
     def json_key(cls, f: dataclasses.Field) -> str:
@@ -248,11 +257,41 @@ class Result:
         table_name = self.table_name()
         if table_name:
             write_text(folder / table_name, csv_text(self.rows(), self.table_columns))
+        self.folder = folder
         return path
 
     def table_name(self) -> str | None:
         """The file name of the table CSV (``table_file``; None: no table file)."""
         return self.table_file
+
+    # --- what a reader sees ---------------------------------------------------------------------------
+    @property
+    def headline(self) -> dict[str, Any]:
+        """The headline numbers: what the run found and its control (``headline_keys``; absent or None left out)."""
+        return pick(self, self.headline_keys)
+
+    def subject(self) -> str:
+        """What the result is about, in a few words: its model and task (the task of the run's data section where
+        the result has no field for it), or the run it read."""
+        model, task, source = (getattr(self, k, None) for k in ("model", "task", "source"))
+        if not task and self.provenance is not None:
+            task = pick(self.provenance, ("config/data/init_args/task",)).get("task")
+        parts = [str(model) if model else f"run {source}" if source else "", f"task {task}" if task else ""]
+        return ", ".join(p for p in parts if p)
+
+    def __repr__(self) -> str:
+        return short_repr(self)
+
+    @property
+    def figures(self) -> dict:
+        """``{name: matplotlib Figure}``, drawn from this result alone (``lit_svd.figures.figures_of``)."""
+        from lit_svd.figures import figures_of  # the one import upward (pyproject's layer contract names it)
+
+        return figures_of(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's display: ``lit_svd.results.show.result_html``."""
+        return result_html(self)
 
 
 def optional(doc: str, nan_ok: bool = False, key: str | None = None) -> Any:

@@ -80,7 +80,7 @@ def _matching(edges: dict[tuple[str, str, str | None], dict], row: dict) -> list
     return found
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class CircuitResult(Result):
     """One task's circuit graph of singular directions: nodes, edges with their causal checks, the counts, and
     (where measured) faithfulness curves and the agreement with the mask run and SAD."""
@@ -88,14 +88,24 @@ class CircuitResult(Result):
     experiment = "circuit_graph"
     table_file = "edges.csv"
     table_columns = EDGE_COLUMNS
+    headline_keys = (
+        "n_prompts",
+        "nodes=counts/nodes",
+        "edges=counts/edges",
+        "checked=counts/checked",
+        "passes_z=counts/passes_z",
+        "passes=counts/passes",
+        "metric_clean=metric/clean",
+        "metric_gap=metric/gap",
+    )
 
     task: str = doc_field("ioi, gp or gt")
     model: str = doc_field("the model (alias, hub name, folder or GGUF file)")
     n_prompts: int = doc_field("test prompts the graph is merged over")
     options: dict = doc_field(
-        "the builder's options: threshold (minimum |mean contribution| as a fraction of the metric gap), depth,"
-        " readers (traced reader kinds), unit (direction / block / head); the check's level, z_pass,"
-        " min_gap_fraction, n_random"
+        "the builder's options: threshold (a writer's share of a reader's sum of |contributions|), position_share"
+        " (a position's share of a kept head direction's), depth, readers (traced reader kinds), unit (direction /"
+        " block / head); the check's level, z_pass, min_gap_fraction, n_random"
     )
     metric: dict = doc_field("the task metric on the prompts: clean, corrupted, gap (= clean - corrupted)")
     counts: dict = doc_field(

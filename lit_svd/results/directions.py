@@ -76,7 +76,7 @@ def gap_summary(rows: list[dict]) -> dict:
     return {"n_pass_gap": n, "fraction_pass_gap": n / len(rows), "metric_gap": rows[0]["metric_gap"]}
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class DirectionCheckResult(Result):
     """Per claimed direction of a finished mask run: block, causal check against random directions of its
     head, readout (docs/masks.md, "Which kept directions to trust")."""
@@ -84,6 +84,17 @@ class DirectionCheckResult(Result):
     experiment = "direction_check"
     table_file = "directions.csv"
     table_columns = COLUMNS
+    headline_keys = (
+        "n_directions",
+        "n_pass",
+        "fraction_pass",
+        "n_isolated",
+        "fraction_pass_isolated",
+        "fraction_pass_in_blocks",
+        "n_pass_gap",
+        "metric_gap",
+        "z_pass",
+    )
 
     run: str = doc_field("the checked mask run folder")
     model: str = doc_field("the model")
@@ -130,7 +141,7 @@ class DirectionCheckResult(Result):
         return self.table_csv
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class CompareDirectionsResult(Result):
     """The top singular directions of every head (and MLP map) of model A followed into model B."""
 
@@ -148,6 +159,18 @@ class CompareDirectionsResult(Result):
         " (null where A's sigma is 0), n_kept, n_block, n_lost",
         key="rows",
     )
+
+    @property
+    def headline(self) -> dict:
+        """The top directions followed; per kind how many of them were kept, found in a block, or lost."""
+        out: dict = {"top": self.top}
+        for kind, counts in self.per_kind.items():
+            if isinstance(counts, dict):
+                out.update({f"{kind}_{k}": counts[k] for k in ("directions", "kept", "block", "lost") if k in counts})
+        return out
+
+    def subject(self) -> str:
+        return f"{self.model_a} -> {self.model_b}"
 
     def rows(self) -> list[dict]:
         """One row per (matrix, direction): matrix, layer, head, direction, state, cos, sigma, sigma_ref,

@@ -11,7 +11,7 @@ from lit_svd.results.base import Result, doc_field, optional
 CURVE_COLUMNS = ("curve", "size", "n_edges", "weighted", "value", "metric", "cpr", "cmd", "seconds")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class EdgeCircuitResult(Result):
     """Per curve (a ranking of edges at one level, signed or absolute, on the raw or the fair axis) its faithfulness
     over MIB's grid, CPR and CMD; the edge counts; the strongest edges; the graph's circuit."""
@@ -52,6 +52,21 @@ class EdgeCircuitResult(Result):
         " checks of its strongest edges"
     )
     options: dict = doc_field("the module's options: methods, axes, sizes, random_seeds, n_attribution, ...")
+
+    @property
+    def headline(self) -> dict:
+        """m(full), m(empty); each ranked curve's CPR (signed) or CMD (absolute); the random curves' mean CPR per
+        level."""
+        out: dict = {"m_full": self.m_full, "m_empty": self.m_empty}
+        for name, c in self.curves.items():
+            if not name.startswith("random"):
+                out[f"{'cmd' if '_abs_' in name else 'cpr'}_{name}"] = c.get("cmd" if "_abs_" in name else "cpr")
+        for key, value in self.comparison.items():
+            if key.startswith("random_"):
+                out[f"cpr_{key}"] = value.get("cpr_mean")
+        if self.graph:
+            out["graph_f"] = self.graph.get("f")
+        return out
 
     def rows(self) -> list[dict]:
         """One row per (curve, size)."""

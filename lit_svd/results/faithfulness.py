@@ -10,7 +10,7 @@ from lit_svd.results.base import Result, doc_field, optional
 CURVE_COLUMNS = ("method", "size", "n_kept", "value", "metric", "cpr", "cmd", "seconds")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class FaithfulnessResult(Result):
     """Per ranking (method) its faithfulness curve over MIB's grid of sizes, CPR and CMD, on one task's test
     prompts, with one ablation (the directions outside the circuit patched toward the corrupted run at every
@@ -39,6 +39,17 @@ class FaithfulnessResult(Result):
     mask_run: str | None = doc_field("the mask run folder (null: none)", None)
     graph_run: str | None = doc_field("the circuit-graph run folder (null: none)", None)
     wall_s: float = doc_field("seconds of the test loop (every curve, the shared references, full and empty runs)")
+
+    @property
+    def headline(self) -> dict:
+        """m(full), m(empty); each ranking's CPR and CMD (the random rankings as their mean)."""
+        out: dict = {"m_full": self.m_full, "m_empty": self.m_empty}
+        for method, c in self.faithfulness.items():
+            if not method.startswith("random"):
+                out.update({f"cpr_{method}": c.get("cpr"), f"cmd_{method}": c.get("cmd")})
+        if self.random:
+            out.update(cpr_random_mean=self.random.get("cpr_mean"), cmd_random_mean=self.random.get("cmd_mean"))
+        return out
 
     def rows(self) -> list[dict]:
         """One row per (method, size)."""

@@ -7,15 +7,28 @@ from dataclasses import dataclass
 
 from lit_svd.results._rows import flat
 from lit_svd.results.base import Result, doc_field
+from lit_svd.results.show import fmt
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class MaskResult(Result):
     """What a direction-mask run measured (docs/masks.md). The flat scores are ``eval_split``'s; ``splits``
     holds them for every evaluated split. GT: ``logit_diff_*`` is the probability difference greater - lesser."""
 
     experiment = "direction_mask"
     table_file = "kept_directions.csv"
+    headline_keys = (
+        "kept",
+        "n_directions",
+        "kept_fraction",
+        "kl_hard",
+        "kl_soft",
+        "logit_diff_full",
+        "logit_diff_hard",
+        "accuracy_full",
+        "accuracy_hard",
+        "steps",
+    )
 
     task: str | None = doc_field("ioi, gp or gt")
     model: str = doc_field("the frozen model")
@@ -77,12 +90,20 @@ class MaskResult(Result):
         return [flat(d) for d in self.kept_directions]
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class MaskThresholdsResult(Result):
     """A mask run's hard masks re-cut at several lambda thresholds (``cli_tools mask-thresholds``)."""
 
     experiment = "mask_thresholds"
     table_file = "thresholds.csv"
+    headline_keys = (
+        "max_kl",
+        "chosen_threshold=chosen/threshold",
+        "chosen_kept_fraction=chosen/kept_fraction",
+        "chosen_val_kl_hard=chosen/val/kl_hard",
+        "chosen_test_kl_hard=chosen/test/kl_hard",
+        "chosen_test_accuracy_hard=chosen/test/accuracy_hard",
+    )
 
     source: str = doc_field("the mask run folder")
     max_kl: float = doc_field("the choice: the largest threshold with validation hard KL <= max_kl")
@@ -99,7 +120,7 @@ class MaskThresholdsResult(Result):
         return [flat(r) for r in self.thresholds]
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class MaskCurveResult(Result):
     """The sparsity-KL curve of several mask runs (``cli_tools mask-curve``)."""
 
@@ -111,11 +132,25 @@ class MaskCurveResult(Result):
         " accuracy_hard, steps, eval_split, task, model"
     )
 
+    @property
+    def headline(self) -> dict:
+        """The number of runs; per run (sorted by alpha, at most four) its kept fraction and hard KL."""
+        out: dict = {"n_runs": len(self.runs)}
+        for r in self.runs[:4]:
+            out[f"kept_fraction@alpha={fmt(r.get('alpha'))}"] = r.get("kept_fraction")
+            out[f"kl_hard@alpha={fmt(r.get('alpha'))}"] = r.get("kl_hard")
+        return out
+
+    def subject(self) -> str:
+        models = sorted({str(r.get("model")) for r in self.runs if r.get("model")})
+        tasks = sorted({str(r.get("task")) for r in self.runs if r.get("task")})
+        return ", ".join([*models, *(f"task {t}" for t in tasks)])
+
     def rows(self) -> list[dict]:
         return [dict(r) for r in self.runs]
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class MaskBlocksResult(Result):
     """A mask run's kept directions annotated with blocks at several gaps (``cli_tools mask-blocks``)."""
 
@@ -134,6 +169,15 @@ class MaskBlocksResult(Result):
     kept_blocks: list[dict] = doc_field("block-level claims at the first gap", list)
     directions_rel_gap: float | None = doc_field("the gap of kept_directions and blocks.json", None)
     blocks_file: str = doc_field("file of every component's blocks at the first gap", "blocks.json")
+
+    @property
+    def headline(self) -> dict:
+        """The kept directions; per gap (at most four) how many of them are isolated, and their fraction."""
+        out: dict = {"kept": self.kept}
+        for g in self.per_gap[:4]:
+            out[f"isolated@rel_gap={fmt(g.get('rel_gap'))}"] = g.get("isolated")
+            out[f"isolated_fraction@rel_gap={fmt(g.get('rel_gap'))}"] = g.get("isolated_fraction")
+        return out
 
     def rows(self) -> list[dict]:
         return [flat(d) for d in self.kept_directions]

@@ -23,13 +23,14 @@ def site_csv_row(row: dict) -> dict:
     return out
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class MountsResult(Result):
     """Mounts of every site-layer scored against whole-matrix SVD, column sampling and random directions,
     with the data ceiling and the structureless null (docs/mounts.md)."""
 
     experiment = "tiled_mounts"
     table_file = "sites.csv"
+    headline_keys = ("n_pass", "n_site_layers", "n_pass_null", "n_tokens")
 
     model: str | None = doc_field("the frozen model")
     config: dict = doc_field("the module's settings (hparams)")
@@ -48,6 +49,15 @@ class MountsResult(Result):
     discriminating: dict | None = optional(
         "per site and check: real passes significantly more often than null (one-sided Fisher, 0.05)"
     )
+
+    @property
+    def headline(self) -> dict:
+        """Site-layers passing every check, of those scored; the structureless null's count; the tokens; with the
+        null, the (site, check) pairs where real passes significantly more often."""
+        out = super().headline
+        if self.discriminating is not None:
+            out["n_discriminating"] = sum(bool(v) for checks in self.discriminating.values() for v in checks.values())
+        return out
 
     def rows(self) -> list[dict]:
         """One row per site-layer (``site_csv_row``: the sites.csv columns)."""

@@ -8,12 +8,19 @@ from lit_svd.results._rows import flat
 from lit_svd.results.base import Result, doc_field, optional
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class SADResult(Result):
     """Every analysed head's SAD sparsity against its controls (docs/sad.md)."""
 
     experiment = "sad"
     table_file = "heads.csv"
+    headline_keys = (
+        "n_prompts",
+        *(f"overall/{k}" for k in ("n_heads_eligible", "n_heads_sparser_than_null", "n_heads_sparser_than_unattended")),
+        *(f"overall/{k}" for k in ("n_heads_sparser_than_rotated", "mean_sparsity", "mean_sparsity_null")),
+        "overall/n_recon_median",
+        "overall/n_recon_median_null",
+    )
 
     model: str = doc_field("the model (alias, hub name, folder or GGUF file)")
     revision: str | None = doc_field("hub revision", None)
@@ -30,7 +37,7 @@ class SADResult(Result):
     pair_null: bool = doc_field("the pair null (unattended pairs) was measured", False)
     n_layers: int = doc_field("layers of the model", 0)
     n_heads_per_layer: int = doc_field("query heads per layer", 0)
-    headline: dict = doc_field(
+    overall: dict = doc_field(
         "counts and means over eligible heads (n_heads_eligible, n_heads_sparser_than_null / _unattended /"
         " _rotated, mean sparsities, pooled N_recon histograms n_recon_hist* [k] and medians)",
         key="summary",

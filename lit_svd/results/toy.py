@@ -8,18 +8,27 @@ from lit_svd.results._rows import flat
 from lit_svd.results.base import Result, doc_field, optional
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class ToyAlignmentResult(Result):
     """Alignment of the toy head's Omega = W_Q^T W_K with the template's feature pairs (docs/toy.md)."""
 
     experiment = "toy_alignment"
     table_file = "instances.csv"
+    headline_keys = (
+        "global_step",
+        "n_instances",
+        "overall/n_all_pairs_cos_ge_0.95",
+        "overall/mean_abs_cos",
+        "overall/min_sigma_ratio",
+        "overall/n_distinct_indices",
+        "overall/min_spearman_sigma_target",
+    )
 
     global_step: int = doc_field("optimiser steps at the end of fit")
     n_instances: int = doc_field("ensemble instances I")
     frozen_features: bool = doc_field("the feature directions W were fixed at initialisation")
     template_pairs: list[list] = doc_field("the template's pairs [query feature, key feature, target]")
-    headline: dict = doc_field(
+    overall: dict = doc_field(
         "ensemble figures: n_all_pairs_cos_ge_0.95 / 0.9, mean_abs_cos, min_sigma_ratio, n_distinct_indices,"
         " min_spearman_sigma_target, theorem1_groups (one per (d_model, interference) cell)",
         key="summary",

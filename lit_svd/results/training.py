@@ -14,13 +14,18 @@ from lit_svd.results.base import Result, doc_field, optional
 SAD_KEYS = ("threshold", "recon_tol", "seed", "n_probe", "null_draws", "null_at", "null_probe", "summary", "history")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)
 class TrainingResult(Result):
     """Mechanisms measured during a fit (docs/training.md, docs/sad.md "Over training")."""
 
     experiment = "sad_training"
     aliases = ("training",)
     table_file = "sad_history.csv"
+    headline_keys = tuple(
+        f"overall/{k}"
+        for k in ("first_step", "last_step", "mean_sparsity_first", "mean_sparsity_last", "mean_sparsity_null_first")
+        + ("mean_sparsity_null_last", "fraction_sparser_than_null_first", "fraction_sparser_than_null_last")
+    )
 
     threshold: float | None = doc_field(
         "SAD: attention-weight threshold of an analysed pair (None: 1 / n_visible)", None
@@ -31,7 +36,7 @@ class TrainingResult(Result):
     null_draws: int | None = doc_field("SAD: matched-spectrum null heads per head", None)
     null_at: str | None = doc_field('SAD: measurements with the null: "every", "ends" or "last"', None)
     null_probe: int | None = doc_field("SAD: probe sequences the null reads (None: all)", None)
-    headline: dict | None = optional(
+    overall: dict | None = optional(
         "SAD: first_step, last_step and mean_<stat>_first / _last (stat: sparsity, sparsity_rotated,"
         " sparsity_null, sparsity_null_p05, fraction_sparser_than_null); null: undefined",
         nan_ok=True,
@@ -61,6 +66,19 @@ class TrainingResult(Result):
 
     def experiment_name(self) -> str:
         return "sad_training" if self.history is not None else "training"
+
+    @property
+    def headline(self) -> dict:
+        """SAD's means at the first and last measured steps; the steps the mounts and spectrum callbacks measured,
+        and the mounts' last pass fraction."""
+        out = super().headline
+        for name, section in (("mounts", self.mounts_training), ("spectrum", self.spectrum)):
+            history = (section or {}).get("history") or []
+            if history:
+                out[f"{name}_steps"] = len(history)
+                if name == "mounts" and history[-1].get("pass_fraction") is not None:
+                    out["mounts_pass_fraction_last"] = history[-1]["pass_fraction"]
+        return out
 
     def rows(self) -> list[dict]:
         """SAD: one row per (measured step, head): step, head, n_pairs and the sparsity values."""
