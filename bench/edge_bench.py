@@ -1,7 +1,7 @@
 """Cost of edge circuits on a real model (issue 33 item 5): the edge universe (SVDs), EAP-IG edge attribution over
 training prompts and one edge curve over test prompts, on one thread; prints one JSON object with the seconds,
 the seconds of each curve point, the edge counts and the peak memory (``ru_maxrss``), and, with ``--out``, writes
-it there.
+it there (after the attribution and after each curve: the curves are scored one at a time).
 
     OMP_NUM_THREADS=1 python bench/edge_bench.py --task ioi --n-train 64 --n-test 64 --curve directions_signed_raw
 
@@ -74,20 +74,27 @@ def main() -> None:
     out["attribution_s"], out["scores_gb"] = time.monotonic() - t, store.nbytes / 2**30
     out["peak_rss_after_attribution_gb"] = peak_gb()
     say(f"attribution {out['attribution_s']:.1f} s, peak {peak_gb():.2f} GiB")
+    write(out, args.out)
 
     ablation = EdgeAblation(universe, args.task)
     sizes = args.sizes or MIB_SIZES
     specs = curve_specs(universe, scores, args.curve)
-    curves, info = edge_curves(ablation, test_batches, specs, sizes, progress=lambda m: say(m))
-    out["curves"] = {name: c.row() for name, c in curves.items()}
-    out["info"] = info
-    out["peak_rss_gb"] = peak_gb()
-    out["wall_s"] = time.monotonic() - t0
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "edge_bench.json").write_text(text)
+    out["curves"] = {}
+    for name, spec in specs.items():  # one curve at a time, each written as soon as it is done
+        curves, info = edge_curves(ablation, test_batches, {name: spec}, sizes, progress=lambda m: say(m))
+        out["curves"][name] = curves[name].row()
+        out["info"] = info
+        out["peak_rss_gb"] = peak_gb()
+        out["wall_s"] = time.monotonic() - t0
+        say(f"{name}: CPR {curves[name].cpr:.3f} CMD {curves[name].cmd:.3f}, {curves[name].seconds:.0f} s")
+        write(out, args.out)
+    print(json.dumps(out, indent=1))
+
+
+def write(out: dict, folder: str | None) -> None:
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "edge_bench.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
