@@ -37,6 +37,10 @@ def sample(cls: type[R.Result]) -> R.Result:
     if cls is R.FaithfulnessResult:  # its rows read curves: one curve of two sizes
         curve = {"sizes": [0.5, 1.0], "n_kept": [1, 2], "values": [0.2, 1.0], "metric": [0.1, 0.5]}
         values["faithfulness"] = {"eap_heads": {**curve, "cpr": 0.3, "cmd": 0.4, "seconds": 1.5}}
+    if cls is R.EdgeCircuitResult:  # its rows and headline read curves: one curve of two sizes
+        curve = {"sizes": [0.5, 1.0], "n_edges": [1, 2], "weighted": [0.5, 1.0], "values": [0.2, 1.0]}
+        values["curves"] = {"directions_signed_fair": {**curve, "metric": [0.1, 0.5], "cpr": 0.3, "cmd": 0.4,
+                                                       "seconds": 1.5}}  # fmt: skip
     return cls(**values)
 
 
