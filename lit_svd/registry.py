@@ -113,6 +113,14 @@ METHODS: dict[str, Method] = {
             aliases=("circuit",),
         ),
         Method(
+            "edge_circuits",
+            "edge circuits between directions: EAP-IG edge scores, MIB curves under the edge ablation against"
+            " head-level edges and random, the graph of the attribution circuit (an EdgeCircuitResult; heavy: not"
+            " in the report)",
+            "edge_circuits",
+            aliases=("edges",),
+        ),
+        Method(
             "faithfulness",
             "faithfulness curves (MIB's grid, CPR / CMD) of rankings of directions: attribution patching, a mask"
             " run, a circuit graph, random (a FaithfulnessResult; give mask_run / graph_run or methods)",

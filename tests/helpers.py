@@ -84,3 +84,22 @@ def run_test(module, batches: list, folder: str | Path | None = None, callbacks:
     )
     trainer.test(module, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False)
     return module
+
+
+@contextmanager
+def exact_softmax():
+    """Within the block a softmax asked to compute a float64 input in float32 (HF's eager attention upcasts its
+    scores so) computes in float64: finite differences through attention patterns then resolve below float32's
+    rounding."""
+    real = torch.nn.functional.softmax
+
+    def softmax(x, dim=None, _stacklevel=3, dtype=None):
+        if x.dtype == torch.float64 and dtype == torch.float32:
+            dtype = torch.float64
+        return real(x, dim=dim, dtype=dtype)
+
+    torch.nn.functional.softmax = softmax
+    try:
+        yield
+    finally:
+        torch.nn.functional.softmax = real

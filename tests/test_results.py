@@ -39,6 +39,10 @@ def sample(cls: type[R.Result]) -> R.Result:
                  "values": [0.2, 1.0], "metric": [0.1, 0.5], "cpr": 0.3, "cmd": 0.4, "seconds": 1.5}  # fmt: skip
         scores = {"cpr": {"raw": 0.3, "fair": 0.3}, "cmd": {"raw": 0.4, "fair": 0.4}}
         values["faithfulness"] = {"eap_heads": {"rankings": {"signed": {"raw": curve, "fair": curve}}, **scores}}
+    if cls is R.EdgeCircuitResult:  # its rows and headline read curves: one curve of two sizes
+        curve = {"sizes": [0.5, 1.0], "n_edges": [1, 2], "weighted": [0.5, 1.0], "values": [0.2, 1.0]}
+        values["curves"] = {"directions_signed_fair": {**curve, "metric": [0.1, 0.5], "cpr": 0.3, "cmd": 0.4,
+                                                       "seconds": 1.5}}  # fmt: skip
     return cls(**values)
 
 

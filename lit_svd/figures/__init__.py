@@ -12,7 +12,18 @@ def drawers() -> dict[type, Callable[..., dict]]:
     """``{result type: its figures function}``, one entry per registered result type (imported on first use: no
     matplotlib until a figure is drawn)."""
     from lit_svd import results as R
-    from lit_svd.figures import circuits, directions, faithfulness, masks, mounts, sad, tasks, toy, training
+    from lit_svd.figures import (
+        circuits,
+        directions,
+        edge_circuits,
+        faithfulness,
+        masks,
+        mounts,
+        sad,
+        tasks,
+        toy,
+        training,
+    )
 
     return {
         R.ToyAlignmentResult: toy.figures,
@@ -28,6 +39,7 @@ def drawers() -> dict[type, Callable[..., dict]]:
         R.EvaluateResult: tasks.figures,
         R.FaithfulnessResult: faithfulness.figures,
         R.CircuitResult: circuits.figures,
+        R.EdgeCircuitResult: edge_circuits.figures,
     }
 
 

@@ -25,6 +25,7 @@ KIND_ORDER = ("embed", "attn_norm_bias", "b_Q", "b_K", "q", "k", "qk", "b_V", "o
               "final_norm_bias", "b_U", "metric")  # fmt: skip
 POSITIVE, NEGATIVE = "#2166ac", "#b2182b"  # edge colours: a positive mean contribution, a negative one
 RANDOM = "random"  # faithfulness methods named random* are drawn as the chance baseline
+ATTRIBUTION_EDGE_KEYS = ("n_kept", "fraction", "checked_edge")  # the edges of an attribution circuit's graph
 
 
 def column(node: dict, n_layers: int) -> float:
@@ -327,6 +328,28 @@ def display_name(model: str) -> str:
     return model.rstrip("/").rsplit("/", 1)[-1] if model.startswith(("/", ".", "~")) else model
 
 
+def attribution_texts(result: CircuitResult, counts: str) -> tuple[str, str]:
+    """The page's summary and explanation for the graph of an attribution circuit (``result.circuit``)."""
+    c = result.circuit or {}
+    summary = (
+        f"The circuit drawn: the first edges of {c.get('curve')} at size {c.get('size')} (the smallest of MIB's grid"
+        f" whose faithfulness reaches {c.get('f_target')}, unless chosen), f = {c.get('f', float('nan')):.3f} on the"
+        f" test prompts; {c.get('n_edges')} direction edges (weighted count {c.get('weighted', float('nan')):.4f} of"
+        f" the head-level edges) in {c.get('n_blocks')} blocks. {counts}"
+    )
+    about = (
+        "Nodes are units: the embedding, a head (its OV map: value reads in, writes out), a head's query input, a KV"
+        " head's key input, an MLP's input and output, the metric (the logits). An edge is a block of the circuit:"
+        " a writer unit and a reader unit with at least one direction edge kept; weight: the sum of the kept"
+        " direction edges' EAP-IG scores (training prompts), n_kept / fraction: how many of the block's direction"
+        " edges. The circuit's f is its own, under MIB's edge ablation. A checked edge carries the causal check of"
+        " its strongest direction edge (checked_edge: that edge dropped alone, against random edges of its writer)."
+        " Edge width: |weight|; colour: blue positive, red negative; dashed: the check failed; faint: not checked."
+        " Click a node for its edges; click a column header to sort."
+    )
+    return summary, about
+
+
 def html_page(result: CircuitResult) -> str:
     """``circuit.html``: the facts, the graph (inline SVG; click a node: its readout and in / out edges), the
     faithfulness summary and agreement (when measured), then sortable tables of nodes and edges. Offline: inline
@@ -351,7 +374,10 @@ def html_page(result: CircuitResult) -> str:
         f" {c.get('passes', 0)} of {c.get('checked', 0)} checked edges pass the causal check"
         f" ({c.get('passes_z', 0)} by z alone)" + (f"; metric gap (clean - corrupted) {gap:.4g}" if gap else "")
     )
-    if not result.edges:
+    if result.circuit:
+        summary, about = attribution_texts(result, summary)
+        items.update({f"circuit.{k}": v for k, v in result.circuit.items() if k != "top_edges"})
+    if not result.edges and not result.circuit:
         summary += (
             f". The graph is empty: no writer reached threshold={result.options.get('threshold')} of a reader's sum"
             " of |contributions| on any prompt; a lower threshold keeps more"
@@ -373,19 +399,26 @@ def html_page(result: CircuitResult) -> str:
         rows = result.agreement_rows()
         columns = list(dict.fromkeys(k for r in rows for k in r))
         body += ["<h2>Agreement with the other methods</h2>", pages.sortable_table("agreement", columns, rows)]
+    if result.circuit and result.circuit.get("top_edges"):
+        rows = result.circuit["top_edges"]
+        columns = [k for k in ("writer", "reader", "reader_unit", "score") if k in rows[0]]
+        body += [f"<h2>Strongest direction edges of the circuit ({len(rows)})</h2>",
+                 pages.sortable_table("top_edges", columns, rows)]  # fmt: skip
     nodes = result.node_rows()
+    extra = ATTRIBUTION_EDGE_KEYS if result.circuit else ()
     body += [
         f"<h2>Nodes ({len(nodes)})</h2>",
         pages.sortable_table("nodes", NODE_COLUMNS, nodes, cell_class=lambda c: "tokens" if "readout" in c else ""),
         f"<h2>Edges ({len(result.edges)})</h2>",
         pages.sortable_table(
             "edges",
-            EDGE_COLUMNS,
-            [edge_row(e) for e in content["edges"]],
+            (*EDGE_COLUMNS, *extra),
+            [{**edge_row(e), **{k: e.get(k) for k in extra}} for e in content["edges"]],
             row_attrs=lambda r: f'class="{"pass" if r["passes"] else "fail" if r["passes"] is False else ""}"',
             cell_class=lambda c: "passes" if c == "passes" else "",
         ),
         f'<script type="application/json" id="graph-data">{graph_data(result)}</script>',
     ]
-    title = f"{display_name(result.model)} {result.task}: circuit graph of singular directions"
+    what = "attribution circuit of singular directions" if result.circuit else "circuit graph of singular directions"
+    title = f"{display_name(result.model)} {result.task}: {what}"
     return pages.page(title, "\n".join(body), css=PAGE_CSS, script=PAGE_SCRIPT)

@@ -13,6 +13,7 @@ from pathlib import Path
 from lit_svd.results.base import SCHEMA_VERSION, Provenance, Result
 from lit_svd.results.circuits import CircuitResult
 from lit_svd.results.directions import CompareDirectionsResult, DirectionCheckResult
+from lit_svd.results.edge_circuits import EdgeCircuitResult
 from lit_svd.results.faithfulness import FaithfulnessResult
 from lit_svd.results.masks import MaskBlocksResult, MaskCurveResult, MaskResult, MaskThresholdsResult
 from lit_svd.results.mounts import MountsResult
@@ -35,6 +36,7 @@ TYPES: tuple[type[Result], ...] = (
     EvaluateResult,
     FaithfulnessResult,
     CircuitResult,
+    EdgeCircuitResult,
 )
 BY_EXPERIMENT: dict[str, type[Result]] = {name: t for t in TYPES for name in (t.experiment, *t.aliases)}
 
@@ -71,6 +73,7 @@ __all__ = [
     "CircuitResult",
     "CompareDirectionsResult",
     "DirectionCheckResult",
+    "EdgeCircuitResult",
     "EvaluateResult",
     "MaskBlocksResult",
     "MaskCurveResult",

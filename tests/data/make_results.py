@@ -1,9 +1,11 @@
 """Write tests/data/results/<experiment>.json: a results.json of each result type that no stored run in docs/results/
 or bench/results_equivalence_reference.json holds, from runs on the tiny random Llama (seed 0): a 6-step IOI mask
-run, then its mask-thresholds, mask-blocks, mask-curve and direction check, and compare-directions of the tiny
-Llama against itself. Long lists are cut as docs/results/ cuts them (bench/make_results_md.py's ``strip``).
+run, then its mask-thresholds, mask-blocks, mask-curve and direction check, compare-directions of the tiny
+Llama against itself, and a small edge-circuits run. Long lists are cut as docs/results/ cuts them
+(bench/make_results_md.py's ``strip``).
 
     PYTHONPATH=. python tests/data/make_results.py      # ~1 min on two cores; tests/test_results_show.py reads them
+    PYTHONPATH=. python tests/data/make_results.py edges   # only the edge-circuits run
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).resolve().parent / "results"
 MASKS = dict(max_steps=6, max_time=None, soft_steps=2, steps_per_batch=2, n_train=16, n_val=8, n_test=8, batch_size=4)
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False)
+EDGES = dict(n_train=12, n_val=2, n_test=6, batch_size=3, n_attribution=6, sizes=[0.01, 0.1, 0.5, 1.0], n_check=2)
 
 
 def strip_rule():
@@ -41,32 +44,37 @@ def store(folder: Path, strip, names: dict[str, str]) -> Path:
     return target
 
 
-def main() -> None:
+def main(only: list[str]) -> None:
     import lit_svd as ls
-    from lit_svd.api import resolve_model
     from lit_svd.cli_tools import run_tool
     from lit_svd.models.loading import cache_root
 
     strip = strip_rule()
     OUT.mkdir(parents=True, exist_ok=True)
-    tiny = resolve_model("tiny-llama")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        masks = ls.masks("tiny-llama", task="ioi", out=work / "masks", trajectory_every=2, **MASKS, **QUIET)
-        run = str(masks.folder)
-        written = [ls.directions(masks, n_random=4, out=work / "check", **QUIET).folder]
-        for name, args in (
-            ("thresholds", ["mask-thresholds", run, "--thresholds", "0.01", "0.5", "0.9"]),
-            ("blocks", ["mask-blocks", run, "--rel-gaps", "0.01", "0.05"]),
-            ("curve", ["mask-curve", run]),
-            ("compare", ["compare-directions", tiny, tiny, "--top", "4"]),
-        ):
-            run_tool([*args, "--out", str(work / name)])
-            written.append(work / name)
+        written = []
+        if not only or "masks" in only:
+            from lit_svd.api import resolve_model  # noqa: PLC0415 (main's api no longer has it: see the report)
+
+            tiny = resolve_model("tiny-llama")
+            masks = ls.masks("tiny-llama", task="ioi", out=work / "masks", trajectory_every=2, **MASKS, **QUIET)
+            run = str(masks.folder)
+            written.append(ls.directions(masks, n_random=4, out=work / "check", **QUIET).folder)
+            for name, args in (
+                ("thresholds", ["mask-thresholds", run, "--thresholds", "0.01", "0.5", "0.9"]),
+                ("blocks", ["mask-blocks", run, "--rel-gaps", "0.01", "0.05"]),
+                ("curve", ["mask-curve", run]),
+                ("compare", ["compare-directions", tiny, tiny, "--top", "4"]),
+            ):
+                run_tool([*args, "--out", str(work / name)])
+                written.append(work / name)
+        if not only or "edges" in only:
+            written.append(ls.edge_circuits("tiny-llama", task="ioi", out=work / "edges", n_random=3, **EDGES).folder)
         names = {tmp: "<tmp>", str(cache_root()): "<cache>"}
         for folder in written:
             print(store(Path(folder), strip, names))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

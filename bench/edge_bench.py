@@ -1,0 +1,101 @@
+"""Cost of edge circuits on a real model (issue 33 item 5): the edge universe (SVDs), EAP-IG edge attribution over
+training prompts and one edge curve over test prompts, on one thread; prints one JSON object with the seconds,
+the seconds of each curve point, the edge counts and the peak memory (``ru_maxrss``), and, with ``--out``, writes
+it there (after the attribution and after each curve: the curves are scored one at a time).
+
+    OMP_NUM_THREADS=1 python bench/edge_bench.py --task ioi --n-train 64 --n-test 64 --curve directions_signed_raw
+
+The prompts: ``TaskDataModule(task, n_train=1000, n_val=64, n_test=64, test_last=True, seed=0)`` (the faithfulness
+configs' split): the first ``--n-train`` prompts of its training split are scored, the test split is curved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def peak_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--task", default="ioi")
+    p.add_argument("--n-train", type=int, default=64)
+    p.add_argument("--n-test", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--curve", nargs="*", default=["directions_signed_raw"], help="curves (edge_curves.curve_specs)")
+    p.add_argument("--sizes", type=float, nargs="+", default=None)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+
+    from lit_svd.analysis.edge_ablation import EdgeAblation
+    from lit_svd.analysis.edge_attribution import attribute
+    from lit_svd.analysis.edge_curves import MIB_SIZES, ScoreFile, curve_specs, edge_curves
+    from lit_svd.analysis.edges import EdgeUniverse
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.models import load_causal_lm
+    from lit_svd.models import view as make_view
+
+    def say(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    out: dict = {"model": args.model, "task": args.task, "threads": torch.get_num_threads()}
+    t0 = time.monotonic()
+    model, tok = load_causal_lm(args.model)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    view = make_view(model)
+    dm = TaskDataModule(args.task, tok, n_train=1000, n_val=64, n_test=args.n_test, test_last=True, seed=0,
+                        batch_size=args.batch_size)  # fmt: skip
+    train = dm.splits["train"].examples[: args.n_train]
+    train_batches = [dm.collate(train[i : i + args.batch_size]) for i in range(0, len(train), args.batch_size)]
+    test_batches = list(dm.test_dataloader())
+    out["load_s"] = time.monotonic() - t0
+
+    t = time.monotonic()
+    universe = EdgeUniverse(view)
+    out["universe_s"], out["counts"] = time.monotonic() - t, universe.counts()
+    say(f"universe {out['universe_s']:.1f} s, {out['counts']}, peak {peak_gb():.2f} GiB")
+
+    t = time.monotonic()
+    store = ScoreFile(universe)
+    scores = attribute(universe, train_batches, args.task, steps=args.steps, store=store)
+    out["attribution_s"], out["scores_gb"] = time.monotonic() - t, store.nbytes / 2**30
+    out["peak_rss_after_attribution_gb"] = peak_gb()
+    say(f"attribution {out['attribution_s']:.1f} s, peak {peak_gb():.2f} GiB")
+    write(out, args.out)
+
+    ablation = EdgeAblation(universe, args.task)
+    sizes = args.sizes or MIB_SIZES
+    specs = curve_specs(universe, scores, args.curve)
+    out["curves"] = {}
+    for name, spec in specs.items():  # one curve at a time, each written as soon as it is done
+        curves, info = edge_curves(ablation, test_batches, {name: spec}, sizes, progress=lambda m: say(m))
+        out["curves"][name] = curves[name].row()
+        out["info"] = info
+        out["peak_rss_gb"] = peak_gb()
+        out["wall_s"] = time.monotonic() - t0
+        say(f"{name}: CPR {curves[name].cpr:.3f} CMD {curves[name].cmd:.3f}, {curves[name].seconds:.0f} s")
+        write(out, args.out)
+    print(json.dumps(out, indent=1))
+
+
+def write(out: dict, folder: str | None) -> None:
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "edge_bench.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,485 @@
+"""Edge ablation: the model run with only a circuit's edges clean (MIB's edge semantics; docs/circuits.md, "Edge
+circuits"). The edge universe is ``analysis.edges``; a circuit says which of each reader unit's direction edges it
+keeps (``Circuit.keep``).
+
+**What an ablated edge does (MIB's evaluation).** A reader's input is its *live* input (the residual in this
+patched forward) plus, for every incoming edge outside the circuit, the writer's ``corrupted - live`` write, where
+*corrupted* is the writer's output on the corrupted prompt and *live* its output in this forward. So a writer left
+out of the circuit for one reader stays in it for another, and the writer's clean value is never used: with every
+edge kept nothing is added (the clean forward), with none every reader reads ``live + (corrupted - live)``
+summed over all writers, the corrupted residual, so every writer outputs its corrupted value in turn (the
+corrupted forward). Writers' clean-run outputs would give neither end: once one reader is patched, downstream
+writers are no longer at their clean values.
+
+**The norm factor of a reader.** A reader unit (a head's query, key or value input, an MLP's input, the logits)
+reads its input through a norm; its directions read it linearly through the norm's factor ``f``:
+``c_k = r_k0 + f r_k . y``. The factor is the unit's own: ``f = 1 / rms(y_u)`` of the unit's patched input
+``y_u = live + sum over the writer directions that no direction of the unit keeps of (corrupted - live)``, the
+input MIB's graph gives the unit when its edges are kept or dropped for all its directions alike. Each direction
+``k`` then adds the ``corrupted - live`` writes of its *own* dropped edges through that factor. For a unit-level
+circuit (every block kept or dropped whole) this is MIB's evaluation exactly; dropping every edge into a unit
+makes it read the corrupted residual through the corrupted residual's norm (the corrupted forward at the end where
+none is kept); a direction-level circuit is exactly linear in its direction edges once the unit's factor is set.
+A factor frozen at the clean run cannot give the corrupted forward when every edge is dropped; the factor of the
+live residual alone cannot either (the residual of the patched forward still holds the clean embedding). Per-head
+query / key norms (Gemma-3, Qwen3) are part of the reader: they act on the patched query / key as the model does.
+The logits read the patched residual through the final norm as the model does (one reader, no directions).
+
+**Gemma's post norms.** A sub-layer's write is ``out * f_post * gain``; each writer's corrupted and live writes
+carry their own forward's post-norm factor (so the sum of the writes is each forward's residual: both ends
+exact). Dropping a writer's edges to every reader then differs from replacing that writer by its corrupted output
+(which would also change the post-norm factor of the other writers of its sub-layer) by that factor's change.
+Elsewhere the two are the same (tested).
+
+**Cost.** Per reader unit the edges split into blocks (writer unit x reader unit): a block dropped whole adds its
+writer unit's summed write ``Delta_U`` in the residual (one residual-space sum per reader unit); a block kept whole
+adds nothing; a partially kept block adds ``sum_j (1 - keep_kj) G_kj dc_j`` with ``G_kj = r_k . W_j`` and ``dc_j`` the
+writer's coefficient change, computed densely or, where few edges are kept (dropped), over the kept (dropped) edges
+alone (``r_k . total - sum over kept``): the cost follows the partially kept edges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit, WriterUnit
+from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
+from lit_svd.models.base import ModelView
+from lit_svd.models.hooks import Hook, first_input, hooks, output_tensor
+from lit_svd.models.points import eager_attention
+
+SPARSE = 0.05  # a partially kept region of a unit is summed edge by edge when under this fraction is kept (dropped)
+EMPTY, FULL, PARTIAL = 0, 1, 2
+
+
+class Circuit(Protocol):
+    """Which direction edges into each reader unit are kept: ``keep(u)`` is None (all) or ``[K_u, n_cols]`` bool
+    (reader directions x the upstream writer columns, ``EdgeUniverse.W``'s rows, column 0 the embedding)."""
+
+    def keep(self, u: ReaderUnit) -> Tensor | None: ...
+
+
+class AllEdges:
+    """The full model: every edge kept."""
+
+    def keep(self, u: ReaderUnit) -> Tensor | None:
+        return None
+
+
+@dataclass
+class NoEdges:
+    """The empty circuit: every edge dropped."""
+
+    universe: EdgeUniverse
+
+    def keep(self, u: ReaderUnit) -> Tensor | None:
+        return torch.zeros(u.size, u.n_cols, dtype=torch.bool, device=self.universe.device)
+
+
+@dataclass
+class UnitMasks:
+    """Explicit masks for some reader units (``{unit index: [K_u, n_cols] bool}``); the others keep every edge."""
+
+    masks: dict[int, Tensor]
+
+    def keep(self, u: ReaderUnit) -> Tensor | None:
+        return self.masks.get(u.index)
+
+
+@dataclass
+class DropWriters:
+    """Every edge kept but those of the writer columns ``cols`` (to every reader): the writers' node ablation."""
+
+    universe: EdgeUniverse
+    cols: Tensor
+
+    def keep(self, u: ReaderUnit) -> Tensor | None:
+        cols = self.cols[self.cols < u.n_cols]
+        if not len(cols):
+            return None
+        mask = torch.ones(u.size, u.n_cols, dtype=torch.bool, device=self.universe.device)
+        mask[:, cols] = False
+        return mask
+
+
+@dataclass
+class Reference:
+    """The corrupted run as the edge ablation needs it: the residual at each read point (``("attn", l)``,
+    ``("mlp", l)``, ``("final", None)``: ``[P, d]``, ``P = B * T``), every writer column's coefficient ``[P, n_cols]``
+    (column 0, the embedding, is 1) and the embedding ``[P, d]``."""
+
+    resid: dict[tuple[str, int | None], Tensor]
+    coef: Tensor
+    embed: Tensor
+
+
+@dataclass
+class _Live:
+    """One patched forward's writers so far: ``dc = corrupted - live`` coefficients ``[P, n_cols]`` and each writer
+    unit's ``corrupted - live`` write ``delta [n_units, P, d]`` (filled as the forward reaches them), and the
+    corrections computed for the reader units (``{index: (delta [P, K], rho [P])}``)."""
+
+    dc: Tensor
+    delta: Tensor
+    corrections: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    captured: dict[str, Tensor] = field(default_factory=dict)
+
+
+class EdgeAblation:
+    """Runs ``universe``'s model with a circuit's edges kept and the rest ablated (module docstring).
+
+    ``reference(batch)`` records the corrupted prompts once per batch; ``metric(batch, circuit, reference)`` is the
+    task metric ``[B]`` of the clean prompts with the circuit. Clean and corrupted prompts must have the same
+    token length.
+    """
+
+    def __init__(self, universe: EdgeUniverse, task: str | TaskScorer):
+        self.u = universe
+        self.view = universe.view
+        self.task = task_scorer(task)
+
+    # --- writers' coefficients -------------------------------------------------------------------
+    def _head_coef(self, layer: int, z: Tensor, out: Tensor, extra: Tensor | None) -> Tensor:
+        """``[P, H * K]``: the heads' OV coefficients ``z_h W_O v_k`` (+ ``extra [P, H, K]``), times Gemma's post-norm
+        factor of the attention output ``out``."""
+        v, dt = self.view, self.u.dtype
+        P = z.shape[0] * z.shape[1]
+        zz = z.reshape(P, v.n_heads, v.d_head).to(dt)
+        c = torch.einsum("phc,hck->phk", zz, self.u.head_read[layer])
+        if extra is not None:
+            c = c + extra
+        post = v.post_norm_factor("attn", layer, out)
+        c = c.reshape(P, -1)
+        return c if post is None else c * post.reshape(P, 1).to(dt)
+
+    def _mlp_coef(self, layer: int, out: Tensor) -> Tensor:
+        """``[P, K]``: the MLP's output coefficients ``out . v_k`` times Gemma's post-norm factor."""
+        dt = self.u.dtype
+        P = out.shape[0] * out.shape[1]
+        c = out.reshape(P, -1).to(dt) @ self.u.mlp_V[layer]
+        post = self.view.post_norm_factor("mlp", layer, out)
+        return c if post is None else c * post.reshape(P, 1).to(dt)
+
+    # --- the corrupted run -----------------------------------------------------------------------
+    def reference(self, batch: dict) -> Reference:
+        """The corrupted prompts' residuals and writer coefficients (``Reference``)."""
+        return self.record(batch, "corrupt_ids")
+
+    @torch.no_grad()
+    def record(self, batch: dict, ids: str = "corrupt_ids") -> Reference:
+        """The residuals and writer coefficients of an unpatched run of ``batch[ids]`` (``Reference``)."""
+        check_lengths(batch)
+        u, v = self.u, self.view
+        resid: dict[tuple[str, int | None], Tensor] = {}
+        parts: list[Tensor] = []
+        got: dict = {}
+
+        def keep_resid(point, layer):
+            def pre(module, args, kwargs):
+                x = first_input(args, kwargs)
+                resid[point, layer] = x.reshape(-1, x.shape[-1]).to(u.dtype)
+
+            return pre
+
+        specs = [Hook(v.norm_module("final", None), keep_resid("final", None), "pre")]
+        for l in range(v.n_layers):
+            specs += [
+                Hook(v.norm_module("attn", l), keep_resid("attn", l), "pre"),
+                Hook(v.norm_module("mlp", l), keep_resid("mlp", l), "pre"),
+                Hook(v.site_module(l, "o"), _keep_input(got, ("z", l)), "pre"),
+                Hook(v.attention_module(l), _keep_output(got, ("attn", l)), "post"),
+                Hook(v.site_module(l, "down"), _keep_site(v, l, "down", got, ("down", l)), "post"),
+            ]
+        with hooks(*specs), eager_attention(v.model):
+            forward_answer_logits(v.model, batch[ids], batch["attention_mask"], batch["answer_pos"])
+        embed = resid["attn", 0]
+        parts.append(torch.ones(embed.shape[0], 1, dtype=u.dtype, device=embed.device))
+        for l in range(v.n_layers):
+            parts.append(self._head_coef(l, got["z", l], got["attn", l], None))
+            parts.append(self._mlp_coef(l, got["down", l]))
+        coef = torch.cat(parts, 1)
+        return Reference(resid, coef, embed)
+
+    # --- the patched forward ---------------------------------------------------------------------
+    @torch.no_grad()
+    def metric(self, batch: dict, circuit: Circuit, reference: Reference) -> Tensor:
+        """``[B]``: the task metric of the clean prompts with only ``circuit``'s edges clean."""
+        with self.patched(batch, circuit, reference):
+            logits = forward_answer_logits(
+                self.view.model, batch["clean_ids"], batch["attention_mask"], batch["answer_pos"]
+            )
+        return self.task.metric(logits, batch).double()
+
+    @contextmanager
+    def patched(self, batch: dict, circuit: Circuit, reference: Reference) -> Iterator[None]:
+        """Within the block, forwards of ``batch``'s clean prompts run with ``circuit`` (module docstring)."""
+        check_lengths(batch)
+        u, v = self.u, self.view
+        P = reference.embed.shape[0]
+        masks = _LazyMasks(circuit, u)  # one reader unit's mask at a time, when the forward reaches it
+        live = _Live(
+            dc=torch.zeros(P, u.n_writer_cols, dtype=u.dtype, device=u.device),
+            delta=torch.zeros(len(u.writers), P, v.d_model, dtype=u.dtype, device=u.device),
+        )
+        specs = [Hook(v.norm_module("final", None), self._final_hook(masks, reference, live), "pre")]
+        for l in range(v.n_layers):
+            specs += [
+                Hook(v.norm_module("attn", l), self._read_hook("attn", l, masks, reference, live), "pre"),
+                Hook(v.norm_module("mlp", l), self._read_hook("mlp", l, masks, reference, live), "pre"),
+                Hook(v.site_module(l, "v"), _keep_site(v, l, "v", live.captured, "value"), "post"),
+                Hook(v.site_module(l, "o"), _keep_input(live.captured, "z"), "pre"),
+                Hook(v.attention_module(l), self._attention_hook(l, reference, live), "post"),
+                Hook(v.site_module(l, "down"), self._down_hook(l, reference, live), "post"),
+            ]
+            for site in ("q", "k", "up") + (("gate",) if v.gated_mlp else ()):
+                specs.append(Hook(v.site_module(l, site), self._site_hook(l, site, live), "post"))
+        with ExitStack() as stack:
+            stack.enter_context(eager_attention(v.model))
+            stack.enter_context(hooks(*specs))
+            yield
+
+    def _read_hook(self, point, layer, masks, reference, live):
+        """Pre-hook of a norm: the corrections of every reader unit reading it (and, at layer 0's attention, the
+        embedding's write)."""
+        u = self.u
+
+        def pre(module, args, kwargs):
+            x = first_input(args, kwargs)
+            R = x.reshape(-1, x.shape[-1]).to(u.dtype)
+            if point == "attn" and layer == 0:
+                live.dc[:, 0] = 1.0
+                live.delta[0] = reference.embed - R
+            T = reference.resid[point, layer] - R
+            for r in u.reader_units(point, layer):
+                M = masks[r.index]
+                if M is not None and not bool(M.all()):
+                    live.corrections[r.index] = self.correction(r, M, R, T, live)
+
+        return pre
+
+    def correction(self, r: ReaderUnit, M: Tensor, R: Tensor, T: Tensor, live: _Live) -> tuple[Tensor, Tensor]:
+        """``(delta [P, K], rho [P])`` of reader unit ``r`` with keep mask ``M [K, n_cols]``: each direction's
+        coefficient is ``bias + rho * (live coefficient - bias) + delta`` (module docstring). ``R``: the live
+        residual ``[P, d]``, ``T``: corrupted - live residual."""
+        u, v = self.u, self.view
+        basis = u.basis(r)
+        Rc, n_up, n_cols = basis.Rc, r.n_up, r.n_cols
+        state = _block_states(u, r, M)
+        empty = state == EMPTY
+        D = _unit_sum(live.delta, empty) if int(empty.sum()) * 2 <= n_up else T - _unit_sum(live.delta, ~empty)
+        y = R + D
+        raw = Rc @ D.T  # [K, P]
+        partial = state == PARTIAL
+        if bool(partial[0]):  # the embedding is kept for some directions only
+            raw += (~M[:, 0]).to(raw.dtype)[:, None] * (Rc @ live.delta[0].T)
+        cols = torch.nonzero(partial[u.col_unit[1:n_cols]]).flatten() + 1
+        if len(cols):
+            Mp = M[:, cols]
+            lost = cols[~Mp.any(0)]  # no direction keeps these: they leave the unit's input too
+            if len(lost):
+                y = y + live.dc[:, lost] @ u.W[lost]
+            raw += _partial_sum(u, Rc, Mp, cols, live, partial)
+        f = v.norm_factor(r.point, None if r.point == "final" else r.layer, y).reshape(-1)
+        f_live = v.norm_factor(r.point, None if r.point == "final" else r.layer, R).reshape(-1)
+        return raw.T * f[:, None], f / f_live
+
+    def _site_hook(self, layer, site, live):
+        """Post-hook of a q / k / up / gate site: applies its reader units' corrections."""
+        u, v = self.u, self.view
+        kind = {"q": "q", "k": "k", "up": "mlp", "gate": "mlp"}[site]
+        units = [r for r in u.reader_units("mlp" if kind == "mlp" else "attn", layer) if r.kind == kind]
+
+        def hook(module, args, kwargs, out):
+            todo = [r for r in units if r.index in live.corrections]
+            if not todo:
+                return out
+            own = v.site_output(layer, site, out)
+            B, T, width = own.shape
+            new = own.reshape(B * T, width).to(u.dtype).clone()
+            for r in todo:
+                delta, rho = live.corrections[r.index]
+                b = u.basis(r)
+                if kind == "mlp":
+                    half = slice(0, b.split) if site == "up" else slice(b.split, None)
+                    cols, Y = slice(None), b.Y[half]
+                    bias = b.bias.reshape(-1, width)[0 if site == "up" else 1]
+                    delta = delta[:, half]
+                else:
+                    d = b.Y.shape[1]
+                    cols, Y, bias = slice(r.group * d, (r.group + 1) * d), b.Y, b.bias
+                part = new[:, cols]
+                new[:, cols] = bias + rho[:, None] * (part - bias) + delta @ Y
+            return v.with_site_output(layer, site, out, new.reshape(B, T, width).to(own.dtype))
+
+        return hook
+
+    def _attention_hook(self, layer, reference, live):
+        """Post-hook of the attention module: the value readers' corrections mixed by the live pattern, then the
+        layer's head writers (live coefficients, ``corrupted - live`` writes)."""
+        u, v = self.u, self.view
+        units = [r for r in u.reader_units("attn", layer) if r.kind == "v"]
+        heads = u.writer_units(layer, "head")
+        per_kv = v.n_heads // v.n_kv_heads
+
+        def hook(module, args, kwargs, out):
+            attn = output_tensor(out)
+            B, T, d = attn.shape
+            todo = [r for r in units if r.index in live.corrections]
+            extra = None
+            if todo:
+                pattern = output_tensor(out, 1)
+                if pattern is None:
+                    raise RuntimeError("edge ablation needs the attention pattern: run under eager attention")
+                value = live.captured["value"].reshape(B * T, v.n_kv_heads, v.d_head).to(u.dtype)
+                extra = torch.zeros(B * T, v.n_heads, u.head_read[layer].shape[-1], dtype=u.dtype, device=u.device)
+                add = torch.zeros(B * T, d, dtype=u.dtype, device=u.device)
+                for r in todo:
+                    delta, rho = live.corrections[r.index]
+                    b = u.basis(r)
+                    own = (value[:, r.group // per_kv] - b.bias) @ b.read  # [P, K]: the live coefficients
+                    change = (delta + (rho - 1)[:, None] * own).reshape(B, T, -1)
+                    mixed = torch.einsum("bds,bsk->bdk", pattern[:, r.group].to(u.dtype), change).reshape(B * T, -1)
+                    extra[:, r.group] = mixed
+                    add += mixed @ b.Y
+                attn = attn + add.reshape(B, T, d).to(attn.dtype)
+                out = (attn, *out[1:]) if isinstance(out, tuple) else attn
+            coef = self._head_coef(layer, live.captured["z"], attn, extra)
+            self._fill(heads, coef, reference, live)
+            return out
+
+        return hook
+
+    def _down_hook(self, layer, reference, live):
+        v = self.view
+        mlp = self.u.writer_units(layer, "mlp")
+
+        def hook(module, args, kwargs, out):
+            self._fill(mlp, self._mlp_coef(layer, v.site_output(layer, "down", out)), reference, live)
+
+        return hook
+
+    def _fill(self, units: list[WriterUnit], coef: Tensor, reference: Reference, live: _Live) -> None:
+        """Record the live coefficients of consecutive writer units: their ``dc`` columns and ``delta`` writes."""
+        u = self.u
+        start, stop = units[0].offset, units[-1].offset + units[-1].size
+        live.dc[:, start:stop] = reference.coef[:, start:stop] - coef
+        for w in units:
+            cols = slice(w.offset, w.offset + w.size)
+            live.delta[w.index] = live.dc[:, cols] @ u.W[cols]
+
+    def _final_hook(self, masks, reference, live):
+        """Pre-hook of the final norm: the logits' input gets the ``corrupted - live`` writes of its dropped edges."""
+        u = self.u
+        r = u.readers[-1]
+
+        def pre(module, args, kwargs):
+            M = masks[r.index]
+            if M is None or bool(M.all()):
+                return None
+            x = first_input(args, kwargs)
+            R = x.reshape(-1, x.shape[-1]).to(u.dtype)
+            dropped = ~M[0]
+            state = _block_states(u, r, M)
+            empty = state == EMPTY
+            T = reference.resid["final", None] - R
+            D = _unit_sum(live.delta, empty) if int(empty.sum()) * 2 <= r.n_up else T - _unit_sum(live.delta, ~empty)
+            cols = torch.nonzero((state == PARTIAL)[u.col_unit[1 : r.n_cols]] & dropped[1:]).flatten() + 1
+            if len(cols):
+                D = D + live.dc[:, cols] @ u.W[cols]
+            new = (R + D).reshape(x.shape).to(x.dtype)
+            if args:
+                return (new, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": new}
+
+        return pre
+
+
+class _LazyMasks:
+    """``masks[index]``: the circuit's keep mask of a reader unit, computed when asked (each is asked once)."""
+
+    def __init__(self, circuit: Circuit, universe: EdgeUniverse):
+        self.circuit, self.u = circuit, universe
+
+    def __getitem__(self, index: int) -> Tensor | None:
+        return self.circuit.keep(self.u.readers[index])
+
+
+def _block_states(u: EdgeUniverse, r: ReaderUnit, M: Tensor) -> Tensor:
+    """``[n_up]``: each block of ``r`` EMPTY, FULL or PARTIAL under the keep mask ``M``."""
+    kept = torch.zeros(r.n_up, dtype=torch.long, device=M.device).index_add_(
+        0, u.col_unit[: r.n_cols], M.sum(0, dtype=torch.long)
+    )
+    full = u.writer_sizes[: r.n_up].to(M.device) * r.size
+    return torch.where(kept == 0, EMPTY, torch.where(kept == full, FULL, PARTIAL))
+
+
+def _unit_sum(delta: Tensor, which: Tensor) -> Tensor:
+    """``[P, d]``: the sum of the writer units' writes ``delta[U]`` over ``which [n_up]`` (bool)."""
+    n = len(which)
+    w = which.to(delta.dtype)
+    return (w @ delta[:n].reshape(n, -1)).reshape(delta.shape[1:])
+
+
+def _partial_sum(u: EdgeUniverse, Rc: Tensor, Mp: Tensor, cols: Tensor, live: _Live, partial: Tensor) -> Tensor:
+    """``[K, P]``: ``sum_j (1 - keep_kj) G_kj dc_j`` over the partially kept columns ``cols`` (keep mask ``Mp``),
+    dense or edge by edge over the kept (dropped) edges when few (``SPARSE``)."""
+    kept = int(Mp.sum())
+    total = Mp.numel()
+    dc = live.dc[:, cols]
+    if kept <= SPARSE * total:  # r . (all writes of the partial blocks) - the kept edges
+        units = torch.zeros(len(partial), dtype=torch.bool, device=partial.device)
+        units[1:] = partial[1:]
+        whole = Rc @ _unit_sum(live.delta, units).T
+        return whole - _edge_sum(u, Rc, Mp, cols, dc)
+    if total - kept <= SPARSE * total:
+        return _edge_sum(u, Rc, ~Mp, cols, dc)
+    G = Rc @ u.W[cols].T
+    return G.masked_fill_(Mp, 0.0) @ dc.T
+
+
+def _edge_sum(u: EdgeUniverse, Rc: Tensor, which: Tensor, cols: Tensor, dc: Tensor, chunk: int = 1 << 15) -> Tensor:
+    """``[K, P]``: ``sum over the edges (k, j) in which of G_kj dc_j`` (sparse)."""
+    out = torch.zeros(Rc.shape[0], dc.shape[0], dtype=dc.dtype, device=dc.device)
+    k_idx, j_idx = torch.nonzero(which, as_tuple=True)
+    for start in range(0, len(k_idx), chunk):
+        k, j = k_idx[start : start + chunk], j_idx[start : start + chunk]
+        g = (Rc[k] * u.W[cols[j]]).sum(-1)
+        S = torch.sparse_coo_tensor(torch.stack([k, j]), g, (Rc.shape[0], len(cols))).coalesce()
+        out += torch.sparse.mm(S, dc.T)
+    return out
+
+
+def _keep_input(store: dict, key: object) -> Callable:
+    def pre(module, args, kwargs):
+        store[key] = first_input(args, kwargs)
+
+    return pre
+
+
+def _keep_output(store: dict, key: object) -> Callable:
+    def post(module, args, kwargs, out):
+        store[key] = output_tensor(out)
+
+    return post
+
+
+def _keep_site(view: ModelView, layer: int, site: str, store: dict, key: object) -> Callable:
+    def post(module, args, kwargs, out):
+        store[key] = view.site_output(layer, site, out)
+
+    return post
+
+
+def check_lengths(batch: dict) -> None:
+    """Clean and corrupted prompts of the same token length (the edges act position by position)."""
+    if batch["clean_ids"].shape != batch["corrupt_ids"].shape:
+        raise ValueError(
+            f"clean_ids {tuple(batch['clean_ids'].shape)} and corrupt_ids {tuple(batch['corrupt_ids'].shape)} differ:"
+            " edge ablation patches position by position and needs prompts of the same token length"
+        )

@@ -1,0 +1,464 @@
+"""Faithfulness curves of edge circuits on MIB's grid (docs/circuits.md, "Edge circuits"): a ranking of the edges
+at one ``Level`` (``analysis.edges``), the circuit of its first edges at each size, scored with the edge ablation
+(``analysis.edge_ablation``).
+
+**Two size axes.** *Raw*: a circuit of fraction ``s`` keeps the first ``floor(s N)`` edges of its level (``N``: the
+level's edge count; MIB's ``int(pct * n)``). *Fair (weighted)*: it keeps the longest prefix of the ranking whose
+weighted edge count (``EdgeUniverse``: a direction edge weighs ``1 / (K_w K_r)``, a block 1) is at most
+``s * n_blocks``. A head-level ranking is the same circuit on both axes; a direction ranking is compared with it at
+matched weighted count on the fair axis. Ties are broken by reader unit, then by the edge's flat index in it.
+
+**Rankings.** Signed scores (highest first) make the CPR curve, absolute scores the CMD curve (MIB). Random
+circuits keep each edge of their level with probability ``s`` (seeded per reader unit, nested over the sizes):
+their raw and weighted fractions are both ``s`` in expectation, so one random curve serves both axes (the realised
+counts are reported).
+
+**Selection** over ~10^9 direction edges without sorting them: the scores' order-preserving integer keys are
+histogrammed on their top 16 bits (counts, or weights on the fair axis), the bucket where the target falls is read
+back edge by edge and sorted (``select``). Scores may live in a memory-mapped file (``ScoreFile``).
+
+``f``, CPR and CMD as ``analysis.faithfulness`` (``areas``: trapezoids over the grid's points only, ``f`` not
+clipped); ``m(full)`` every edge kept (the clean forward), ``m(empty)`` none (the corrupted forward).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, NoEdges
+from lit_svd.analysis.edge_attribution import EdgeScores
+from lit_svd.analysis.edges import EdgeUniverse, Level, ReaderUnit
+from lit_svd.analysis.faithfulness import MIB_SIZES, areas, check_sizes, n_kept
+
+BUCKET_BITS = 16
+
+
+@dataclass
+class EdgeRanking:
+    """An order of the edges of ``level``: ``scores(u)`` is reader unit ``u``'s scores (higher first), ``[K_u,
+    n_cols]`` (``directions``), ``[K_u, n_up]`` (``writer_units``) or ``[1, n_up]`` (``units``)."""
+
+    universe: EdgeUniverse
+    level: Level
+    scores: Callable[[ReaderUnit], Tensor]
+
+    def weights(self, r: ReaderUnit) -> Tensor:
+        """``[cols]`` float64: the weighted count of one edge of each column of ``r``'s scores."""
+        u = self.universe
+        if self.level == "units":
+            return torch.ones(r.n_up, dtype=torch.float64)
+        if self.level == "writer_units":
+            return torch.full((r.n_up,), 1.0 / r.size, dtype=torch.float64)
+        return u.block_weights(r)[u.col_unit[: r.n_cols].cpu()]
+
+    def expand(self, r: ReaderUnit, mask: Tensor) -> Tensor:
+        """``mask`` over ``r``'s edges of this level as a keep mask of direction edges ``[K_u, n_cols]``."""
+        if self.level != "directions":
+            mask = mask[:, self.universe.col_unit[: r.n_cols].to(mask.device)]
+        return mask.expand(r.size, -1) if mask.shape[0] == 1 else mask
+
+    def count(self) -> int:
+        """The number of edges of this level."""
+        return int(self.universe.counts()[self.level])
+
+
+def absolute(ranking: EdgeRanking) -> EdgeRanking:
+    """The same edges ranked by ``|score|`` (MIB's CMD ranking)."""
+    return EdgeRanking(ranking.universe, ranking.level, lambda r: ranking.scores(r).abs())
+
+
+def keys(x: Tensor) -> Tensor:
+    """int64 keys with the order of the float scores ``x`` (float32 or float64; -0.0 below +0.0), spread over the
+    whole int64 range (a float32's key in the top 32 bits), so that their top bits make the buckets of ``select``."""
+    if x.dtype == torch.float64:
+        b = x.contiguous().view(torch.int64)
+        return torch.where(b < 0, b ^ 0x7FFFFFFFFFFFFFFF, b)
+    b = x.float().contiguous().view(torch.int32).long()
+    return torch.where(b < 0, b ^ 0x7FFFFFFF, b) << 32
+
+
+@dataclass(frozen=True)
+class Cut:
+    """The first edges of a ranking: those with key above ``key``, and those with key ``key`` at a position (reader
+    unit, flat index) up to ``(unit, index)``. ``kept``: how many edges, ``weight``: their weighted count."""
+
+    key: int
+    unit: int
+    index: int
+    kept: int
+    weight: float
+
+    def mask(self, r: ReaderUnit, k: Tensor) -> Tensor:
+        """``k``'s keys (``r``'s scores) to the kept mask."""
+        above = k > self.key
+        if r.index < self.unit:
+            return above | (k == self.key)
+        if r.index > self.unit:
+            return above
+        flat = torch.arange(k.numel(), device=k.device).reshape(k.shape)
+        return above | ((k == self.key) & (flat <= self.index))
+
+
+def select(ranking: EdgeRanking, targets: Sequence[float], weighted: bool) -> list[Cut]:
+    """For each target, the cut keeping the longest prefix of the ranking whose edge count (``weighted``: weighted
+    count) is at most the target (module docstring): two passes over the scores whatever the number of targets."""
+    u = ranking.universe
+    n_buckets = 1 << BUCKET_BITS
+    counts = torch.zeros(n_buckets, dtype=torch.float64)
+    weights = torch.zeros(n_buckets, dtype=torch.float64)
+    for r in u.readers:
+        cols = ranking.weights(r)
+        for _, k in _key_rows(ranking, r):
+            ids = _bucket(k)
+            counts += torch.bincount(ids, minlength=n_buckets).double()
+            weights += torch.bincount(ids, cols.repeat(len(ids) // len(cols)), n_buckets)
+    hist = weights if weighted else counts
+    above, above_n, above_w = (_above(h) for h in (hist, counts, weights))
+    total = float(hist.sum())
+    found: dict[int, list[int]] = {}
+    out: list[Cut | None] = [None] * len(targets)
+    for i, t in enumerate(targets):
+        if t < 0:
+            raise ValueError(f"select: target {t} < 0")
+        if t >= total - _eps(t):
+            out[i] = Cut(-(2**63), len(u.readers), 0, int(counts.sum()), float(weights.sum()))
+            continue
+        level = t + _eps(t)
+        bucket = int(torch.nonzero((above <= level) & (above + hist > level)).flatten()[0])
+        found.setdefault(bucket, []).append(i)
+    cands = _candidates(ranking, list(found))
+    for bucket, which in found.items():
+        c = cands[bucket]
+        w = c["weight"] if weighted else torch.ones(len(c["key"]), dtype=torch.float64)
+        cum = float(above[bucket]) + w.cumsum(0)
+        for i in which:
+            n = int((cum <= targets[i] + _eps(targets[i])).sum())
+            kept, weight = int(above_n[bucket]) + n, float(above_w[bucket]) + float(c["weight"][:n].sum())
+            if n == 0:  # the prefix ends above this bucket: keep the keys above its largest
+                out[i] = Cut(int(c["key"][0]), -1, -1, kept, weight)
+            else:
+                out[i] = Cut(int(c["key"][n - 1]), int(c["unit"][n - 1]), int(c["index"][n - 1]), kept, weight)
+    return [c for c in out if c is not None]
+
+
+def ranking_shape(ranking: EdgeRanking, r: ReaderUnit) -> tuple[int, int]:
+    """The shape of ``r``'s scores at the ranking's level."""
+    rows = 1 if ranking.level == "units" else r.size
+    return rows, r.n_cols if ranking.level == "directions" else r.n_up
+
+
+def _above(hist: Tensor) -> Tensor:
+    """``[n_buckets]``: the sum of ``hist`` over the buckets above each (higher keys)."""
+    return hist.flip(0).cumsum(0).flip(0) - hist
+
+
+def _eps(t: float) -> float:
+    return 1e-9 * max(1.0, abs(t))
+
+
+def _key_rows(ranking: EdgeRanking, r: ReaderUnit, elements: int = 1 << 22) -> Iterator[tuple[int, Tensor]]:
+    """``r``'s keys, flat, in chunks of whole rows (at most ``elements`` each but one row): ``(flat start, keys)``."""
+    S = ranking.scores(r)
+    rows = max(1, elements // max(1, S.shape[1]))
+    for i in range(0, S.shape[0], rows):
+        yield i * S.shape[1], keys(S[i : i + rows]).reshape(-1).cpu()
+
+
+def _bucket(k: Tensor) -> Tensor:
+    """The top ``BUCKET_BITS`` of the keys as a bucket index ``0 .. 2^BUCKET_BITS - 1`` (key order)."""
+    return ((k >> (64 - BUCKET_BITS)) + (1 << (BUCKET_BITS - 1))).reshape(-1)
+
+
+def _candidates(ranking: EdgeRanking, buckets: Sequence[int]) -> dict[int, dict[str, Tensor]]:
+    """Every edge of each bucket: keys, reader unit, flat index, weight, in rank order (key descending, then unit,
+    then index)."""
+    wanted = torch.tensor(sorted(buckets), dtype=torch.long)
+    parts: dict[str, list[Tensor]] = {"bucket": [], "key": [], "unit": [], "index": [], "weight": []}
+    for r in ranking.universe.readers:
+        cols = ranking.weights(r)
+        for start, k in _key_rows(ranking, r):
+            b = _bucket(k)
+            idx = torch.nonzero(torch.isin(b, wanted)).flatten()
+            if not len(idx):
+                continue
+            parts["bucket"].append(b[idx])
+            parts["key"].append(k[idx])
+            parts["unit"].append(torch.full((len(idx),), r.index, dtype=torch.long))
+            parts["index"].append(idx + start)
+            parts["weight"].append(cols[idx % len(cols)])
+    got = {name: torch.cat(t) for name, t in parts.items()}
+    order = torch.argsort(got["key"], descending=True, stable=True)  # units and indices came in ascending order
+    got = {name: t[order] for name, t in got.items()}
+    return {b: {name: t[got["bucket"] == b] for name, t in got.items()} for b in buckets}
+
+
+@dataclass
+class RankedCircuit:
+    """The first edges of a ranking (``Cut``) as a circuit (``edge_ablation.Circuit``)."""
+
+    ranking: EdgeRanking
+    cut: Cut
+
+    def keep(self, r: ReaderUnit) -> Tensor | None:
+        mask = self.cut.mask(r, keys(self.ranking.scores(r))).to(self.ranking.universe.device)
+        return None if bool(mask.all()) else self.ranking.expand(r, mask)
+
+
+def _none(r: ReaderUnit) -> Tensor:
+    raise AssertionError("a shape-only ranking has no scores")
+
+
+@dataclass
+class RandomCircuit:
+    """Each edge of ``level`` kept with probability ``fraction`` (uniforms seeded by ``seed`` and the reader unit: the
+    circuits of one seed are nested over the fractions)."""
+
+    universe: EdgeUniverse
+    level: Level
+    fraction: float
+    seed: int
+
+    def uniforms(self, r: ReaderUnit) -> Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + r.index)
+        return torch.rand(ranking_shape(EdgeRanking(self.universe, self.level, _none), r), generator=g)
+
+    def keep(self, r: ReaderUnit) -> Tensor | None:
+        ranking = EdgeRanking(self.universe, self.level, self.uniforms)
+        return ranking.expand(r, (self.uniforms(r) < self.fraction).to(self.universe.device))
+
+    def sizes(self) -> tuple[int, float]:
+        """``(edges kept at its level, weighted count)``."""
+        ranking = EdgeRanking(self.universe, self.level, self.uniforms)
+        kept, weight = 0, 0.0
+        for r in self.universe.readers:
+            m = self.uniforms(r) < self.fraction
+            kept += int(m.sum())
+            weight += float((m.double() * ranking.weights(r)).sum())
+        return kept, weight
+
+
+@dataclass
+class EdgeCurve:
+    """One curve: per size the edges kept at its level (``n_edges``), the weighted count as a fraction of the
+    blocks (``weighted``), ``f`` (``values``) and the mean metric; CPR / CMD over ``sizes``; seconds."""
+
+    sizes: list[float]
+    n_edges: list[int]
+    weighted: list[float]
+    values: list[float]
+    metric: list[float]
+    cpr: float
+    cmd: float
+    seconds: float = 0.0
+
+    def row(self) -> dict:
+        return {
+            "sizes": self.sizes,
+            "n_edges": self.n_edges,
+            "weighted": self.weighted,
+            "values": self.values,
+            "metric": self.metric,
+            "cpr": self.cpr,
+            "cmd": self.cmd,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass
+class CurveSpec:
+    """One curve to draw: ``circuits(size) -> (circuit, n_edges, weighted count)`` for each size."""
+
+    circuits: Callable[[Sequence[float]], list[tuple[Circuit, int, float]]]
+
+
+def ranked_spec(ranking: EdgeRanking, axis: str) -> CurveSpec:
+    """The circuits of ``ranking``'s first edges on the ``raw`` or ``fair`` (weighted) axis."""
+    if axis not in ("raw", "fair"):
+        raise ValueError(f"axis={axis!r}: choose raw or fair")
+    u = ranking.universe
+
+    def circuits(sizes: Sequence[float]) -> list[tuple[Circuit, int, float]]:
+        if axis == "raw":
+            targets = [float(n_kept(s, ranking.count())) for s in sizes]
+        else:
+            targets = [s * u.n_blocks for s in sizes]
+        cuts = select(ranking, targets, weighted=axis == "fair")
+        return [(RankedCircuit(ranking, c), c.kept, c.weight) for c in cuts]
+
+    return CurveSpec(circuits)
+
+
+def random_spec(universe: EdgeUniverse, level: Level, seed: int) -> CurveSpec:
+    """Random circuits of ``level`` (``RandomCircuit``)."""
+
+    def circuits(sizes: Sequence[float]) -> list[tuple[Circuit, int, float]]:
+        out: list[tuple[Circuit, int, float]] = []
+        for s in sizes:
+            c = RandomCircuit(universe, level, s, seed)
+            out.append((c, *c.sizes()))
+        return out
+
+    return CurveSpec(circuits)
+
+
+LEVELS: tuple[Level, ...] = ("directions", "writer_units", "units")
+
+
+def score_ranking(scores: EdgeScores, level: Level) -> EdgeRanking:
+    """The signed ranking of ``scores`` at ``level``."""
+    u = scores.universe
+    if level == "directions":
+        return EdgeRanking(u, level, scores.directions)
+    if level == "writer_units":
+        return EdgeRanking(u, level, scores.writer_units)
+    offsets = u.block_offsets
+    return EdgeRanking(u, level, lambda r: scores.units[int(offsets[r.index]) : int(offsets[r.index + 1])][None])
+
+
+def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequence[str]) -> dict[str, CurveSpec]:
+    """Curves by name: ``<level>_<signed|abs>_<raw|fair>`` (a ranking of ``scores``) or ``random_<level>_<seed>``;
+    one-line errors for others."""
+    out = {}
+    for name in names:
+        parts = name.split("_")
+        if parts[0] == "random":
+            level, seed = "_".join(parts[1:-1]), parts[-1]
+            if level not in LEVELS or not seed.isdigit():
+                raise ValueError(f"curve {name!r}: random curves are random_<level>_<seed>, level one of {LEVELS}")
+            out[name] = random_spec(universe, level, int(seed))
+            continue
+        level, sign, axis = "_".join(parts[:-2]), parts[-2], parts[-1]
+        if level not in LEVELS or sign not in ("signed", "abs") or axis not in ("raw", "fair"):
+            raise ValueError(
+                f"curve {name!r}: give <level>_<signed|abs>_<raw|fair> (level one of {', '.join(LEVELS)}) or"
+                " random_<level>_<seed>"
+            )
+        if scores is None:
+            raise ValueError(f"curve {name!r} needs edge scores")
+        ranking = score_ranking(scores, level)
+        out[name] = ranked_spec(ranking if sign == "signed" else absolute(ranking), axis)
+    return out
+
+
+@dataclass
+class EdgeCurveSums:
+    """Metric sums over prompts: ``full``, ``empty``, per curve ``[n_sizes]``; prompts; seconds per curve."""
+
+    full: float = 0.0
+    empty: float = 0.0
+    curves: dict[str, Tensor] = field(default_factory=dict)
+    prompts: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@torch.no_grad()
+def edge_curves(
+    ablation: EdgeAblation,
+    batches: Iterable[dict],
+    specs: Mapping[str, CurveSpec],
+    sizes: Sequence[float] = MIB_SIZES,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[dict[str, EdgeCurve], dict]:
+    """The curve of every spec on the same prompts (``batches``) and sizes. Returns ``(curves, info)``; ``info``:
+    ``m_full``, ``m_empty``, ``n_prompts``, ``n_blocks``, ``wall_s``."""
+    sizes = check_sizes(sizes)
+    u = ablation.u
+    start = time.monotonic()
+    batches = list(batches)
+    refs = [ablation.reference(b) for b in batches]
+    sums = EdgeCurveSums(prompts=sum(len(b["answer_pos"]) for b in batches))
+    for b, ref in zip(batches, refs):
+        sums.full += float(ablation.metric(b, AllEdges(), ref).sum())
+        sums.empty += float(ablation.metric(b, NoEdges(u), ref).sum())
+    counts: dict[str, tuple[list[int], list[float]]] = {}
+    for name, spec in specs.items():
+        t0 = time.monotonic()
+        circuits = spec.circuits(sizes)
+        counts[name] = ([c[1] for c in circuits], [c[2] / u.n_blocks for c in circuits])
+        total = torch.zeros(len(sizes), dtype=torch.float64)
+        for i, (circuit, _, _) in enumerate(circuits):
+            for b, ref in zip(batches, refs):
+                total[i] += float(ablation.metric(b, circuit, ref).sum())
+            if progress:
+                progress(f"{name} {sizes[i]:g}")
+        sums.curves[name] = total
+        sums.seconds[name] = time.monotonic() - t0
+    curves, info = curves_of(sums, sizes, counts)
+    info["n_blocks"] = u.n_blocks
+    info["wall_s"] = time.monotonic() - start
+    return curves, info
+
+
+def curves_of(
+    sums: EdgeCurveSums, sizes: Sequence[float], counts: Mapping[str, tuple[list[int], list[float]]]
+) -> tuple[dict[str, EdgeCurve], dict]:
+    """Curves from the reduced sums: ``f`` as a ratio of means, CPR / CMD (``faithfulness.areas``)."""
+    if sums.prompts == 0:
+        raise ValueError("edge curves: no prompts were scored")
+    full, empty = sums.full / sums.prompts, sums.empty / sums.prompts
+    gap = full - empty
+    if not math.isfinite(gap) or gap == 0:
+        raise ValueError(f"edge curves: m(full) = {full} and m(empty) = {empty} leave no gap to normalise by")
+    out = {}
+    for name, total in sums.curves.items():
+        metric = (total / sums.prompts).tolist()
+        values = [(m - empty) / gap for m in metric]
+        cpr, cmd = areas(sizes, values)
+        n_edges, weighted = counts[name]
+        out[name] = EdgeCurve(list(sizes), n_edges, weighted, values, metric, cpr, cmd, sums.seconds.get(name, 0.0))
+    return out, {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts}
+
+
+class ScoreFile(MutableMapping):
+    """Direction edge scores of every reader unit (``[K_u, n_cols]`` each, float32) in one file, as a mapping from
+    the reader unit's index (``edge_attribution.edge_scores``'s ``store``): ``store[i] = scores`` writes a unit's,
+    ``store[i]`` reads it back (a fresh tensor: nothing stays in memory; the operating system caches the file). The
+    file lives in ``folder`` (default: a temporary folder) and is removed with the object."""
+
+    def __init__(self, universe: EdgeUniverse, folder: str | Path | None = None):
+        self._dir = tempfile.TemporaryDirectory(dir=folder, prefix="edge_scores_")
+        sizes = [r.size * r.n_cols for r in universe.readers]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.path = Path(self._dir.name) / "scores.f32"
+        self.shapes = {r.index: (r.size, r.n_cols) for r in universe.readers}
+        self.written: set[int] = set()
+        with open(self.path, "wb") as f:
+            f.truncate(int(self.offsets[-1]) * 4)
+
+    def __setitem__(self, index: int, scores: Tensor) -> None:
+        data = scores.detach().float().cpu().contiguous().numpy().reshape(-1)
+        if data.size != int(self.offsets[index + 1] - self.offsets[index]):
+            raise ValueError(f"scores of reader unit {index}: {data.size} values, expected {self.shapes[index]}")
+        with open(self.path, "r+b") as f:
+            f.seek(int(self.offsets[index]) * 4)
+            f.write(data.tobytes())
+        self.written.add(index)
+
+    def __getitem__(self, index: int) -> Tensor:
+        if index not in self.written:
+            raise KeyError(index)
+        count = int(self.offsets[index + 1] - self.offsets[index])
+        data = np.fromfile(self.path, dtype=np.float32, count=count, offset=int(self.offsets[index]) * 4)
+        return torch.from_numpy(data).reshape(self.shapes[index])
+
+    def __delitem__(self, index: int) -> None:
+        self.written.discard(index)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self.written))
+
+    def __len__(self) -> int:
+        return len(self.written)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.offsets[-1]) * 4

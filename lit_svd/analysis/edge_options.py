@@ -1,0 +1,63 @@
+"""The edge-circuit module's options and their one check, without torch: the module's constructor
+(``EdgeCircuitModule``) and the command line's fast check (``config_check``, before torch is imported) call
+``check_edge_options``; ``curve_names`` names the curves the options ask for."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+Method = Literal["directions", "writer_units", "units", "random"]
+Axis = Literal["raw", "fair"]
+
+
+def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int]) -> list[str]:
+    """The curves of the options: each ranked level signed and absolute on each axis (``units``: raw only, the same
+    circuits on both axes), and with ``random`` one random curve per seed at each ranked level."""
+    ranked = [m for m in methods if m != "random"]
+    names = []
+    for level in ranked:
+        for sign in ("signed", "abs"):
+            for axis in ["raw"] if level == "units" else axes:
+                names.append(f"{level}_{sign}_{axis}")
+    if "random" in methods:
+        names += [f"random_{level}_{s}" for level in (ranked or ["directions"]) for s in seeds]
+    return names
+
+
+def _as_list(value: Sequence[str] | str) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def check_edge_options(
+    methods: Sequence[str] | str = ("directions", "units", "random"),
+    axes: Sequence[str] | str = ("raw", "fair"),
+    random_seeds: Sequence[int] = (0,),
+    graph_curve: str | None = "directions_signed_fair",
+    steps: int = 5,
+    n_attribution: int = 64,
+    top_edges: int = 200,
+    n_check: int = 8,
+    n_random: int = 16,
+    fold_norms: bool | None = None,
+) -> None:
+    """Known methods and axes, a graph curve among the curves, counts in range, the folded view; one line naming
+    the key otherwise."""
+    methods, axes = _as_list(methods), _as_list(axes)
+    for key, values, allowed in (("methods", methods, get_args(Method)), ("axes", axes, get_args(Axis))):
+        if not values:
+            raise ValueError(f"{key}=[]: give at least one of {', '.join(allowed)}")
+        for v in values:
+            if v not in allowed:
+                raise ValueError(f"{key}: {v!r} unknown; allowed: {', '.join(allowed)}")
+    if "random" in methods and not random_seeds:
+        raise ValueError("methods has 'random' but random_seeds is empty; give seeds, e.g. [0]")
+    names = curve_names(methods, axes, random_seeds)
+    if graph_curve is not None and graph_curve not in names:
+        raise ValueError(f"graph_curve={graph_curve!r} is not one of the curves: {', '.join(names)} (or null)")
+    for key, value, low in (("steps", steps, 1), ("n_attribution", n_attribution, 1), ("top_edges", top_edges, 0),
+                            ("n_check", n_check, 0), ("n_random", n_random, 2)):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{key}={value!r}: must be an integer >= {low}")
+    if fold_norms is not None and fold_norms is not True:
+        raise ValueError(f"fold_norms={fold_norms!r}: the edge universe reads the folded view; give true")

@@ -1,0 +1,219 @@
+"""EdgeCircuitModule: edge circuits between directions on one task (docs/circuits.md, "Edge circuits"), for ``test``
+(``python -m lit_svd test --config configs/edge_circuits/<model>_<task>.yaml``).
+
+At the start of ``test`` it scores every edge with EAP-IG (``analysis.edge_attribution``) on the first
+``n_attribution`` prompts of the data module's *training* split; each test batch is kept; at the end of the epoch
+every curve (``analysis.edge_curves``: the rankings at each level, signed and absolute, on the raw and the fair
+axis, and random circuits) is scored on the test batches under the edge ablation, and the circuit of one curve at
+one size (``graph_curve``; ``graph_size`` or the smallest grid size whose ``f`` reaches ``graph_f``) is turned
+into the circuit graph with the causal check of its strongest edges (``analysis.edge_graph``).
+
+What the report callback reads (``callbacks/edge_circuits.py``; it never runs the model): ``curves`` (``{name: curve
+row}``), ``summary``, ``facts`` (task, model, prompts, counts, m_full, m_empty, options), ``top_edges``, ``timing``
+and ``graph`` (the circuit graph's nodes, edges and checks, or None).
+
+One process: the scores of every direction edge (~10^9 on SmolLM2) stay in one memory-mapped file; under DDP the
+module refuses to run.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from lit_svd.analysis.edge_ablation import EdgeAblation
+from lit_svd.analysis.edge_attribution import STEPS, EdgeScores, attribute
+from lit_svd.analysis.edge_curves import LEVELS, ScoreFile, curve_specs, edge_curves
+from lit_svd.analysis.edge_graph import GRAPH_F, check_edges, circuit_graph, graph_size, top_edges
+from lit_svd.analysis.edge_options import Axis, Method, check_edge_options, curve_names
+from lit_svd.analysis.edges import EdgeUniverse
+from lit_svd.analysis.faithfulness import MIB_SIZES, check_sizes
+from lit_svd.modules.pretrained import PretrainedLMModule
+
+
+class EdgeCircuitModule(PretrainedLMModule):
+    """EAP-IG edge circuits between directions, their MIB curves and the graph of one circuit.
+
+    Args:
+        methods: edge levels ranked by EAP-IG: directions (reader direction x writer direction), writer_units
+            (reader direction x writer unit), units (reader unit x writer unit: MIB's head-level edges); random:
+            random circuits at each ranked level.
+        axes: raw (fraction of the level's edges), fair (weighted edge count: a block counts 1).
+        random_seeds: one random curve per seed and level.
+        sizes: fractions kept (MIB: 0.001 ... 1).
+        steps: integrated-gradient steps (MIB: 5).
+        n_attribution: training prompts scored (the first of the data module's training split).
+        top_edges: strongest direction edges listed in results.json.
+        graph_curve: the curve whose circuit is drawn (null: no graph).
+        graph_size: the size drawn (null: the smallest grid size whose f reaches graph_f).
+        graph_f: the faithfulness the drawn circuit must reach when graph_size is null.
+        n_check: strongest edges of the drawn circuit checked (dropped alone, against random edges of their writer).
+        n_random: random edges per check.
+        seed: seeds the checks' random edges.
+        scores_dir: folder of the memory-mapped edge scores (null: a temporary folder; removed at the end).
+        loading: the model's loading options (``PretrainedLMModule``'s; ``fold_norms`` must stay true).
+    """
+
+    # the options judged before anything loads (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.analysis.edge_options:check_edge_options"
+
+    def __init__(
+        self,
+        methods: Sequence[Method] = ("directions", "units", "random"),
+        axes: Sequence[Axis] = ("raw", "fair"),
+        random_seeds: Sequence[int] = (0,),
+        sizes: Sequence[float] = MIB_SIZES,
+        steps: int = STEPS,
+        n_attribution: int = 64,
+        top_edges: int = 200,
+        graph_curve: str | None = "directions_signed_fair",
+        graph_size: float | None = None,
+        graph_f: float = GRAPH_F,
+        n_check: int = 8,
+        n_random: int = 16,
+        seed: int = 0,
+        scores_dir: str | None = None,
+        **loading,
+    ):
+        methods = [methods] if isinstance(methods, str) else list(methods)
+        axes = [axes] if isinstance(axes, str) else list(axes)
+        check_edge_options(methods, axes, random_seeds, graph_curve, steps, n_attribution, top_edges, n_check,
+                           n_random, loading.get("fold_norms"))  # fmt: skip
+        sizes = check_sizes(sizes)
+        if graph_size is not None and graph_size not in sizes:
+            raise ValueError(f"graph_size={graph_size}: must be one of sizes {sizes}")
+        super().__init__(**loading)
+        self.save_hyperparameters()
+        self.sizes, self.methods, self.axes = sizes, methods, axes
+        self.names = curve_names(methods, axes, random_seeds)
+        self.task: str | None = None
+        self.kept: list[dict] = []
+        self.curves: dict[str, dict] = {}
+        self.summary: dict = {}
+        self.facts: dict = {}
+        self.timing: dict = {}
+        self.top: list[dict] = []
+        self.graph: dict | None = None
+        self.scores: EdgeScores | None = None
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        self.task = getattr(getattr(dm, "task", None), "name", None)
+        if self.task is None:
+            raise ValueError("edge circuits need task prompts (ioi, gp or gt): use lit_svd.datamodules.tasks")
+        if self.trainer.world_size > 1:
+            raise ValueError("edge circuits run in one process (the edge scores stay in one file); set devices: 1")
+        n_train = len(dm.splits["train"])
+        if n_train < self.hparams.n_attribution:
+            raise ValueError(
+                f"n_attribution={self.hparams.n_attribution} but the data module's training split has {n_train}"
+                " prompts; lower n_attribution or raise data.n_train"
+            )
+
+    def on_test_start(self) -> None:
+        hp, dm = self.hparams, self.trainer.datamodule
+        self._start = time.monotonic()
+        with torch.inference_mode(False):  # Lightning tests in inference mode; the attribution takes gradients
+            self.universe = EdgeUniverse(self.view)
+        self.timing["universe_s"] = time.monotonic() - self._start
+        examples = dm.splits["train"].examples[: hp.n_attribution]
+        size = dm.batch_size
+        batches = [self._to_device(dm.collate(examples[i : i + size])) for i in range(0, len(examples), size)]
+        start = time.monotonic()
+        self.store = ScoreFile(self.universe, hp.scores_dir)
+        with torch.inference_mode(False), torch.enable_grad():
+            batches = [{k: v.clone() if isinstance(v, Tensor) else v for k, v in b.items()} for b in batches]
+            self.scores = attribute(self.universe, batches, self.task, hp.steps, store=self.store)
+        self.timing["attribution_s"] = time.monotonic() - start
+        self.timing["scores_gb"] = self.store.nbytes / 2**30
+
+    def _to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+    @torch.no_grad()
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self.kept.append(batch)
+
+    def on_test_epoch_end(self) -> None:
+        hp = self.hparams
+        assert self.scores is not None
+        u = self.universe
+        ablation = EdgeAblation(u, self.task)
+        specs = curve_specs(u, self.scores, self.names)
+        start = time.monotonic()
+        curves, info = edge_curves(ablation, self.kept, specs, self.sizes)
+        self.timing["curves_s"] = time.monotonic() - start
+        self.curves = {name: c.row() for name, c in curves.items()}
+        self.summary = summarize(self.curves)
+        self.top = top_edges(self.scores, hp.top_edges)
+        if hp.graph_curve is not None:
+            start = time.monotonic()
+            size = hp.graph_size if hp.graph_size is not None else graph_size(self.curves[hp.graph_curve], hp.graph_f)
+            circuit = curve_specs(u, self.scores, [hp.graph_curve])[hp.graph_curve].circuits([size])[0]
+            i = self.sizes.index(size)
+            row = self.curves[hp.graph_curve]
+            checks = check_edges(ablation, self.kept, circuit[0], self.scores, hp.n_check, hp.n_random, hp.seed)
+            self.graph = circuit_graph(u, self.scores, circuit[0], checks)
+            self.graph.update(curve=hp.graph_curve, size=size, f=row["values"][i], n_edges=row["n_edges"][i],
+                              weighted=row["weighted"][i], f_target=hp.graph_f)  # fmt: skip
+            self.timing["graph_s"] = time.monotonic() - start
+        self.facts = {
+            "task": self.task,
+            "model": self.model_name,
+            "n_prompts": info["n_prompts"],
+            "n_train_prompts": self.scores.prompts,
+            "steps": hp.steps,
+            "counts": u.counts(),
+            "m_full": info["m_full"],
+            "m_empty": info["m_empty"],
+            "options": {
+                k: hp[k]
+                for k in (
+                    "methods",
+                    "axes",
+                    "random_seeds",
+                    "sizes",
+                    "n_attribution",
+                    "graph_curve",
+                    "graph_size",
+                    "graph_f",
+                    "n_check",
+                    "n_random",
+                    "seed",
+                )
+            },  # fmt: skip
+        }
+        self.timing["total_s"] = time.monotonic() - self._start
+        self.timing["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        self.kept = []
+        self.scores = None
+
+
+def summarize(curves: dict[str, dict]) -> dict:
+    """Per curve CPR and CMD; per ranked level on the fair axis against the head-level edges (``cpr``: signed,
+    ``cmd``: absolute), and the random curves' mean."""
+    out: dict = {"curves": {n: {"cpr": c["cpr"], "cmd": c["cmd"]} for n, c in curves.items()}}
+    units_cpr = curves.get("units_signed_raw", {}).get("cpr")
+    units_cmd = curves.get("units_abs_raw", {}).get("cmd")
+    for level in LEVELS[:2]:
+        for axis in ("fair", "raw"):
+            cpr, cmd = curves.get(f"{level}_signed_{axis}"), curves.get(f"{level}_abs_{axis}")
+            if cpr is None or cmd is None or units_cpr is None or units_cmd is None:
+                continue
+            out[f"{level}_vs_units_{axis}"] = {
+                "cpr": cpr["cpr"], "units_cpr": units_cpr, "cpr_at_least_units": cpr["cpr"] >= units_cpr,
+                "cmd": cmd["cmd"], "units_cmd": units_cmd, "cmd_at_most_units": cmd["cmd"] <= units_cmd,
+            }  # fmt: skip
+    for level in LEVELS:
+        rows = [c for n, c in curves.items() if n.startswith(f"random_{level}_")]
+        if rows:
+            out[f"random_{level}"] = {
+                "cpr_mean": sum(c["cpr"] for c in rows) / len(rows),
+                "cmd_mean": sum(c["cmd"] for c in rows) / len(rows),
+                "seeds": len(rows),
+            }
+    return out

@@ -1,0 +1,79 @@
+"""Edge circuits between directions (``EdgeCircuitModule``; docs/circuits.md, "Edge circuits"): EAP-IG edge scores
+on the training prompts, faithfulness curves of their circuits on the test prompts under MIB's edge ablation, and
+the circuit graph of the attribution circuit at a chosen size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lit_svd.results.base import Result, doc_field, optional
+
+CURVE_COLUMNS = ("curve", "size", "n_edges", "weighted", "value", "metric", "cpr", "cmd", "seconds")
+
+
+@dataclass(kw_only=True, repr=False)
+class EdgeCircuitResult(Result):
+    """Per curve (a ranking of edges at one level, signed or absolute, on the raw or the fair axis) its faithfulness
+    over MIB's grid, CPR and CMD; the edge counts; the strongest edges; the graph's circuit."""
+
+    experiment = "edge_circuits"
+    table_file = "edge_curves.csv"
+    table_columns = CURVE_COLUMNS
+
+    task: str = doc_field("ioi, gp or gt")
+    model: str = doc_field("the model (alias, hub name, folder or GGUF file)")
+    n_prompts: int = doc_field("test prompts the curves average over")
+    n_train_prompts: int = doc_field("training prompts the edge scores average over")
+    steps: int = doc_field("integrated-gradient steps of the attribution (MIB: 5)")
+    counts: dict = doc_field(
+        "edges at each level (directions: reader direction x writer direction; writer_units: reader direction x"
+        " writer unit; units: reader unit x writer unit, MIB's head-level edges = the blocks), reader_units,"
+        " reader_directions, writer_units_n, writer_directions"
+    )
+    m_full: float = doc_field("m(full): mean task metric with every edge kept (the clean forward)")
+    m_empty: float = doc_field("m(empty): mean task metric with no edge kept (the corrupted forward)")
+    curves: dict = doc_field(
+        "per curve <level>_<signed|abs>_<raw|fair> or random_<level>_<seed>: sizes [n] (fractions of the edges of"
+        " the level (raw) or of the weighted edge count (fair)), n_edges [n] (edges kept at the level), weighted"
+        " [n] (weighted edge count / blocks), values [n] ((m(C) - m(empty)) / (m(full) - m(empty))), metric [n],"
+        " cpr (area of values: signed rankings), cmd (area of |1 - values|: absolute rankings), seconds"
+    )
+    comparison: dict = doc_field(
+        "per curve: cpr, cmd; comparisons: direction vs head-level edges on the fair axis (cpr: signed, cmd:"
+        " absolute) and the random curves' mean"
+    )
+    top_edges: list[dict] = doc_field(
+        "the strongest direction edges by |score|: writer, reader (addresses), reader_unit, score"
+    )
+    timing: dict = doc_field("seconds: universe (SVDs), attribution, curves (each), total; peak_rss_gb")
+    graph: dict | None = optional(
+        "the circuit drawn (graph.json, circuit.html): curve, size, f (its own faithfulness on the test prompts),"
+        " n_edges, weighted, blocks (writer unit -> reader unit with kept direction edges: kept, fraction, score),"
+        " checks of its strongest edges"
+    )
+    options: dict = doc_field("the module's options: methods, axes, sizes, random_seeds, n_attribution, ...")
+
+    @property
+    def headline(self) -> dict:
+        """m(full), m(empty); each ranked curve's CPR (signed) or CMD (absolute); the random curves' mean CPR per
+        level."""
+        out: dict = {"m_full": self.m_full, "m_empty": self.m_empty}
+        for name, c in self.curves.items():
+            if not name.startswith("random"):
+                out[f"{'cmd' if '_abs_' in name else 'cpr'}_{name}"] = c.get("cmd" if "_abs_" in name else "cpr")
+        for key, value in self.comparison.items():
+            if key.startswith("random_"):
+                out[f"cpr_{key}"] = value.get("cpr_mean")
+        if self.graph:
+            out["graph_f"] = self.graph.get("f")
+        return out
+
+    def rows(self) -> list[dict]:
+        """One row per (curve, size)."""
+        out = []
+        for name, c in self.curves.items():
+            for i, size in enumerate(c["sizes"]):
+                row = {"curve": name, "size": size, "n_edges": c["n_edges"][i], "weighted": c["weighted"][i]}
+                row |= {"value": c["values"][i], "metric": c["metric"][i]}
+                out.append({**row, "cpr": c["cpr"], "cmd": c["cmd"], "seconds": c["seconds"]})
+        return out

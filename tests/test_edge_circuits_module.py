@@ -1,0 +1,97 @@
+"""EdgeCircuitModule + EdgeCircuitReport on a tiny Llama: the curves equal ``edge_curves`` computed directly from
+``attribute`` on the same prompts (the first training prompts scored, the test prompts curved; 1e-6: float32), the
+drawn circuit is the graph curve's circuit at the smallest size reaching ``graph_f`` with that size's f, results.json
+reads back as its type, the graph files are written, and bad options fail in one line before anything loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+
+from lit_svd.analysis.edge_ablation import EdgeAblation
+from lit_svd.analysis.edge_attribution import attribute
+from lit_svd.analysis.edge_curves import curve_specs, edge_curves
+from lit_svd.analysis.edge_options import curve_names
+from lit_svd.analysis.edges import EdgeUniverse
+from lit_svd.callbacks.edge_circuits import EdgeCircuitReport
+from lit_svd.datamodules.tasks import TaskDataModule
+from lit_svd.modules.edge_circuits import EdgeCircuitModule
+from lit_svd.results import load_result
+
+DATA = dict(task="ioi", n_train=12, n_val=2, n_test=6, batch_size=3, seed=0, test_last=True)
+SIZES = [0.01, 0.1, 0.5, 1.0]
+
+
+def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
+    model_dir = tiny_dirs["llama"]
+    module = EdgeCircuitModule(
+        model=model_dir, methods=["directions", "units", "random"], sizes=SIZES, n_attribution=6, graph_f=0.5,
+        n_check=2, n_random=3, top_edges=10,
+    )  # fmt: skip
+    dm = TaskDataModule(**DATA, tokenizer=model_dir)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path / "out",
+        callbacks=[EdgeCircuitReport()],
+    )  # fmt: skip
+    trainer.test(module, datamodule=dm)
+    result = load_result(tmp_path / "out")
+    names = curve_names(["directions", "units", "random"], ["raw", "fair"], [0])
+    assert result.experiment == "edge_circuits" and set(result.curves) == set(names)
+    assert result.n_prompts == 6 and result.n_train_prompts == 6 and len(result.top_edges) == 10
+    assert len(result.table()) == len(names) * len(SIZES)
+    for name in ("edge_curves.png", "graph.json", "graph.graphml", "circuit.html", "nodes.csv", "graph_edges.csv"):
+        assert (tmp_path / "out" / name).is_file(), name
+
+    universe = EdgeUniverse(module.view)
+    train = [dm.collate(dm.splits["train"].examples[i : i + 3]) for i in (0, 3)]
+    scores = attribute(universe, train, "ioi")
+    want, info = edge_curves(EdgeAblation(universe, "ioi"), list(dm.test_dataloader()), curve_specs(universe, scores,
+                             names), SIZES)  # fmt: skip
+    assert abs(result.m_full - info["m_full"]) <= 1e-6 and abs(result.m_empty - info["m_empty"]) <= 1e-6
+    scale = max(1.0, abs(info["m_full"] - info["m_empty"]))
+    for name, c in want.items():
+        got = result.curves[name]
+        assert got["n_edges"] == c.n_edges, name
+        assert max(abs(a - b) for a, b in zip(got["metric"], c.metric)) <= 1e-6 * scale, name
+
+    graph = result.graph
+    curve = result.curves["directions_signed_fair"]
+    size = next((s for s, v in zip(curve["sizes"], curve["values"]) if v >= 0.5), 1.0)
+    assert graph["size"] == size and graph["f"] == curve["values"][curve["sizes"].index(size)]
+    assert len(graph["checks"]) == 2
+    drawn = json.loads((tmp_path / "out" / "graph.json").read_text())
+    assert sum(e["n_kept"] for e in drawn["edges"]) == graph["n_edges"]  # every kept direction edge is drawn
+    page = (tmp_path / "out" / "circuit.html").read_text()
+    assert f"f = {graph['f']:.3f}" in page
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"methods": ["heads"]}, "methods: 'heads' unknown"),
+        ({"axes": []}, "axes=\\[\\]"),
+        ({"graph_curve": "units_signed_fair"}, "graph_curve='units_signed_fair' is not one of the curves"),
+        ({"methods": ["random"], "random_seeds": []}, "random_seeds is empty"),
+        ({"steps": 0}, "steps=0"),
+        ({"n_random": 1}, "n_random=1"),
+        ({"graph_size": 0.3}, "graph_size=0.3"),
+        ({"fold_norms": False}, "fold_norms=False: the edge universe reads the folded view"),
+    ],
+)
+def test_bad_options_fail_in_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EdgeCircuitModule(model="no-such-model-is-loaded", **kwargs)
+
+
+def test_bad_options_fail_before_torch_on_the_command_line(capsys):
+    """The command line's fast check (before torch is imported) runs the module's own check."""
+    from lit_svd.config_check import check_command_line
+
+    config = Path(__file__).resolve().parents[1] / "configs/edge_circuits/smollm2_ioi.yaml"
+    check_command_line(["test", "--config", str(config)])  # the shipped config passes
+    with pytest.raises(SystemExit) as err:
+        check_command_line(["test", "--config", str(config), "--model.init_args.n_random", "1"])
+    assert err.value.code == 2 and "n_random=1: must be an integer >= 2" in capsys.readouterr().err
