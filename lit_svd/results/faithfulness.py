@@ -59,6 +59,17 @@ class FaithfulnessResult(Result):
     graph_run: str | None = doc_field("the circuit-graph run folder (null: none)", None)
     wall_s: float = doc_field("seconds of the test loop (every curve, the shared references, full and empty runs)")
 
+    def __post_init__(self) -> None:
+        # a run from before issue 32 stored one curve per method (one ranking, the raw axis): read it in
+        # today's layout, so that its rows, headline and figure work
+        for method, entry in self.faithfulness.items():
+            if "rankings" not in entry:
+                self.faithfulness[method] = {
+                    "rankings": {"ranking": {"raw": entry}},
+                    "cpr": {"raw": entry["cpr"]},
+                    "cmd": {"raw": entry["cmd"]},
+                }
+
     @property
     def headline(self) -> dict:
         """m(full), m(empty); each ranking's CPR (signed) and CMD (absolute) on the fair axis (the random rankings as
@@ -89,7 +100,7 @@ class FaithfulnessResult(Result):
                         fair = c.get("fair_size")
                         out.append({
                             "method": method, "ranking": ranking, "axis": axis, "size": size,
-                            "n_kept": c["n_kept"][i], "raw_size": c["raw_size"][i],
+                            "n_kept": c["n_kept"][i], "raw_size": c.get("raw_size", c["sizes"])[i],
                             "fair_size": None if fair is None else fair[i], "value": c["values"][i],
                             "metric": c["metric"][i], "cpr": c["cpr"], "cmd": c["cmd"], "seconds": c["seconds"],
                         })  # fmt: skip
