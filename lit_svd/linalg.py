@@ -13,6 +13,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from lit_svd.option_checks import REL_GAP
+
 NULL_RTOL = 1e-10
 """Relative tolerance of a null direction: a singular value at or below ``NULL_RTOL`` times its group's largest
 (``SVD.without_null``). A bias-free augmented map has an exactly zero bias row (and a folded norm gain of 0 gives
@@ -177,8 +179,8 @@ def orthogonality_to_others(
 # ``sin(theta) <= ||E|| / gap``, so a direction is only as stable as its gap to its neighbours. REL_GAP = 0.05:
 # with a relative gap of 5 % of sigma_i, a perturbation of 1 % of sigma_i (e.g. a few hundred fine-tuning steps,
 # a different seed, float16 rounding of a checkpoint) moves the vector by at most asin(0.2) ~ 0.2 rad
-# (|cos| >= 0.98); below that gap a claim about one vector of the pair is not reproducible.
-REL_GAP = 0.05
+# (|cos| >= 0.98); below that gap a claim about one vector of the pair is not reproducible. The value lives in
+# ``option_checks`` (torch-free: the option checks default to it too).
 
 
 @dataclass

@@ -7,8 +7,13 @@ the checks several of them make live here. Each fails with one line naming the k
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
+
+# the relative gap below which neighbouring singular values share a block (why 0.05: ``linalg``'s identifiability
+# notes); here, below torch, so that the option checks default to the value the modules use
+REL_GAP = 0.05
 
 
 def is_int(value: Any) -> bool:
@@ -36,3 +41,11 @@ def check_indices(key: str, what: str, values: Iterable[Any], n: int | None) -> 
             raise ValueError(f"{key}: {what} {value!r} is not an integer")
         if n is not None and not 0 <= value < n:
             raise ValueError(f"{key}: {what} {value} is out of range; the model has {n} {what}s (0..{n - 1})")
+
+
+def check_rel_gap(rel_gap: Any, key: str = "rel_gap") -> float:
+    """``rel_gap``: a number in [0, 1) (the relative gap below which neighbouring singular values share a block)."""
+    number = isinstance(rel_gap, (int, float)) and not isinstance(rel_gap, bool) and math.isfinite(rel_gap)
+    if not number or not 0 <= rel_gap < 1:
+        raise ValueError(f"{key}={rel_gap!r} is invalid; the relative gap between blocks must be in [0, 1)")
+    return float(rel_gap)

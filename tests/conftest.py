@@ -27,6 +27,32 @@ def _share_the_cores() -> None:
 
 _share_the_cores()
 
+# The files that take longest, longest first (the slowest tests of a whole-suite `--durations` run on this 2-core
+# machine, summed per file). `make test` runs `-n 2 --dist loadfile`: xdist hands out whole files in the order it is
+# given (below: these first, then the rest as collected), so the long files start at once instead of one of them
+# (test_report.py's ~4 min) starting last and running alone at the tail.
+LONG_FILES = (
+    "test_report.py",
+    "test_decompose.py",
+    "test_mounts_module.py",
+    "test_gemma3.py",
+    "test_results_equivalence.py",
+    "test_api.py",
+    "test_masks.py",
+    "test_training_callbacks.py",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # xdist's default orders files by their count of tests instead
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the other files keep their order
+
+
 # the shared data folder beside the checkout; LIT_SVD_SHARED points elsewhere (e.g. from a git worktree)
 SHARED = os.environ.get("LIT_SVD_SHARED") or os.path.join(os.path.dirname(__file__), "..", "..", "shared")
 WIKITEXT_VALID = os.path.abspath(os.path.join(SHARED, "data", "wikitext-2", "valid.txt"))

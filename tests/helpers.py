@@ -103,3 +103,29 @@ def exact_softmax():
         yield
     finally:
         torch.nn.functional.softmax = real
+
+
+def fit_masks(model_dir, tokenizer, tmp_path, **kwargs):
+    """A 4-step direction-mask run on 8 IOI prompts (lr 0.5, alpha 1e-2, init 0.6, threshold 0.3 unless ``kwargs``
+    say otherwise) with the report callback: ``(module, log folder)``."""
+    import lightning.pytorch as pl
+
+    from lit_svd.callbacks import DirectionMaskReport
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.modules import DirectionMaskModule
+
+    module = DirectionMaskModule(model=model_dir, **{"lr": 0.5, "alpha": 1e-2, "init": 0.6, "threshold": 0.3, **kwargs})
+    dm = TaskDataModule("ioi", tokenizer, n_train=8, n_val=8, n_test=0, batch_size=8)
+    trainer = pl.Trainer(
+        max_steps=4,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=str(tmp_path),
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        callbacks=[DirectionMaskReport(steer_component="L1.ov", steer_head=0, steer_direction=0)],
+    )
+    trainer.fit(module, dm)
+    return module, Path(trainer.log_dir)

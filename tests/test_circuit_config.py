@@ -7,7 +7,7 @@ import pytest
 import yaml
 from test_cli_errors import error_lines
 
-from lit_svd.analysis.graph_options import check_graph_options
+from lit_svd.analysis.graph_options import check_circuit_options
 from lit_svd.cli import main
 from lit_svd.modules.circuit_checks import check_circuit_config
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -125,7 +125,7 @@ def test_answers_that_are_not_one_token_fail_before_the_model_loads(capsys, no_m
 
 def test_a_reader_kind_the_model_lacks():
     with pytest.raises(ValueError, match="readers: 'qk' needs attention heads, which this model lacks"):
-        check_graph_options(0.1, 1, ["qk"], "block", n_layers=4, parts=set())
-    check_graph_options(0.1, 4, ("qk", "ov"), "head", n_layers=4, parts={"attention"})  # the bounds are inclusive
+        check_circuit_options(0.1, 1, ["qk"], "block", n_layers=4, parts=set())
+    check_circuit_options(0.1, 4, ("qk", "ov"), "head", n_layers=4, parts={"attention"})  # the bounds are inclusive
     with pytest.raises(ValueError, match="depth=True"):
-        check_graph_options(0.1, True, ["qk"], "block", n_layers=4, parts={"attention"})
+        check_circuit_options(0.1, True, ["qk"], "block", n_layers=4, parts={"attention"})

@@ -5,7 +5,6 @@ tool on a finished run, and SAD's basis blocks."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from lit_svd.linalg import haar_orthogonal
 from lit_svd.models import view as make_view
 from lit_svd.models.intervene import Component, build_components
 from lit_svd.models.tiny import tiny_causal_lm
+from tests.helpers import fit_masks
 
 PAIR = (1, 2)  # the planted near-degenerate pair
 
@@ -155,30 +155,6 @@ def test_mask_unit_block_masks_a_planted_pair_as_one(planted_dir, tokenizer):
     assert ev["hard_kl"] > 1e-5  # the dropped directions act
 
 
-def _fit(model_dir, tokenizer, tmp_path, **kwargs):
-    import lightning.pytorch as pl
-
-    from lit_svd.callbacks import DirectionMaskReport
-    from lit_svd.datamodules.tasks import TaskDataModule
-    from lit_svd.modules import DirectionMaskModule
-
-    module = DirectionMaskModule(model=model_dir, **{"lr": 0.5, "alpha": 1e-2, "init": 0.6, "threshold": 0.3, **kwargs})
-    dm = TaskDataModule("ioi", tokenizer, n_train=8, n_val=8, n_test=0, batch_size=8)
-    trainer = pl.Trainer(
-        max_steps=4,
-        accelerator="cpu",
-        devices=1,
-        default_root_dir=str(tmp_path),
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        callbacks=[DirectionMaskReport(steer_component="L1.ov", steer_head=0, steer_direction=0)],
-    )
-    trainer.fit(module, dm)
-    return module, Path(trainer.log_dir)
-
-
 def test_block_training_keeps_the_pair_together_and_reports_blocks(planted_dir, tokenizer, tmp_path):
     """Trained with mask_unit=block the pair's two lambdas stay equal (with mask_unit=direction they part);
     results.json carries the block fields, counts equal to a recount from masks.pt, and blocks.json; the
@@ -188,7 +164,7 @@ def test_block_training_keeps_the_pair_together_and_reports_blocks(planted_dir, 
     lam = {}
     for unit in ("direction", "block"):
         torch.manual_seed(0)
-        module, out = _fit(
+        module, out = fit_masks(
             planted_dir,
             tokenizer,
             tmp_path / unit,

@@ -16,6 +16,7 @@ from lit_svd.models import view as make_view
 from lit_svd.models.hooks import Hook, hooks
 from lit_svd.models.intervene import build_components
 from lit_svd.models.tiny import tiny_causal_lm
+from tests.helpers import fit_masks
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "masks"
@@ -178,36 +179,12 @@ def test_swap_steer_matches_a_hand_patched_direction():
     assert swap_steer(run, {**batch, "correct_id": torch.arange(6)}, dict(coefs), {comp.name: keep}, task="gp") is None
 
 
-def _fit(model_dir, tokenizer, tmp_path, **kwargs):
-    import lightning.pytorch as pl
-
-    from lit_svd.callbacks import DirectionMaskReport
-    from lit_svd.datamodules.tasks import TaskDataModule
-    from lit_svd.modules import DirectionMaskModule
-
-    module = DirectionMaskModule(model=model_dir, lr=0.5, alpha=1e-2, init=0.6, threshold=0.3, **kwargs)
-    dm = TaskDataModule("ioi", tokenizer, n_train=8, n_val=8, n_test=0, batch_size=8)
-    trainer = pl.Trainer(
-        max_steps=4,
-        accelerator="cpu",
-        devices=1,
-        default_root_dir=str(tmp_path),
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        callbacks=[DirectionMaskReport(steer_component="L1.ov", steer_head=0, steer_direction=0)],
-    )
-    trainer.fit(module, dm)
-    return module, Path(trainer.log_dir)
-
-
 @pytest.mark.parametrize(
     "arch,ablation,straight_through",
     [("llama", "zero", False), ("llama", "patch", True), ("qwen2", "patch", True), ("qwen3", "zero", False)],
 )
 def test_fit_writes_results_masks_and_figures(tiny_dirs, tokenizer, tmp_path, arch, ablation, straight_through):
-    module, out = _fit(
+    module, out = fit_masks(
         tiny_dirs[arch], tokenizer, tmp_path, ablation=ablation, steps_per_batch=2, straight_through=straight_through
     )
     res = json.loads((out / "results.json").read_text())
@@ -246,7 +223,7 @@ def test_soft_steps_train_soft_then_straight_through(tiny_dirs, tokenizer, tmp_p
         "st": dict(straight_through=True, soft_steps=0),
     }.items():
         torch.manual_seed(0)
-        module, _ = _fit(tiny_dirs["llama"], tokenizer, tmp_path / label, ablation="zero", **kwargs)
+        module, _ = fit_masks(tiny_dirs["llama"], tokenizer, tmp_path / label, ablation="zero", **kwargs)
         lam[label] = torch.cat([v.detach().flatten() for v in module.lambdas().values()])
     assert torch.equal(lam["soft"], lam["warm"])
     assert not torch.allclose(lam["soft"], lam["st"], atol=1e-4)
@@ -281,7 +258,7 @@ def test_training_seed_changes_the_masks_and_repeats_bitwise(tiny_dirs, tokenize
 
 
 def test_lr_min_decays_the_learning_rate_over_max_steps(tiny_dirs, tokenizer, tmp_path):
-    module, _ = _fit(tiny_dirs["llama"], tokenizer, tmp_path, lr_min=0.1)
+    module, _ = fit_masks(tiny_dirs["llama"], tokenizer, tmp_path, lr_min=0.1)
     lrs = [g["lr"] for g in module.trainer.optimizers[0].param_groups]
     assert lrs == pytest.approx([0.1])  # cosine from lr 0.5 reaches lr_min after max_steps (4) steps
     assert module.trainer.lr_scheduler_configs[0].scheduler.last_epoch == 4

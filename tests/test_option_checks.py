@@ -15,11 +15,12 @@ import pytest
 from lit_svd import config_check
 from tests.helpers import ROOT
 
-# every class whose constructor judges option values (the direction-mask and faithfulness modules are being
-# rewritten elsewhere: theirs are still in their constructors)
+# every class whose constructor judges option values
 CHECKED = [
     ("lit_svd.modules.sad.SADAnalysisModule", "modules"),
     ("lit_svd.modules.circuits.CircuitGraphModule", "modules"),
+    ("lit_svd.modules.direction_mask.DirectionMaskModule", "modules"),
+    ("lit_svd.modules.faithfulness.FaithfulnessModule", "modules"),
     ("lit_svd.modules.toy.ToyAlignmentModule", "modules"),
     ("lit_svd.modules.mounts.MountsAnalysisModule", "modules"),
     ("lit_svd.modules.direction_check.DirectionCheckModule", "modules"),
@@ -29,7 +30,9 @@ CHECKED = [
     ("lit_svd.datamodules.text.TextDataModule", "datamodules"),
     ("lit_svd.datamodules.toy.SparseFeatureDataModule", "datamodules"),
 ]
-MODEL_SIZES = {"n_layers", "n_heads"}  # supplied by the fast check from the model's config.json
+# what the model has: its sizes supplied by the fast check from its config.json, its parts (``parts``) by the
+# circuit module's ``check_config``
+MODEL_FACTS = {"n_layers", "n_heads", "parts"}
 
 
 def check_of(path: str, subpackage: str):
@@ -47,7 +50,7 @@ def imported(path: str):
 
 def test_every_option_check_imports_nothing_heavy():
     modules = sorted({check_of(*c).__module__ for c in CHECKED})
-    assert len(modules) == 7, modules
+    assert len(modules) == 9, modules
     code = (
         "import sys\n"
         f"for m in {modules!r}: __import__(m)\n"
@@ -67,12 +70,7 @@ def test_every_option_check_imports_nothing_heavy():
     assert "torch" in proc.stdout, proc.stderr[-2000:]
 
 
-# CircuitGraphModule's check (analysis/graph_options.py, also the graph builder's) defaults rel_gap to 0.0, the
-# module to linalg.REL_GAP (0.05): both are valid, so no option is misjudged; left to its owners
-SAME_DEFAULTS = [c for c in CHECKED if not c[0].endswith("CircuitGraphModule")]
-
-
-@pytest.mark.parametrize("name,subpackage", SAME_DEFAULTS, ids=[c[0].rpartition(".")[2] for c in SAME_DEFAULTS])
+@pytest.mark.parametrize("name,subpackage", CHECKED, ids=[c[0].rpartition(".")[2] for c in CHECKED])
 def test_a_check_takes_the_constructors_options_with_its_defaults(name, subpackage):
     """A default that differed would judge an option the user did not give by a value the module never uses
     (None in the check: not given, not judged)."""
@@ -82,7 +80,7 @@ def test_a_check_takes_the_constructors_options_with_its_defaults(name, subpacka
         if "__init__" in vars(klass) and klass.__module__.startswith("lit_svd"):
             params |= inspect.signature(klass.__init__).parameters
     for p in inspect.signature(check_of(name, subpackage)).parameters.values():
-        if p.name in MODEL_SIZES and p.name not in params:
+        if p.name in MODEL_FACTS and p.name not in params:
             continue
         assert p.name in params, f"{name}: the check takes {p.name!r}, which the constructor does not"
         if p.default is not None:
@@ -104,6 +102,33 @@ CONSTRUCTED = [
     ("TextDataModule", {"path": "no/such.txt"}, "path='no/such.txt' does not exist"),
     ("TextDataModule", {"n_tokens": 0}, "n_tokens, val_tokens and test_tokens are all 0"),
     ("SparseFeatureDataModule", {"p": [0.1, 1.5]}, "p=[0.1, 1.5]: every activation probability must lie"),
+    ("CircuitGraphModule", {"rel_gap": 1.5}, "rel_gap=1.5 is invalid; the relative gap between blocks"),
+    ("DirectionMaskModule", {"alpha": -0.1}, "alpha=-0.1 is invalid; the L1 weight must be"),
+    ("DirectionMaskModule", {"alpha": 0.0, "alpha_final": 1e-3}, "alpha_final=0.001 is invalid with alpha=0.0"),
+    ("DirectionMaskModule", {"loss": "mse"}, "loss='mse' is unknown; choose one of kl, metric"),
+    ("DirectionMaskModule", {"init": 1.0}, "init=1.0 is invalid; the initial mask value"),
+    ("DirectionMaskModule", {"threshold": 0.0}, "threshold=0.0 is invalid; the kept threshold"),
+    ("DirectionMaskModule", {"ablation": "mean"}, "ablation='mean' is unknown; choose one of zero, patch"),
+    ("DirectionMaskModule", {"positions": "last"}, "positions='last' is unknown; choose one of answer, all"),
+    ("DirectionMaskModule", {"mask_unit": "head"}, "mask_unit='head' is unknown; choose one of direction, block"),
+    ("DirectionMaskModule", {"rel_gap": -0.1}, "rel_gap=-0.1 is invalid; the relative gap between blocks"),
+    ("DirectionMaskModule", {"layers": ["x"]}, "layers: layer 'x' is not an integer"),
+    ("DirectionMaskModule", {"steps_per_batch": 0}, "steps_per_batch=0 is invalid; give an integer >= 1"),
+    ("DirectionMaskModule", {"lr": 0.5, "lr_min": 0.9}, "lr_min=0.9 is invalid; give a number in [0, lr=0.5]"),
+    ("DirectionMaskModule", {"soft_steps": -1}, "soft_steps=-1 is invalid; give an integer >= 0"),
+    ("FaithfulnessModule", {"methods": []}, "methods=[]: give at least one of eap_ig, eap"),
+    ("FaithfulnessModule", {"methods": ["nap"]}, "methods: 'nap' unknown; allowed: eap_ig, eap"),
+    ("FaithfulnessModule", {"methods": ["mask"]}, "methods has 'mask' but mask_run is null"),
+    ("FaithfulnessModule", {"methods": ["graph_mlp"]}, "methods has 'graph_mlp' but graph_run is null"),
+    ("FaithfulnessModule", {"methods": ["random"], "random_seeds": []}, "methods has 'random' but random_seeds"),
+    ("FaithfulnessModule", {"sizes": [0.5, 0.1]}, "sizes=[0.5, 0.1]: give fractions in (0, 1], strictly"),
+    ("FaithfulnessModule", {"attribution_split": "test"}, "attribution_split='test' is unknown; choose one of"),
+    ("FaithfulnessModule", {"ig_path": "nodes"}, "ig_path='nodes' is unknown; choose one of joint, layer"),
+    ("FaithfulnessModule", {"attribution_prompts": 0}, "attribution_prompts=0: give at least 1"),
+    ("FaithfulnessModule", {"ig_steps": 0}, "ig_steps=0: give at least 1 (1 is plain EAP)"),
+    ("FaithfulnessModule", {"layers": [0.5]}, "layers: layer 0.5 is not an integer"),
+    ("FaithfulnessModule", {"mask_run": "nowhere"}, "mask_run='nowhere': not a folder; give the folder of a"),
+    ("FaithfulnessModule", {"graph_run": "nowhere"}, "graph_run='nowhere': not a folder; give the folder of a"),
 ]
 
 
@@ -120,16 +145,22 @@ def test_the_constructor_fails_with_the_fast_checks_line(name, options, message)
     assert str(from_check.value).startswith(message) and "\n" not in str(from_check.value), str(from_check.value)
 
 
-def test_layers_are_bounded_by_the_model_after_loading_too():
+BOUNDED = [
+    ("MountsAnalysisModule", {}),
+    ("DirectionMaskModule", {}),
+    ("FaithfulnessModule", {"methods": ["random"]}),
+]
+
+
+@pytest.mark.parametrize("name,options", BOUNDED, ids=[b[0] for b in BOUNDED])
+def test_layers_are_bounded_by_the_model_after_loading_too(name, options):
     """The Python way in (no config.json read): the constructor checks ``layers`` against the loaded model, in the
     fast check's words."""
-    from lit_svd.analysis.mounts_options import check_mounts_options
-    from lit_svd.modules import MountsAnalysisModule
-
+    name, subpackage = next(c for c in CHECKED if c[0].endswith(f".{name}"))
     with pytest.raises(ValueError) as loaded:
-        MountsAnalysisModule(model="tiny-llama", layers=[2], dtype="float64")
+        imported(name)(model="tiny-llama", layers=[2], dtype="float64", **options)
     with pytest.raises(ValueError) as fast:
-        check_mounts_options(layers=[2], n_layers=2)
+        check_of(name, subpackage)(layers=[2], n_layers=2, **options)
     assert str(loaded.value) == str(fast.value) == "layers: layer 2 is out of range; the model has 2 layers (0..1)"
 
 

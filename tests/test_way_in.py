@@ -142,6 +142,31 @@ MODULE_CASES = [
         ["validate", "--config", "configs/masks/smollm2_ioi.yaml", "--data.init_args.n_test", "-1"],
         "error: n_test=-1 is invalid; give a non-negative integer",
     ),
+    (
+        "direction mask",
+        ["fit", "--config", "configs/masks/smollm2_ioi.yaml", "--model.init_args.steps_per_batch", "0"],
+        "error: steps_per_batch=0 is invalid; give an integer >= 1",
+    ),
+    (
+        "direction mask layers",
+        ["fit", "--config", "configs/masks/smollm2_ioi.yaml", "--model.init_args.layers", "[30]"],
+        "error: layers: layer 30 is out of range; the model has 30 layers (0..29)",
+    ),
+    (
+        "faithfulness",
+        ["test", "--config", "configs/faithfulness/smollm2_ioi.yaml", "--model.init_args.methods", "[mask]"],
+        "error: methods has 'mask' but mask_run is null; give the folder of a finished direction-mask run",
+    ),
+    (
+        "faithfulness sizes",
+        ["test", "--config", "configs/faithfulness/smollm2_ioi.yaml", "--model.init_args.sizes", "[0.5, 0.1]"],
+        "error: sizes=[0.5, 0.1]: give fractions in (0, 1], strictly increasing",
+    ),
+    (
+        "circuit rel_gap",
+        ["test", "--config", "configs/circuits/smollm2_ioi.yaml", "--model.init_args.rel_gap", "1.5"],
+        "error: rel_gap=1.5 is invalid; the relative gap between blocks must be in [0, 1)",
+    ),
 ]
 
 

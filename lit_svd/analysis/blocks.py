@@ -11,28 +11,14 @@ block of their own (``past_rank``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-from lit_svd.choices import check_choice
+from lit_svd.analysis.mask_options import MaskUnit, check_mask_unit
 from lit_svd.linalg import REL_GAP, DirectionBlocks, direction_blocks
 from lit_svd.models.intervene import Component
-
-MaskUnit = Literal["direction", "block"]
-
-
-def check_rel_gap(rel_gap: float, key: str = "rel_gap") -> float:
-    if not (isinstance(rel_gap, (int, float)) and math.isfinite(rel_gap) and 0 <= rel_gap < 1):
-        raise ValueError(f"{key}={rel_gap!r} is invalid; the relative gap between blocks must be in [0, 1)")
-    return float(rel_gap)
-
-
-def check_mask_unit(mask_unit: str) -> MaskUnit:
-    return check_choice("mask_unit", mask_unit, MaskUnit)
 
 
 def component_blocks(component: Component, rel_gap: float = REL_GAP) -> DirectionBlocks:

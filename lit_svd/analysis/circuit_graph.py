@@ -64,7 +64,7 @@ from lit_svd.analysis.graph_options import (  # noqa: F401  (TRACEABLE, Unit: re
     DEFAULT_THRESHOLD,
     TRACEABLE,
     Unit,
-    check_graph_options,
+    check_circuit_options,
 )
 from lit_svd.analysis.sad import causal_visibility
 from lit_svd.linalg import REL_GAP, DirectionBlocks, direction_blocks
@@ -104,7 +104,7 @@ class GraphOptions:
 
     def check(self, n_layers: int | None = None) -> GraphOptions:
         """The options if valid (``n_layers``: the model's, bounds ``depth``); one-line errors otherwise."""
-        check_graph_options(**asdict(self), n_layers=n_layers)
+        check_circuit_options(**asdict(self), n_layers=n_layers)
         return self
 
 

@@ -36,20 +36,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from lit_svd.analysis.attribution import Attributions
 from lit_svd.analysis.faithfulness import Universe, check_same_length
+from lit_svd.analysis.faithfulness_options import IGPath
 from lit_svd.choices import check_choice
 from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
 from lit_svd.models.hooks import Hook, first_input, hooks
 from lit_svd.models.intervene import Component
 from lit_svd.models.patching import CircuitPatch, Reference
 
-IGPath = Literal["joint", "layer", "inputs"]
 WRITER_KINDS = ("ov", "mlp_out")  # head-level attribution: the head and MLP outputs
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from lit_svd.choices import check_choice, choices
-from lit_svd.option_checks import is_int
+from lit_svd.option_checks import REL_GAP, check_rel_gap, is_int
 
 Patchable = Literal["ov", "mlp_in", "mlp_gate", "mlp_out"]  # the component kinds whose directions can be patched
 PATCHABLE: tuple[Patchable, ...] = choices(Patchable)
@@ -21,7 +21,7 @@ def check_direction_check_options(
     n_random: int | None = None,
     rows_per_forward: int = 512,
     top_k: int = 8,
-    rel_gap: float | None = None,
+    rel_gap: float = REL_GAP,
 ) -> None:
     """Every option of ``DirectionCheckModule`` that can be judged before anything loads (None: not given, not
     judged), one line naming the key otherwise: known kinds, ``n_random`` >= 2, ``rows_per_forward`` and ``top_k``
@@ -33,7 +33,6 @@ def check_direction_check_options(
     for key, value in (("rows_per_forward", rows_per_forward), ("top_k", top_k)):
         if not is_int(value) or value < 1:
             raise ValueError(f"{key}={value!r}: must be >= 1")
-    if rel_gap is not None and not (isinstance(rel_gap, (int, float)) and 0 <= rel_gap < 1):
-        raise ValueError(f"rel_gap={rel_gap!r}: must be in [0, 1)")
+    check_rel_gap(rel_gap)
     if run is not None and not Path(run).is_dir():
         raise ValueError(f"run={str(run)!r}: not a folder; give the folder of a finished direction-mask run")

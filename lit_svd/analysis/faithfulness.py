@@ -58,12 +58,12 @@ import torch
 from torch import Tensor
 
 from lit_svd.addresses import Address
+from lit_svd.analysis.faithfulness_options import MIB_SIZES, check_sizes
 from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
 from lit_svd.models.base import ModelView
 from lit_svd.models.intervene import Component, build_components
 from lit_svd.models.patching import CircuitPatch, Reference
 
-MIB_SIZES: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 UNIVERSE_KINDS: tuple[str, ...] = ("q", "k", "ov", "mlp")
 Axis = Literal["raw", "fair"]
 AXES: tuple[Axis, ...] = ("raw", "fair")
@@ -169,14 +169,6 @@ def n_kept(size: float, n: int) -> int:
     if not 0 <= size <= 1:
         raise ValueError(f"size={size!r}: a circuit's size is a fraction in [0, 1]")
     return int(math.floor(size * n + 1e-9))
-
-
-def check_sizes(sizes: Sequence[float]) -> list[float]:
-    """Sizes as floats, strictly increasing, in (0, 1]; one-line error otherwise."""
-    out = [float(s) for s in sizes]
-    if not out or any(not 0 < s <= 1 for s in out) or any(b <= a for a, b in zip(out, out[1:])):
-        raise ValueError(f"sizes={list(sizes)!r}: give fractions in (0, 1], strictly increasing (MIB: {MIB_SIZES})")
-    return out
 
 
 def check_ranking(ranking: Tensor, n: int, name: str = "ranking") -> Tensor:

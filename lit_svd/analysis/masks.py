@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
@@ -21,42 +21,12 @@ if TYPE_CHECKING:
 
 from lit_svd.addresses import Address
 from lit_svd.analysis.blocks import component_blocks, direction_block
-from lit_svd.choices import check_choice
 from lit_svd.linalg import REL_GAP
 from lit_svd.metrics import TaskScorer, kl_divergence, task_scorer
 from lit_svd.models.base import ModelView, PostNormPoint
 from lit_svd.models.intervene import Component, Intervention
 
-Ablation = Literal["zero", "patch"]
-Positions = Literal["answer", "all"]
-MaskLoss = Literal["kl", "metric"]
 QK_KINDS = ("qk", "q", "k")  # the attention-pattern maps; "without_qk" counts the rest (OV, MLP)
-
-
-def check_mask_config(
-    alpha: float,
-    init: float,
-    threshold: float,
-    ablation: str,
-    positions: str,
-    loss: str = "kl",
-    alpha_final: float | None = None,
-) -> None:
-    """One-line errors for a bad mask configuration."""
-    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"alpha={alpha!r} is invalid; the L1 weight must be a finite number >= 0")
-    if alpha_final is not None and not (math.isfinite(alpha_final) and alpha_final > 0 and alpha > 0):
-        raise ValueError(
-            f"alpha_final={alpha_final!r} is invalid with alpha={alpha!r}; a geometric schedule needs both finite and"
-            " > 0 (or alpha_final null: alpha throughout)"
-        )
-    check_choice("loss", loss, MaskLoss)
-    if not 0 < init < 1:
-        raise ValueError(f"init={init!r} is invalid; the initial mask value lambda = sigmoid(theta) must be in (0, 1)")
-    if not 0 < threshold < 1:
-        raise ValueError(f"threshold={threshold!r} is invalid; the kept threshold must be in (0, 1)")
-    check_choice("ablation", ablation, Ablation)
-    check_choice("positions", positions, Positions)
 
 
 def initial_logits(components: Sequence[Component], init: float) -> dict[str, Tensor]:

@@ -163,7 +163,6 @@ def qk_to_map_scores(view: ModelView, universe: Universe, scores: Mapping[Addres
     return out
 
 
-GRAPH_RANKINGS = {"graph": False, "graph_mlp": True}  # method name -> graph_ranking's mlp_inputs
 MLP_INPUT_TIE = 1e-9  # relative score step between consecutive singular indices of an MLP's input directions
 
 

@@ -29,7 +29,6 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from lit_svd.analysis.blocks import check_rel_gap
 from lit_svd.analysis.sad import (
     DEFAULT_NULL_DRAWS,
     DEFAULT_RECON_TOL,
@@ -44,6 +43,7 @@ from lit_svd.callbacks.training import held_out_probe, update_training_result
 from lit_svd.figures.sad import figures as sad_figures
 from lit_svd.figures.training import sad_training
 from lit_svd.linalg import REL_GAP
+from lit_svd.option_checks import check_rel_gap
 from lit_svd.output import log_scalars, save_figure, save_figures, write_result
 from lit_svd.results.sad import SADResult
 

@@ -66,6 +66,10 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides: Any) -> Pretrai
 
     check_choice("arch", arch, ARCHITECTURES + HEAD_NORM_ARCHITECTURES)
     cfg: PretrainedConfig
+    # the shape GPT-NeoX and the gated layouts share (GPT-2 names the same sizes its own way below)
+    shape: dict[str, Any] = dict(
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128
+    )
     if arch == "gpt2":
         cfg = GPT2Config(
             vocab_size=vocab_size,
@@ -81,27 +85,14 @@ def tiny_config(arch: str, vocab_size: int = 49152, **overrides: Any) -> Pretrai
         )  # GPT-2's 50256 lies outside the tiny vocabulary
     elif arch == "gpt_neox":
         cfg = GPTNeoXConfig(
-            vocab_size=vocab_size,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
+            **shape,
             intermediate_size=256,
-            max_position_embeddings=128,
             rope_parameters=_neox_rope(0.25),
             use_parallel_residual=True,
             attention_bias=True,
         )
-    elif arch in GATED:  # the Llama layout: 2 layers, d_model 64, 4 heads of 16, 2 KV heads, SwiGLU of 128
-        shape = dict(
-            vocab_size=vocab_size,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            intermediate_size=128,
-            max_position_embeddings=128,
-        )
+    elif arch in GATED:  # the Llama layout: 4 heads of 16, 2 KV heads, SwiGLU of 128
+        shape |= dict(num_key_value_heads=2, head_dim=16, intermediate_size=128)
         cls = {
             "llama": LlamaConfig,
             "gemma2": Gemma2Config,

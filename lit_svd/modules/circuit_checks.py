@@ -12,10 +12,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 
-from lit_svd.analysis.graph_options import check_graph_options
+from lit_svd.analysis.graph_options import check_circuit_options
 
-# the graph's options (the check's parameters but the model's n_layers and parts)
-OPTIONS = tuple(p for p in inspect.signature(check_graph_options).parameters if p not in ("n_layers", "parts"))
+# the module's options (the check's parameters but the model's n_layers and parts)
+OPTIONS = tuple(p for p in inspect.signature(check_circuit_options).parameters if p not in ("n_layers", "parts"))
 
 
 def model_parts(config) -> set[str]:
@@ -52,5 +52,5 @@ def check_circuit_config(model_args: Mapping, data_args: Mapping) -> None:
     where = {k: model_args.get(k) for k in ("gguf_file", "revision")}
     config = load_config(model, **where)
     given = {k: model_args[k] for k in OPTIONS if k in model_args}
-    check_graph_options(**given, n_layers=n_layers_of(config), parts=model_parts(config))
+    check_circuit_options(**given, n_layers=n_layers_of(config), parts=model_parts(config))
     check_tokenizer(model, data_args, load_tokenizer(model, **where))

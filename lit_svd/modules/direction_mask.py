@@ -19,13 +19,10 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from lit_svd.addresses import Address
-from lit_svd.analysis.blocks import MaskUnit, check_mask_unit, check_rel_gap, component_blocks, mask_units
+from lit_svd.analysis.blocks import component_blocks, mask_units
+from lit_svd.analysis.mask_options import Ablation, MaskLoss, MaskUnit, Positions, check_mask_options
 from lit_svd.analysis.masks import (
-    Ablation,
-    MaskLoss,
-    Positions,
     alpha_at,
-    check_mask_config,
     hard_masks,
     initial_logits,
     kept_report,
@@ -39,6 +36,7 @@ from lit_svd.metrics import TaskScorer, task_scorer
 from lit_svd.models.intervene import Intervention, build_components
 from lit_svd.modules import mask_measures
 from lit_svd.modules.pretrained import PretrainedLMModule
+from lit_svd.option_checks import check_indices
 
 SCORES = ("metric", "correct", "agree", "kl")
 
@@ -90,6 +88,9 @@ class DirectionMaskModule(PretrainedLMModule):
             reports, and the units of ``mask_unit=block``); default ``lit_svd.linalg.REL_GAP``.
     """
 
+    # the options judged before anything loads (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.analysis.mask_options:check_mask_options"
+
     def __init__(
         self,
         components: Sequence[str] = ("qk", "ov", "mlp"),
@@ -114,16 +115,12 @@ class DirectionMaskModule(PretrainedLMModule):
         drop_null: bool = False,
         **loading,
     ):
-        check_mask_config(alpha, init, threshold, ablation, positions, loss, alpha_final)
-        check_mask_unit(mask_unit)
-        check_rel_gap(rel_gap)
-        if steps_per_batch < 1:
-            raise ValueError(f"steps_per_batch={steps_per_batch} is invalid; give an integer >= 1")
-        if lr_min is not None and not 0 <= lr_min <= lr:
-            raise ValueError(f"lr_min={lr_min} is invalid; give a number in [0, lr={lr}] or null")
-        if soft_steps < 0:
-            raise ValueError(f"soft_steps={soft_steps} is invalid; give an integer >= 0")
+        check_mask_options(
+            layers, alpha, lr, lr_min, init, ablation, positions, threshold, steps_per_batch, soft_steps, mask_unit,
+            rel_gap, alpha_final, loss,
+        )  # fmt: skip
         super().__init__(**loading)
+        check_indices("layers", "layer", layers or (), self.view.n_layers)  # the fast check's line, here too
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.alpha, self.threshold, self.ablation, self.positions = alpha, threshold, ablation, positions

@@ -29,7 +29,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -51,15 +50,19 @@ from lit_svd.analysis.faithfulness import (
     CurveSums,
     Universe,
     batch_sums,
-    check_sizes,
     curves_from_sums,
     fair_weights,
     method_scores,
     plan_curves,
     universe_components,
 )
-from lit_svd.analysis.rankings import (
+from lit_svd.analysis.faithfulness_options import (
     GRAPH_RANKINGS,
+    AttributionSplit,
+    Method,
+    check_faithfulness_options,
+)
+from lit_svd.analysis.rankings import (
     attribution_rankings,
     eap_ranking,
     mask_ranking,
@@ -67,15 +70,11 @@ from lit_svd.analysis.rankings import (
     random_ranking,
     run_graph_ranking,
 )
-from lit_svd.choices import check_choice
 from lit_svd.models.patching import CircuitPatch
 from lit_svd.modules.pretrained import PretrainedLMModule
+from lit_svd.option_checks import check_indices
 from lit_svd.runs import load_run
 
-Method = Literal[
-    "eap_ig", "eap", "eap_ig_fair", "eap_fair", "eap_ig_heads", "eap_heads", "mask", "graph", "graph_mlp", "random"
-]
-AttributionSplit = Literal["train", "val"]
 # direction methods: (the attribution they rank, ranked per unit of fair size)
 DIRECTION_METHODS = {"eap_ig": ("eap_ig", False), "eap": ("eap", False), "eap_ig_fair": ("eap_ig", True),
                      "eap_fair": ("eap", True)}  # fmt: skip
@@ -105,25 +104,6 @@ class CurveStates(Metric):
         return {"full": self.full, "empty": self.empty, "circuits": self.circuits, "prompts": self.prompts}
 
 
-def check_methods(methods: Sequence[str], mask_run: str | None, graph_run: str | None, seeds: Sequence[int]) -> None:
-    """Known methods, each with what it needs; one-line errors naming the key."""
-    allowed = get_args(Method)
-    if not methods:
-        raise ValueError(f"methods=[]: give at least one of {', '.join(allowed)}")
-    for m in methods:
-        if m not in allowed:
-            raise ValueError(f"methods: {m!r} unknown; allowed: {', '.join(allowed)}")
-    if "mask" in methods and mask_run is None:
-        raise ValueError("methods has 'mask' but mask_run is null; give the folder of a finished direction-mask run")
-    for m in GRAPH_RANKINGS:
-        if m in methods and graph_run is None:
-            raise ValueError(
-                f"methods has {m!r} but graph_run is null; give the folder of a finished circuit-graph run"
-            )
-    if "random" in methods and not seeds:
-        raise ValueError("methods has 'random' but random_seeds is empty; give seeds, e.g. [0, 1, 2]")
-
-
 class FaithfulnessModule(PretrainedLMModule):
     """Faithfulness curves (MIB's grid, CPR, CMD, raw and fair size axes) of several rankings of the model's
     directions.
@@ -149,6 +129,9 @@ class FaithfulnessModule(PretrainedLMModule):
             time), ``inputs`` (the residual entering layer 0, MIB's EAP-IG-inputs); docs/circuits.md.
     """
 
+    # the options judged before anything loads (the command line's fast check calls it too, before torch)
+    options_check = "lit_svd.analysis.faithfulness_options:check_faithfulness_options"
+
     def __init__(
         self,
         model: str | None = None,
@@ -164,18 +147,15 @@ class FaithfulnessModule(PretrainedLMModule):
         ig_path: IGPath = "joint",
         **loading,
     ):
-        methods = [methods] if isinstance(methods, str) else list(methods)
-        check_methods(methods, mask_run, graph_run, random_seeds)
-        sizes = check_sizes(sizes)
-        check_choice("attribution_split", attribution_split, AttributionSplit)
-        check_choice("ig_path", ig_path, IGPath)
-        if attribution_prompts < 1:
-            raise ValueError(f"attribution_prompts={attribution_prompts}: give at least 1")
-        alphas(ig_steps)  # ig_steps < 1 fails here
+        methods, sizes = check_faithfulness_options(
+            mask_run, graph_run, methods, random_seeds, sizes, layers, attribution_split, attribution_prompts,
+            ig_steps, ig_path,
+        )  # fmt: skip
         masks = load_run(mask_run, need=("masks",), what="direction-mask run").masks if mask_run else None
         if model is None:
             model = masks["model"] if masks else _graph_model(graph_run)
         super().__init__(model=model, **loading)
+        check_indices("layers", "layer", layers or (), self.view.n_layers)  # the fast check's line, here too
         self.save_hyperparameters()
         self.sizes, self.methods = sizes, methods
         self.components = universe_components(self.view, layers, progress=True)

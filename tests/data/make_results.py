@@ -1,7 +1,8 @@
 """Write tests/data/results/<experiment>.json: a results.json of each result type that no stored run in docs/results/
-or bench/results_equivalence_reference.json holds, from runs on the tiny random Llama (seed 0): a 6-step IOI mask
-run, then its mask-thresholds, mask-blocks, mask-curve and direction check, compare-directions of the tiny
-Llama against itself, and a small edge-circuits run. Long lists are cut as docs/results/ cuts them
+or bench/results_equivalence_reference.json holds (and of faithfulness, whose stored runs predate its two size axes),
+from runs on the tiny random Llama (seed 0), loaded once: a 6-step IOI mask run, then its mask-thresholds,
+mask-blocks, mask-curve, direction check and faithfulness curves (attribution, the mask, random), compare-directions
+of the tiny Llama against itself, and a small edge-circuits run. Long lists are cut as docs/results/ cuts them
 (bench/make_results_md.py's ``strip``).
 
     PYTHONPATH=. python tests/data/make_results.py      # ~1 min on two cores; tests/test_results_show.py reads them
@@ -20,6 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).resolve().parent / "results"
 MASKS = dict(max_steps=6, max_time=None, soft_steps=2, steps_per_batch=2, n_train=16, n_val=8, n_test=8, batch_size=4)
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False)
+# the mask run's data (its test prompts are apart from its training split), two attribution methods, the mask, random
+FAITHFULNESS = dict(
+    methods=["eap_ig", "eap_heads", "mask", "random"], random_seeds=[0, 1], sizes=[0.01, 0.1, 0.5, 1.0],
+    attribution_prompts=8, ig_steps=2, n_train=16, n_val=8, n_test=8, batch_size=4, limit_test_batches=None,
+)  # fmt: skip
 EDGES = dict(n_train=12, n_val=2, n_test=6, batch_size=3, n_attribution=6, sizes=[0.01, 0.1, 0.5, 1.0], n_check=2)
 
 
@@ -55,20 +61,20 @@ def main(only: list[str]) -> None:
         work = Path(tmp)
         written = []
         if not only or "masks" in only:
-            from lit_svd.api import resolve_model  # noqa: PLC0415 (main's api no longer has it: see the report)
-
-            tiny = resolve_model("tiny-llama")
-            masks = ls.masks("tiny-llama", task="ioi", out=work / "masks", trajectory_every=2, **MASKS, **QUIET)
+            tiny = ls.model("tiny-llama")  # loaded once: the mask run, its check, the faithfulness
+            masks = tiny.masks(task="ioi", out=work / "masks", trajectory_every=2, **MASKS, **QUIET)
             run = str(masks.folder)
-            written.append(ls.directions(masks, n_random=4, out=work / "check", **QUIET).folder)
+            written.append(tiny.directions(masks, n_random=4, out=work / "check", **QUIET).folder)
             for name, args in (
                 ("thresholds", ["mask-thresholds", run, "--thresholds", "0.01", "0.5", "0.9"]),
                 ("blocks", ["mask-blocks", run, "--rel-gaps", "0.01", "0.05"]),
                 ("curve", ["mask-curve", run]),
-                ("compare", ["compare-directions", tiny, tiny, "--top", "4"]),
+                ("compare", ["compare-directions", "tiny-llama", "tiny-llama", "--top", "4"]),
             ):
                 run_tool([*args, "--out", str(work / name)])
                 written.append(work / name)
+            faithfulness = tiny.faithfulness(task="ioi", out=work / "faith", mask_run=run, **FAITHFULNESS, **QUIET)
+            written.append(faithfulness.folder)
         if not only or "edges" in only:
             written.append(ls.edge_circuits("tiny-llama", task="ioi", out=work / "edges", n_random=3, **EDGES).folder)
         names = {tmp: "<tmp>", str(cache_root()): "<cache>"}
