@@ -1,7 +1,8 @@
 """Where and why a direction circuit loses to the head circuit that contains it (docs/circuits.md, "Where and why
 the direction curve loses to head EAP-IG"). SmolLM2-135M IOI by default; rankings from the first 64 training
 prompts, every measurement on the validation split (never the test prompts). Prints one JSON object (``--out``:
-also written). Checked end to end on a tiny model (``--model <folder>``); not yet run on SmolLM2.
+also written). Checked end to end on a tiny model (``--model <folder>``); the ``candidates`` part was run on
+SmolLM2 IOI (docs/circuits.md), the others not yet.
 
     OMP_NUM_THREADS=1 heavy python bench/faithfulness_diagnose.py --out runs/diagnose
 

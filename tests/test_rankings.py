@@ -13,6 +13,7 @@ from lit_svd.addresses import Address
 from lit_svd.analysis.attribution import Attributions, attributions
 from lit_svd.analysis.faithfulness import MIB_SIZES, Universe, fair_weights, faithfulness_curves, universe_components
 from lit_svd.analysis.rankings import (
+    UNIT_TYPES,
     address_scores,
     eap_ranking,
     graph_node_scores,
@@ -166,13 +167,15 @@ def test_planted_circuit_beats_random_and_the_reversed_ranking_loses(tokenizer):
     ig = direction_attributions(CircuitPatch(view, comps), universe, batches, "ioi", steps=5).scores
     assert ig[~live].abs().max() == 0 and (ig[live] != 0).sum() > 24
     ig_rank = score_ranking(ig)  # signed, as CPR is scored
+    weights = fair_weights(universe)
     assert live[score_ranking(ig.abs())[: int((ig != 0).sum())]].all() and live[ig_rank[: int((ig > 0).sum())]].all()
     rankings = {
         "planted": score_ranking(planted),
         "reversed": score_ranking(torch.nan_to_num(-planted, nan=0.0)),  # the 48 live directions last
         "eap_heads": eap_ranking(universe, attr, view.n_kv_heads)[0],
         "eap_ig": ig_rank,
-        "eap_ig_mixed": unit_rankings(universe, ig, fair_weights(universe))["signed"],
+        "mlps_whole": unit_rankings(universe, ig, weights)["signed"],  # eap_ig_mixed's order
+        "units_whole": unit_rankings(universe, ig, weights, UNIT_TYPES, within="score")["signed"],  # eap_ig_units'
         **{f"random_{s}": random_ranking(len(universe), s) for s in range(3)},
     }
     with torch.no_grad():
@@ -182,7 +185,7 @@ def test_planted_circuit_beats_random_and_the_reversed_ranking_loses(tokenizer):
         cpr = {name: c[axis].cpr for name, c in curves.items()}
         print(axis, {k: round(v, 3) for k, v in cpr.items()})
         randoms = [cpr[f"random_{s}"] for s in range(3)]
-        for name in ("planted", "eap_heads", "eap_ig", "eap_ig_mixed"):
+        for name in ("planted", "eap_heads", "eap_ig", "mlps_whole", "units_whole"):
             assert cpr[name] > max(randoms) + 0.2, (axis, cpr)
         assert cpr["reversed"] < min(randoms) - 0.05, (axis, cpr)
         assert curves["reversed"][axis].values[:9] == pytest.approx([0.0] * 9, abs=1e-9)  # nothing live until 100 %
