@@ -1,7 +1,8 @@
 """Where and why a direction circuit loses to the head circuit that contains it (docs/circuits.md, "Where and why
 the direction curve loses to head EAP-IG"). SmolLM2-135M IOI by default; rankings from the first 64 training
 prompts, every measurement on the validation split (never the test prompts). Prints one JSON object (``--out``:
-also written). Checked end to end on a tiny model (``--model <folder>``); not yet run on SmolLM2.
+also written). Checked end to end on a tiny model (``--model <folder>``); the ``candidates`` part was run on
+SmolLM2 IOI (docs/circuits.md), the others not yet.
 
     OMP_NUM_THREADS=1 heavy python bench/faithfulness_diagnose.py --out runs/diagnose
 
@@ -15,6 +16,9 @@ also written). Checked end to end on a tiny model (``--model <folder>``); not ye
   directions kept, by direction EAP-IG (10 steps), by head-level EAP-IG's unit order, and at random.
 * ``positions``: the same circuits (fair sizes) scored with the patch at every position, at the answer position
   only, and at every position but the answer.
+* ``candidates``: the merged unit / direction rankings (``rankings.unit_rankings``) beside ``eap_ig_fair`` and
+  head-level EAP-IG, scored on the fair axis (MIB's grid): CPR of each signed ranking, CMD of each absolute one; how
+  the ``eap_ig_mixed`` method's variant was chosen (docs/circuits.md).
 * ``layer_path`` (``--layer-path``, slow: ``n_layers x steps`` backwards per batch): per-layer EAP-IG (one layer's
   directions interpolated at a time: IG per node, the node a layer) beside the joint path's, both ranked and scored.
 """
@@ -47,6 +51,8 @@ def main() -> None:
     p.add_argument("--layer-path", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    if ("steps" in args.parts or args.layer_path) and 20 % args.steps:
+        p.error(f"--steps {args.steps}: the steps and layer-path parts take it from a 20-step run; give 5, 10 or 20")
     torch.set_num_threads(1)
 
     from torch.utils.data import DataLoader, Subset
@@ -131,14 +137,16 @@ def main() -> None:
             print(name, [round(v, 2) for v in out["paths"][name]], flush=True)
 
     start = time.monotonic()
-    points = da.alphas(20)
+    n_points = 20 if "steps" in args.parts or args.layer_path else args.steps  # 5 and 10 are subsets of 20
+    points = da.alphas(n_points)
     sums = None
     for b in train:
         got = da.batch_integrands(patch, b, task, points, "joint")
         sums = got if sums is None else [{n: s[n] + g[n] for n in s} for s, g in zip(sums, got)]
     assert sums is not None
     per_point = [universe.flatten({n: v / args.n_train for n, v in s.items()}) for s in sums]
-    ig = {k: torch.stack(per_point[20 // k - 1 :: 20 // k]).mean(0) for k in (5, 10, 20)}
+    ig = {k: torch.stack(per_point[n_points // k - 1 :: n_points // k]).mean(0) for k in (5, 10, 20, n_points)
+          if n_points % k == 0}  # fmt: skip
     out["attribution_s"] = time.monotonic() - start
     if "steps" in args.parts:
         gap = 0.0
@@ -153,7 +161,7 @@ def main() -> None:
 
     writers = da.direction_attributions(patch, universe, train, task, args.steps, kinds=da.WRITER_KINDS)
     heads = da.unit_attributions(universe, writers.scores, view.n_layers, view.n_heads, args.n_train)
-    chosen = ig[args.steps] if args.steps in ig else ig[10]
+    chosen = ig[args.steps]
     rankings = {
         "eap_ig_fair": attribution_rankings(per_weight(chosen, weights))["absolute"],
         "eap_ig": attribution_rankings(chosen)["absolute"],
@@ -240,6 +248,10 @@ def main() -> None:
             out["positions"][mode] = row
             print(mode, row, flush=True)
 
+    if "candidates" in args.parts:
+        out["candidates"] = candidate_scores(view, comps, universe, weights, val, task, chosen, heads)
+        print("candidates", out["candidates"], flush=True)
+
     if args.layer_path:
         start = time.monotonic()
         layer = da.direction_attributions(patch, universe, train, task, 5, path="layer").scores
@@ -260,6 +272,34 @@ def main() -> None:
 
         Path(args.out).mkdir(parents=True, exist_ok=True)
         write_json(Path(args.out) / "faithfulness_diagnose.json", out)
+
+
+def candidate_scores(view, comps, universe, weights, val, task, scores, heads) -> dict:
+    """Fair-axis CPR (signed ranking) and CMD (absolute ranking) on ``val`` of the candidate rankings of direction
+    EAP-IG ``scores``: per unit of fair size (``eap_ig_fair``), MLP layers kept whole with the attention side by
+    direction (their unit score: the sum over all their directions, over their ``mlp_out`` directions, or head-level
+    EAP-IG's ``heads``), every unit kept whole with its directions by their own score, and head-level EAP-IG."""
+    from lit_svd.analysis.faithfulness import faithfulness_curves
+    from lit_svd.analysis.rankings import attribution_rankings, eap_ranking, per_weight, unit_rankings
+
+    mlp_out = {f"L{c.layer}.mlp": float(scores[universe.slice(c.name)].sum()) for c in comps if c.kind == "mlp_out"}
+    head_mlps = {f"L{c.layer}.mlp": float(heads.mlps[c.layer]) for c in comps if c.kind == "mlp_out"}
+    pairs = {
+        "eap_ig_fair": attribution_rankings(per_weight(scores, weights)),
+        "mixed_all": unit_rankings(universe, scores, weights),
+        "mixed_out": unit_rankings(universe, scores, weights, unit_scores=mlp_out),
+        "mixed_heads": unit_rankings(universe, scores, weights, unit_scores=head_mlps),
+        "units_by_score": unit_rankings(universe, scores, weights, whole=("head", "kv", "mlp"), within="score"),
+        "eap_ig_heads": {v: eap_ranking(universe, heads, view.n_kv_heads, v == "signed")[0]
+                         for v in ("signed", "absolute")},
+    }  # fmt: skip
+    rankings = {f"{name}/{v}": r for name, pair in pairs.items() for v, r in pair.items()}
+    curves, info = faithfulness_curves(view, comps, val, rankings, task, axes=("fair",))
+    out: dict = {"m_full": info["m_full"], "m_empty": info["m_empty"], "wall_s": info["wall_s"]}
+    for name in pairs:
+        signed, absolute = curves[f"{name}/signed"]["fair"], curves[f"{name}/absolute"]["fair"]
+        out[name] = {"cpr": signed.cpr, "cmd": absolute.cmd, "signed": signed.values, "absolute": absolute.values}
+    return out
 
 
 if __name__ == "__main__":

@@ -56,12 +56,13 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
     equal those computed directly from the analysis functions; results.json, the CSV and the figure are written."""
     from lit_svd.analysis.direction_attribution import WRITER_KINDS, direction_attributions, unit_attributions
     from lit_svd.analysis.faithfulness import fair_weights
-    from lit_svd.analysis.rankings import attribution_rankings, per_weight
+    from lit_svd.analysis.rankings import attribution_rankings, per_weight, unit_rankings
     from lit_svd.models.patching import CircuitPatch
 
     model_dir = tiny_dirs["llama"]
     mask, graph = _runs(tmp_path, model_dir)
-    methods = ["eap_ig", "eap", "eap_ig_fair", "eap_ig_heads", "eap_heads", "mask", "graph", "random"]
+    methods = ["eap_ig", "eap", "eap_ig_fair", "eap_ig_units", "eap_ig_mixed", "eap_ig_heads", "eap_heads", "mask",
+               "graph", "random"]  # fmt: skip
     module = FaithfulnessModule(mask_run=mask, graph_run=graph, methods=methods, random_seeds=[0, 1], sizes=SIZES,
                                 attribution_prompts=8, ig_steps=3)  # fmt: skip
     dm = TaskDataModule(**DATA, tokenizer=model_dir)
@@ -76,8 +77,8 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
     assert result.random["seeds"] == 2 and result.rankings["graph"]["qk_nodes"] == 1
     assert result.rankings["eap_ig"]["prompts"] == "train[:8]"
     assert (tmp_path / "out" / "faithfulness_curves.png").is_file()
-    # 5 attribution methods x 2 rankings, mask, graph, 2 random; 2 axes; 4 sizes
-    assert len(result.table()) == (5 * 2 + 4) * 2 * len(SIZES)
+    # 7 attribution methods x 2 rankings, mask, graph, 2 random; 2 axes; 4 sizes
+    assert len(result.table()) == (7 * 2 + 4) * 2 * len(SIZES)
 
     view = module.view
     comps = universe_components(view)
@@ -98,8 +99,14 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
         "random_0": random_ranking(len(universe), 0),
         "random_1": random_ranking(len(universe), 1),
     }
-    fair = per_weight(scores["eap_ig"], fair_weights(universe))
-    rankings.update({f"eap_ig_fair/{k}": r for k, r in attribution_rankings(fair).items()})
+    weights = fair_weights(universe)
+    mlps = {f"L{layer}.mlp": float(v) for layer, v in enumerate(scores["eap_ig_heads"].mlps)}
+    pairs = {
+        "eap_ig_fair": attribution_rankings(per_weight(scores["eap_ig"], weights)),
+        "eap_ig_units": unit_rankings(universe, scores["eap_ig"], weights, ("head", "kv", "mlp"), within="score"),
+        "eap_ig_mixed": unit_rankings(universe, scores["eap_ig"], weights, unit_scores=mlps),
+    }
+    rankings.update({f"{method}/{k}": r for method, pair in pairs.items() for k, r in pair.items()})
     for method, s in scores.items():
         if "heads" in method:
             for variant in ("signed", "absolute"):

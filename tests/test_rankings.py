@@ -11,8 +11,9 @@ import torch
 
 from lit_svd.addresses import Address
 from lit_svd.analysis.attribution import Attributions, attributions
-from lit_svd.analysis.faithfulness import MIB_SIZES, Universe, faithfulness_curves, universe_components
+from lit_svd.analysis.faithfulness import MIB_SIZES, Universe, fair_weights, faithfulness_curves, universe_components
 from lit_svd.analysis.rankings import (
+    UNIT_TYPES,
     address_scores,
     eap_ranking,
     graph_node_scores,
@@ -21,6 +22,8 @@ from lit_svd.analysis.rankings import (
     qk_to_map_scores,
     random_ranking,
     score_ranking,
+    unit_directions,
+    unit_rankings,
 )
 from lit_svd.datamodules.tasks import TaskDataModule
 from lit_svd.models import view as make_view
@@ -164,12 +167,15 @@ def test_planted_circuit_beats_random_and_the_reversed_ranking_loses(tokenizer):
     ig = direction_attributions(CircuitPatch(view, comps), universe, batches, "ioi", steps=5).scores
     assert ig[~live].abs().max() == 0 and (ig[live] != 0).sum() > 24
     ig_rank = score_ranking(ig)  # signed, as CPR is scored
+    weights = fair_weights(universe)
     assert live[score_ranking(ig.abs())[: int((ig != 0).sum())]].all() and live[ig_rank[: int((ig > 0).sum())]].all()
     rankings = {
         "planted": score_ranking(planted),
         "reversed": score_ranking(torch.nan_to_num(-planted, nan=0.0)),  # the 48 live directions last
         "eap_heads": eap_ranking(universe, attr, view.n_kv_heads)[0],
         "eap_ig": ig_rank,
+        "mlps_whole": unit_rankings(universe, ig, weights)["signed"],  # eap_ig_mixed's order
+        "units_whole": unit_rankings(universe, ig, weights, UNIT_TYPES, within="score")["signed"],  # eap_ig_units'
         **{f"random_{s}": random_ranking(len(universe), s) for s in range(3)},
     }
     with torch.no_grad():
@@ -179,9 +185,82 @@ def test_planted_circuit_beats_random_and_the_reversed_ranking_loses(tokenizer):
         cpr = {name: c[axis].cpr for name, c in curves.items()}
         print(axis, {k: round(v, 3) for k, v in cpr.items()})
         randoms = [cpr[f"random_{s}"] for s in range(3)]
-        for name in ("planted", "eap_heads", "eap_ig"):
+        for name in ("planted", "eap_heads", "eap_ig", "mlps_whole", "units_whole"):
             assert cpr[name] > max(randoms) + 0.2, (axis, cpr)
         assert cpr["reversed"] < min(randoms) - 0.05, (axis, cpr)
         assert curves["reversed"][axis].values[:9] == pytest.approx([0.0] * 9, abs=1e-9)  # nothing live until 100 %
     # 10 % keeps all 48 live directions (1e-6: the kept route adds their float32-projected change to the reference)
     assert curves["planted"]["raw"].values[6:] == pytest.approx([1.0] * 4, abs=1e-6)
+
+
+def _unit_of(a: Address) -> tuple[str, str]:
+    """(unit name, unit type) of a direction, written out from its address."""
+    if a.kind.startswith("mlp"):
+        return f"L{a.layer}.mlp", "mlp"
+    return (f"L{a.layer}.kv{a.group}", "kv") if a.kind == "k" else (f"L{a.layer}.h{a.group}", "head")
+
+
+def _loop_unit_ranking(universe, scores, weights, whole, within, signed):
+    """The merged order written as a loop over addresses: items (whole units, single directions) sorted by their
+    score per fair weight; a whole unit expanded by singular index (eap_ranking's ``unit_directions``) or by its
+    directions' own score per weight."""
+    fn = (lambda v: v) if signed else abs  # noqa: E731
+    units: dict[str, list[int]] = {}
+    items = []
+    for i in range(len(universe)):
+        a = universe.address(i)
+        unit, kind = _unit_of(a)
+        if kind in whole:
+            units.setdefault(unit, []).append(i)
+        else:
+            items.append((fn(float(scores[i] / weights[i])), [i]))
+    for flats in units.values():
+        key = fn(sum(float(scores[i]) for i in flats) / sum(float(weights[i]) for i in flats))
+        if within == "score":
+            flats = sorted(flats, key=lambda i: -fn(float(scores[i] / weights[i])))
+        else:
+            a = universe.address(flats[0])
+            maps = {"mlp": ("mlp_in", "mlp_gate", "mlp_out"), "kv": ("k",), "head": ("q", "ov")}[_unit_of(a)[1]]
+            flats = unit_directions(universe, [(f"L{a.layer}.{m}", a.group) for m in maps])
+        items.append((key, flats))
+    items.sort(key=lambda item: -item[0])
+    return [i for _, flats in items for i in flats]
+
+
+@pytest.mark.parametrize("whole, within", [(("mlp",), "singular"), (("head", "kv", "mlp"), "score")])
+def test_unit_rankings_equal_a_loop_over_addresses(universe, whole, within):
+    """Random scores (no ties): the merged order of whole units and single directions per unit of fair size equals
+    a loop over addresses, signed and absolute."""
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(len(universe), generator=g, dtype=torch.float64)
+    weights = fair_weights(universe)
+    got = unit_rankings(universe, scores, weights, whole=whole, within=within)
+    for variant in ("signed", "absolute"):
+        want = _loop_unit_ranking(universe, scores, weights, whole, within, variant == "signed")
+        assert got[variant].tolist() == want, variant
+
+
+def test_mixed_ranking_keeps_mlp_layers_whole_in_head_eap_order(universe):
+    """MLP layers kept whole come as contiguous blocks, in the order and expansion head-level EAP gives MLPs with the
+    same unit scores; each block costs one unit on the fair axis (1 / (L * H + L)), as a head circuit's MLP does;
+    bad options fail in one line."""
+    g = torch.Generator().manual_seed(4)
+    scores = torch.randn(len(universe), generator=g, dtype=torch.float64)
+    weights = fair_weights(universe)
+    layer_of = torch.tensor([universe.address(i).layer for i in range(len(universe))])
+    mlp = torch.tensor([universe.address(i).kind.startswith("mlp") for i in range(len(universe))])
+    for mlp_scores in ([0.7, -2.0], [-0.1, 0.3]):
+        heads = Attributions(torch.randn(2, 4, generator=g, dtype=torch.float64), torch.tensor(mlp_scores), 4)
+        got = unit_rankings(universe, scores, weights, unit_scores={"L0.mlp": mlp_scores[0], "L1.mlp": mlp_scores[1]})
+        for variant in ("signed", "absolute"):
+            ranking = got[variant]
+            for layer in (0, 1):
+                at = torch.nonzero(mlp[ranking] & (layer_of[ranking] == layer)).flatten()
+                assert int(at[-1] - at[0]) == len(at) - 1  # one contiguous block
+                assert float(weights[ranking[at]].sum()) == pytest.approx(1 / (2 * 4 + 2), abs=1e-12)
+            head_order = eap_ranking(universe, heads, n_kv_heads=2, signed=variant == "signed")[0]
+            assert torch.equal(ranking[mlp[ranking]], head_order[mlp[head_order]]), variant
+    with pytest.raises(ValueError, match="whole=\\['mlps'\\]"):
+        unit_rankings(universe, scores, weights, whole=["mlps"])
+    with pytest.raises(KeyError, match="'L2.mlp' is not a unit"):
+        unit_rankings(universe, scores, weights, unit_scores={"L2.mlp": 1.0})

@@ -13,7 +13,18 @@ from lit_svd.choices import check_choice, choices
 from lit_svd.option_checks import check_indices, is_int
 
 Method = Literal[
-    "eap_ig", "eap", "eap_ig_fair", "eap_fair", "eap_ig_heads", "eap_heads", "mask", "graph", "graph_mlp", "random"
+    "eap_ig",
+    "eap",
+    "eap_ig_fair",
+    "eap_fair",
+    "eap_ig_units",
+    "eap_ig_mixed",
+    "eap_ig_heads",
+    "eap_heads",
+    "mask",
+    "graph",
+    "graph_mlp",
+    "random",
 ]
 AttributionSplit = Literal["train", "val"]
 IGPath = Literal["joint", "layer", "inputs"]

@@ -329,3 +329,91 @@ def eap_ranking(universe: Universe, attr: Attributions, n_kv_heads: int, signed:
         )
     top = [(u[2], u[3], "mlp" if u[1] else "head") for u in units[:5]]
     return ranking, {"top_units": [f"L{l}.{kind}" + ("" if kind == "mlp" else f".h{h}") for l, h, kind in top]}
+
+
+UNIT_TYPES = ("head", "kv", "mlp")
+UNIT_OF_KIND = {"q": "head", "ov": "head", "k": "kv", "mlp_in": "mlp", "mlp_gate": "mlp", "mlp_out": "mlp"}
+PART_OF_KIND = {"q": 0, "k": 1, "ov": 2, "mlp_in": 0, "mlp_gate": 1, "mlp_out": 2}  # eap_ranking's map order
+
+
+def direction_units(universe: Universe) -> tuple[Tensor, Tensor, list[str]]:
+    """``(unit [N], interleave [N], names)``: each direction's unit (``L{l}.h{h}``: a query head's ``q`` and ``ov``
+    directions; ``L{l}.kv{g}``: a KV head's ``k`` directions; ``L{l}.mlp``: an MLP layer's ``mlp_in``, ``mlp_gate``,
+    ``mlp_out`` directions) and its place within the unit when the unit's maps are interleaved by singular index
+    (d0 of every map in ``PART_OF_KIND``'s order, then d1, ...: ``unit_directions``' order)."""
+    unit = torch.empty(len(universe), dtype=torch.long)
+    interleave = torch.empty(len(universe), dtype=torch.long)
+    names: list[str] = []
+    position: dict[str, int] = {}
+    for c in universe.components:
+        G, K = universe.shapes[universe.names.index(c.name)]
+        start = universe.slice(c.name).start
+        kind = UNIT_OF_KIND.get(c.kind)
+        if kind is None:
+            raise ValueError(f"{c.name}: kind {c.kind!r} belongs to no unit; units hold {', '.join(UNIT_OF_KIND)}")
+        for g in range(G):
+            name = f"L{c.layer}." + {"head": f"h{g}", "kv": f"kv{g}", "mlp": "mlp"}[kind]
+            if name not in position:
+                position[name] = len(names)
+                names.append(name)
+            unit[start + g * K : start + (g + 1) * K] = position[name]
+            interleave[start + g * K : start + (g + 1) * K] = torch.arange(K) * len(PART_OF_KIND) + PART_OF_KIND[c.kind]
+    return unit, interleave, names
+
+
+def unit_type(name: str) -> str:
+    """``head``, ``kv`` or ``mlp``: the type of a unit named as ``direction_units`` names them."""
+    tail = name.split(".", 1)[1]
+    return "mlp" if tail == "mlp" else "kv" if tail.startswith("kv") else "head"
+
+
+def unit_rankings(
+    universe: Universe,
+    scores: Tensor,
+    weights: Tensor,
+    whole: Iterable[str] = ("mlp",),
+    unit_scores: Mapping[str, float] | None = None,
+    within: str = "singular",
+    tail_seed: int = TAIL_SEED,
+) -> dict[str, Tensor]:
+    """``{"signed", "absolute"}`` rankings of one merged order over whole units and single directions, per unit of
+    fair size: every unit of a type in ``whole`` (``UNIT_TYPES``; ``direction_units``) is one item whose score is
+    its directions' summed score (or ``unit_scores[unit name]``) over its summed weight (``weights``: the fair
+    weights), every other direction is an item of its own scored ``score / weight``; items by that score descending
+    (``signed``) or by its magnitude (``absolute``); ties in a seeded random order. A whole unit's directions come
+    together: interleaved by singular index (``within="singular"``, as ``eap_ranking`` expands a unit) or by their
+    own score per weight (``within="score"``, signed or absolute as the ranking). NaN scores count as 0 in a sum and
+    put a single direction last."""
+    whole = set(whole)
+    if not whole <= set(UNIT_TYPES):
+        raise ValueError(f"whole={sorted(whole)}: unit types are {', '.join(UNIT_TYPES)}")
+    if within not in ("singular", "score"):
+        raise ValueError(f"within={within!r}: give 'singular' or 'score'")
+    scores = torch.as_tensor(scores, dtype=torch.float64).flatten().cpu()
+    weights = weights.double().cpu()
+    unit, interleave, names = direction_units(universe)
+    n, n_units = len(universe), len(names)
+    totals = torch.zeros(n_units, dtype=torch.float64).index_add_(0, unit, torch.nan_to_num(scores, nan=0.0))
+    for name, value in (unit_scores or {}).items():
+        if name not in names:
+            raise KeyError(f"unit_scores: {name!r} is not a unit of this universe ({', '.join(names[:4])}, ...)")
+        totals[names.index(name)] = float(value)
+    sizes = torch.zeros(n_units, dtype=torch.float64).index_add_(0, unit, weights)
+    is_whole = torch.tensor([unit_type(name) in whole for name in names])[unit]
+    own = scores / weights
+    key = torch.where(is_whole, (totals / sizes)[unit], own)
+    item = torch.where(is_whole, unit, n_units + torch.arange(n))
+    tie = torch.empty(n_units + n, dtype=torch.long)
+    tie[random_ranking(n_units + n, tail_seed)] = torch.arange(n_units + n)
+    out = {}
+    for variant, fn in (("signed", lambda t: t), ("absolute", torch.abs)):
+        inner = interleave
+        if within == "score":
+            inner = torch.empty(n, dtype=torch.long)
+            inner[score_ranking(fn(own), tail_seed)] = torch.arange(n)
+        order = torch.argsort(inner, stable=True)
+        order = order[torch.argsort(tie[item[order]], stable=True)]
+        k = fn(key)
+        k = torch.where(torch.isnan(k), torch.full_like(k, -math.inf), k)
+        out[variant] = order[torch.argsort(-k[order], stable=True)]
+    return out

@@ -9,6 +9,10 @@ The rankings (``methods``):
   along ``ig_path``, EAP at the clean run; both from one set of backwards, EAP being EAP-IG's point 1),
   ``eap_ig_fair`` and ``eap_fair`` (the same attributions divided by each direction's fair-size weight: the
   most attribution per unit of fair size first),
+  ``eap_ig_units`` and ``eap_ig_mixed`` (one merged order per unit of fair size over whole units and single
+  directions, ``rankings.unit_rankings``: ``eap_ig_units`` keeps every head, KV head and MLP layer whole, by its
+  summed EAP-IG, its directions by their own; ``eap_ig_mixed`` keeps MLP layers whole, by head-level EAP-IG, and
+  ranks the attention directions singly; ``eap_ig_units`` was chosen on the validation split, docs/circuits.md),
   ``eap_ig_heads`` (head-level EAP-IG on the same code path, the head and MLP outputs interpolated; a head's
   score is the sum over its OV directions), ``eap_heads`` (head-level EAP, ``analysis.attribution``). Each is
   ranked twice, signed (``<method>/signed``: scored by CPR) and by magnitude (``<method>/absolute``: scored by
@@ -63,12 +67,14 @@ from lit_svd.analysis.faithfulness_options import (
     check_faithfulness_options,
 )
 from lit_svd.analysis.rankings import (
+    UNIT_TYPES,
     attribution_rankings,
     eap_ranking,
     mask_ranking,
     per_weight,
     random_ranking,
     run_graph_ranking,
+    unit_rankings,
 )
 from lit_svd.models.patching import CircuitPatch
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -78,7 +84,9 @@ from lit_svd.runs import load_run
 # direction methods: (the attribution they rank, ranked per unit of fair size)
 DIRECTION_METHODS = {"eap_ig": ("eap_ig", False), "eap": ("eap", False), "eap_ig_fair": ("eap_ig", True),
                      "eap_fair": ("eap", True)}  # fmt: skip
+MIXED_METHODS = ("eap_ig_units", "eap_ig_mixed")  # whole units and single directions (rankings.unit_rankings)
 HEAD_METHODS = ("eap_ig_heads", "eap_heads")
+ATTRIBUTION_METHODS = (*DIRECTION_METHODS, *MIXED_METHODS, *HEAD_METHODS)
 SIGNED, ABSOLUTE = "signed", "absolute"
 
 
@@ -115,7 +123,10 @@ class FaithfulnessModule(PretrainedLMModule):
         graph_run: folder of a finished circuit-graph run (``results.json`` with ``edges``; ``config.yaml`` for the
             split check).
         methods: rankings to score: ``eap_ig``, ``eap`` (direction attribution patching), ``eap_ig_fair``,
-            ``eap_fair`` (the same attributions per unit of fair size, ``rankings.per_weight``), ``eap_ig_heads``,
+            ``eap_fair`` (the same attributions per unit of fair size, ``rankings.per_weight``), ``eap_ig_units``
+            (every head, KV head and MLP whole, by summed EAP-IG per unit of fair size, directions within by their
+            own), ``eap_ig_mixed`` (whole MLP layers by head-level EAP-IG and single attention directions, in one
+            order per unit of fair size), ``eap_ig_heads``,
             ``eap_heads`` (head level), ``mask``, ``graph``, ``graph_mlp`` (the graph with its MLP layers' input and
             gate directions, ``analysis.rankings.mlp_input_scores``), ``random``.
         random_seeds: one random ranking per seed (``random_<seed>``).
@@ -187,7 +198,7 @@ class FaithfulnessModule(PretrainedLMModule):
         if self.task is None:
             raise ValueError("faithfulness needs task prompts (ioi, gp or gt): use lit_svd.datamodules.tasks")
         hp = self.hparams
-        if any(m in self.methods for m in (*DIRECTION_METHODS, *HEAD_METHODS)):
+        if any(m in self.methods for m in ATTRIBUTION_METHODS):
             have = len(dm.splits[hp.attribution_split])
             if have < hp.attribution_prompts:
                 raise ValueError(
@@ -215,7 +226,7 @@ class FaithfulnessModule(PretrainedLMModule):
 
     @property
     def _wants_directions(self) -> bool:
-        return any(m in self.methods for m in DIRECTION_METHODS)
+        return any(m in self.methods for m in (*DIRECTION_METHODS, *MIXED_METHODS))
 
     def _attribution_scores(self) -> dict[str, Tensor]:
         """Per attribution method its flat scores (directions ``[N]``; heads ``[L * H + L]``: heads then MLPs),
@@ -240,7 +251,7 @@ class FaithfulnessModule(PretrainedLMModule):
                         "eap_ig",
                         universe.flatten({n: sum(p[n] for p in per_point) for n in per_point[0]}) / len(points),
                     )
-                if "eap_ig_heads" in self.methods:
+                if "eap_ig_heads" in self.methods or "eap_ig_mixed" in self.methods:
                     per_point = batch_integrands(self.patch, batch, self.task, points, hp.ig_path, writers)
                     flat = universe.flatten(mean_over_points(per_point))
                     units = unit_attributions(universe, flat, L, H, 1)
@@ -265,8 +276,16 @@ class FaithfulnessModule(PretrainedLMModule):
         start = time.monotonic()
         scores = self._attribution_scores()
         seconds = time.monotonic() - start
-        for method in (m for m in (*DIRECTION_METHODS, *HEAD_METHODS) if m in self.methods):
-            if method in DIRECTION_METHODS:
+        for method in (m for m in ATTRIBUTION_METHODS if m in self.methods):
+            if method == "eap_ig_units":
+                pair = unit_rankings(self.universe, scores["eap_ig"], self.weights, UNIT_TYPES, within="score")
+                info = {"whole": list(UNIT_TYPES), "within": "score"}
+            elif method == "eap_ig_mixed":
+                mlps = scores["eap_ig_heads"][L * H :]
+                unit_scores = {f"L{c.layer}.mlp": float(mlps[c.layer]) for c in self.components if c.kind == "mlp_out"}
+                pair = unit_rankings(self.universe, scores["eap_ig"], self.weights, unit_scores=unit_scores)
+                info = {"whole": ["mlp"], "mlp_scores": "eap_ig_heads"}
+            elif method in DIRECTION_METHODS:
                 source, fair = DIRECTION_METHODS[method]
                 s = scores[source]
                 pair = attribution_rankings(per_weight(s, self.weights) if fair else s)
@@ -287,7 +306,7 @@ class FaithfulnessModule(PretrainedLMModule):
     # --- curves ---------------------------------------------------------------------------------------------
     def on_test_start(self) -> None:
         self.patch.to(self.device)
-        if any(m in self.methods for m in (*DIRECTION_METHODS, *HEAD_METHODS)):
+        if any(m in self.methods for m in ATTRIBUTION_METHODS):
             self._attribution_rankings()
         self.plan = plan_curves(self.rankings, self.sizes, len(self.universe), AXES, self.weights)
         self.states = CurveStates(sum(len(self.plan.circuits(n)) for n in self.plan.rankings)).to(self.device)
