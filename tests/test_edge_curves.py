@@ -81,6 +81,7 @@ def kept_set(ranking, cut):
     out = set()
     for r in ranking.universe.readers:
         m = cut.mask(r, keys(ranking.scores(r))).reshape(-1)
+        assert torch.equal(cut.mask_of(r, ranking.scores(r)).reshape(-1), m)  # 32-bit keys for float32 scores
         out |= {(r.index, int(i)) for i in torch.nonzero(m).flatten()}
     return out
 
