@@ -6,7 +6,10 @@ it there (after the attribution and after each curve: the curves are scored one 
     OMP_NUM_THREADS=1 python bench/edge_bench.py --task ioi --n-train 64 --n-test 64 --curve directions_signed_raw
 
 The prompts: ``TaskDataModule(task, n_train=1000, n_val=64, n_test=64, test_last=True, seed=0)`` (the faithfulness
-configs' split): the first ``--n-train`` prompts of its training split are scored, the test split is curved.
+configs' split): the first ``--n-train`` prompts of its training split are scored, the test split (its first
+``--n-curve`` prompts if given) is curved. The scores and the gains (``G = Rc W^T``, read by the edge ablation) go
+to two temporary files, removed at the end, on an exception and on SIGTERM; the corrupted recordings and both ends
+of the curves are computed once for all curves.
 """
 
 from __future__ import annotations

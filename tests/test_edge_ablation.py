@@ -294,19 +294,24 @@ def brute_correction(self, r, keep: UnitKeep, R, D, Dp, live):
     return raw.T * f[:, None], f / v.norm_factor(r.point, r.layer, R).reshape(-1)
 
 
-@pytest.mark.parametrize("density", [0.003, 0.3, 0.997])
-def test_every_partial_path_equals_the_brute_force_correction(s, density, monkeypatch):
-    """Random direction circuits with whole blocks kept and dropped beside partial ones, a few reader units kept
-    whole: the dense path, the sparse paths over the kept and the dropped edges, with gains formed per forward and
-    precomputed (``EdgeAblation(gains=...)``), all equal the brute-force correction (1e-9 of the largest logit)."""
+@pytest.mark.parametrize("density, whole", [(0.003, True), (0.3, True), (0.997, True), (0.3, False)])
+def test_every_partial_path_equals_the_brute_force_correction(s, density, whole, monkeypatch):
+    """Random direction circuits with whole blocks kept and dropped beside partial ones (``whole``; else every block
+    partial: the partial columns are one run, read as a slice), a few reader units kept whole: the dense path, the
+    sparse paths over the kept and the dropped edges, with gains formed per forward and precomputed
+    (``EdgeAblation(gains=...)``), all equal the brute-force correction (1e-9 of the largest logit)."""
     u = s.universe
     g = torch.Generator().manual_seed(2)
     masks = {}
     for r in u.readers[:-1]:
         block = torch.rand(r.n_up, generator=g)  # < 0.2: dropped whole, > 0.8: kept whole, else partial
         m = torch.rand(r.size, r.n_cols, generator=g) < density
-        whole = block[u.col_unit[: r.n_cols]]
-        m = torch.where(whole < 0.2, False, torch.where(whole > 0.8, True, m))
+        if whole:
+            at = block[u.col_unit[: r.n_cols]]
+            m = torch.where(at < 0.2, False, torch.where(at > 0.8, True, m))
+        else:
+            m[0, 1:] = True  # every column kept by some direction and dropped by another: every block partial
+            m[1, 1:] = False
         if r.index % 5 != 4:
             masks[r.index] = m
     circuit = UnitMasks(masks)
@@ -323,7 +328,7 @@ def test_every_partial_path_equals_the_brute_force_correction(s, density, monkey
                 got = s.run_edges(circuit)
             finally:
                 s.ablation.gains = None
-            close(got, brute, f"density {density}, SPARSE {sparse}, gains {'given' if given else 'formed'}")
+            close(got, brute, f"density {density}, SPARSE {sparse}, gains {'given' if given else 'formed'}, {whole=}")
 
 
 def test_whole_blocks_equal_their_mask():

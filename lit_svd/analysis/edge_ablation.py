@@ -32,10 +32,14 @@ exact). Dropping a writer's edges to every reader then differs from replacing th
 Elsewhere the two are the same (tested).
 
 **Cost.** Per reader unit the edges split into blocks (writer unit x reader unit): a block dropped whole adds its
-writer unit's summed write ``Delta_U`` in the residual (one residual-space sum per reader unit); a block kept whole
-adds nothing; a partially kept block adds ``sum_j (1 - keep_kj) G_kj dc_j`` with ``G_kj = r_k . W_j`` and ``dc_j`` the
-writer's coefficient change, computed densely or, where few edges are kept (dropped), over the kept (dropped) edges
-alone (``r_k . total - sum over kept``): the cost follows the partially kept edges.
+writer unit's summed write ``Delta_U`` in the residual (the unit sums of every reader unit of a read point are one
+product); a block kept whole adds nothing; a partially kept block adds ``sum_j (1 - keep_kj) G_kj dc_j`` with ``G_kj
+= r_k . W_j`` (the gains, precomputed by the attribution where given: ``gains``) and ``dc_j`` the writer's
+coefficient change: one sparse (CSR) product over the kept edges (``r_k . total - sum over kept``) or the dropped
+ones where either is under ``SPARSE`` of the partial blocks' edges, else a dense product. The unit's input adds the
+writes of the partial blocks' columns that no direction keeps: summed over those columns or over the kept ones,
+whichever are fewer (``P x min x d`` multiply-adds per reader unit). A circuit of whole blocks (``block_keep``) needs
+no mask of direction edges.
 """
 
 from __future__ import annotations
@@ -451,8 +455,7 @@ class _LazyMasks:
         M = self.circuit.keep(r)
         if M is None:
             return None
-        any_col = M.any(0)
-        all_col = M.all(0) if bool(any_col.all()) else torch.zeros_like(any_col)
+        any_col, all_col = M.any(0), M.all(0)
         if bool(all_col.all()):
             return None
         return UnitKeep(_block_states(self.u, r, any_col, all_col), M, any_col)
