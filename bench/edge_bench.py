@@ -6,7 +6,10 @@ it there (after the attribution and after each curve: the curves are scored one 
     OMP_NUM_THREADS=1 python bench/edge_bench.py --task ioi --n-train 64 --n-test 64 --curve directions_signed_raw
 
 The prompts: ``TaskDataModule(task, n_train=1000, n_val=64, n_test=64, test_last=True, seed=0)`` (the faithfulness
-configs' split): the first ``--n-train`` prompts of its training split are scored, the test split is curved.
+configs' split): the first ``--n-train`` prompts of its training split are scored, the test split (its first
+``--n-curve`` prompts if given) is curved. The scores and the gains (``G = Rc W^T``, read by the edge ablation) go
+to two temporary files, removed at the end, on an exception and on SIGTERM; the corrupted recordings and both ends
+of the curves are computed once for all curves.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ def main() -> None:
     p.add_argument("--task", default="ioi")
     p.add_argument("--n-train", type=int, default=64)
     p.add_argument("--n-test", type=int, default=64)
+    p.add_argument("--n-curve", type=int, default=None, help="curve the first N test prompts only (default: all)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--curve", nargs="*", default=["directions_signed_raw"], help="curves (edge_curves.curve_specs)")
@@ -39,10 +43,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
 
-    from lit_svd.analysis.edge_ablation import EdgeAblation
-    from lit_svd.analysis.edge_attribution import attribute
-    from lit_svd.analysis.edge_curves import MIB_SIZES, ScoreFile, curve_specs, edge_curves
-    from lit_svd.analysis.edges import EdgeUniverse
+    from lit_svd.analysis.edge_curves import exit_on_sigterm
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.models import load_causal_lm
     from lit_svd.models import view as make_view
@@ -60,8 +61,19 @@ def main() -> None:
                         batch_size=args.batch_size)  # fmt: skip
     train = dm.splits["train"].examples[: args.n_train]
     train_batches = [dm.collate(train[i : i + args.batch_size]) for i in range(0, len(train), args.batch_size)]
-    test_batches = list(dm.test_dataloader())
+    test = dm.splits["test"].examples[: args.n_curve or args.n_test]
+    test_batches = [dm.collate(test[i : i + args.batch_size]) for i in range(0, len(test), args.batch_size)]
     out["load_s"] = time.monotonic() - t0
+    with exit_on_sigterm():  # SIGTERM unwinds, so the score files go
+        run(args, out, view, train_batches, test_batches, t0, say)
+
+
+def run(args, out: dict, view, train_batches: list, test_batches: list, t0: float, say) -> None:
+    """The universe, then the scores and gains in two files removed however the run ends."""
+    from lit_svd.analysis.edge_curves import ScoreFile
+    from lit_svd.analysis.edges import EdgeUniverse
+
+    out["n_curve_prompts"] = sum(len(b["answer_pos"]) for b in test_batches)
 
     t = time.monotonic()
     universe = EdgeUniverse(view)
@@ -69,19 +81,34 @@ def main() -> None:
     say(f"universe {out['universe_s']:.1f} s, {out['counts']}, peak {peak_gb():.2f} GiB")
 
     t = time.monotonic()
-    store = ScoreFile(universe)
-    scores = attribute(universe, train_batches, args.task, steps=args.steps, store=store)
+    store, gains = ScoreFile(universe), ScoreFile(universe, name="gains")
+    try:
+        score_and_curve(args, out, universe, train_batches, test_batches, store, gains, t, t0, say)
+    finally:
+        store.close()
+        gains.close()
+
+
+def score_and_curve(args, out, universe, train_batches, test_batches, store, gains, t, t0, say) -> None:
+    """EAP-IG attribution (scores and gains to their files), then each curve, written as soon as it is done."""
+    from lit_svd.analysis.edge_ablation import EdgeAblation
+    from lit_svd.analysis.edge_attribution import attribute
+    from lit_svd.analysis.edge_curves import MIB_SIZES, curve_specs, edge_curves
+
+    scores = attribute(universe, train_batches, args.task, steps=args.steps, store=store, gains=gains)
     out["attribution_s"], out["scores_gb"] = time.monotonic() - t, store.nbytes / 2**30
+    out["gains_gb"] = gains.nbytes / 2**30
     out["peak_rss_after_attribution_gb"] = peak_gb()
     say(f"attribution {out['attribution_s']:.1f} s, peak {peak_gb():.2f} GiB")
     write(out, args.out)
 
-    ablation = EdgeAblation(universe, args.task)
+    ablation = EdgeAblation(universe, args.task, gains=gains)
     sizes = args.sizes or MIB_SIZES
     specs = curve_specs(universe, scores, args.curve)
     out["curves"] = {}
+    ends: dict = {}  # the corrupted recordings and both ends, computed once for every curve
     for name, spec in specs.items():  # one curve at a time, each written as soon as it is done
-        curves, info = edge_curves(ablation, test_batches, {name: spec}, sizes, progress=lambda m: say(m))
+        curves, info = edge_curves(ablation, test_batches, {name: spec}, sizes, progress=lambda m: say(m), ends=ends)
         out["curves"][name] = curves[name].row()
         out["info"] = info
         out["peak_rss_gb"] = peak_gb()

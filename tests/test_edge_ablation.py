@@ -9,7 +9,11 @@ models of every architecture (RMSNorms in float64: ``exact_rms_norms``).
 * dropping one writer's edges to every reader (the embedding, a head, an MLP, one OV direction) equals a hook that
   replaces the writer's write in the residual by its corrupted write (the node ablation; Gemma: the write after
   the post norm, each with its own run's post-norm factor);
-* the sparse sums over kept or dropped edges equal the dense one.
+* the sparse sums over kept or dropped edges equal the dense one, and every path (dense, sparse over the kept or the
+  dropped edges, gains formed per forward or precomputed) equals a brute-force correction that forms every writer
+  direction's ``corrupted - live`` write and sums them per reader direction as the module docstring defines;
+* a head-level circuit given as whole blocks (``block_keep``) equals the same circuit given as a mask of direction
+  edges.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import pytest
 import torch
 
 from lit_svd.analysis import edge_ablation
-from lit_svd.analysis.edge_ablation import AllEdges, DropWriters, EdgeAblation, NoEdges, UnitMasks
+from lit_svd.analysis.edge_ablation import AllEdges, DropWriters, EdgeAblation, NoEdges, UnitKeep, UnitMasks
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.linalg import svd_factored
 from lit_svd.metrics import forward_answer_logits
@@ -270,6 +274,82 @@ def test_sparse_and_dense_partial_sums_agree(s, density, monkeypatch):
     sparse = s.run_edges(circuit)
     assert (dense - s.clean).abs().max() > 1e-6 and (dense - s.corrupt).abs().max() > 1e-6
     close(sparse, dense, f"density {density}: sparse vs dense")
+
+
+def brute_correction(self, r, keep: UnitKeep, R, D, Dp, live):
+    """The correction of reader unit ``r`` from its definition: every upstream writer direction's ``corrupted -
+    live`` write formed on its own (the embedding: its whole write); the unit's input adds those that no direction
+    keeps, each direction adds its own dropped ones through the unit's factor."""
+    u, v = self.u, self.view
+    M = (
+        keep.mask
+        if keep.mask is not None
+        else (keep.state == edge_ablation.FULL)[u.col_unit[: r.n_cols]].expand(r.size, -1)
+    )
+    writes = live.dcT[: r.n_cols, :, None] * u.W[: r.n_cols, None, :]  # [n_cols, P, d]
+    writes[0] = live.delta[0]
+    y = R + writes[~M.any(0)].sum(0)
+    raw = torch.einsum("kj,jpd,kd->kp", (~M).to(R.dtype), writes, u.basis(r).Rc)
+    f = v.norm_factor(r.point, r.layer, y).reshape(-1)
+    return raw.T * f[:, None], f / v.norm_factor(r.point, r.layer, R).reshape(-1)
+
+
+@pytest.mark.parametrize("density, whole", [(0.003, True), (0.3, True), (0.997, True), (0.3, False)])
+def test_every_partial_path_equals_the_brute_force_correction(s, density, whole, monkeypatch):
+    """Random direction circuits with whole blocks kept and dropped beside partial ones (``whole``; else every block
+    partial: the partial columns are one run, read as a slice), a few reader units kept whole: the dense path, the
+    sparse paths over the kept and the dropped edges, with gains formed per forward and precomputed
+    (``EdgeAblation(gains=...)``), all equal the brute-force correction (1e-9 of the largest logit)."""
+    u = s.universe
+    g = torch.Generator().manual_seed(2)
+    masks = {}
+    for r in u.readers[:-1]:
+        block = torch.rand(r.n_up, generator=g)  # < 0.2: dropped whole, > 0.8: kept whole, else partial
+        m = torch.rand(r.size, r.n_cols, generator=g) < density
+        if whole:
+            at = block[u.col_unit[: r.n_cols]]
+            m = torch.where(at < 0.2, False, torch.where(at > 0.8, True, m))
+        else:
+            m[0, 1:] = True  # every column kept by some direction and dropped by another: every block partial
+            m[1, 1:] = False
+        if r.index % 5 != 4:
+            masks[r.index] = m
+    circuit = UnitMasks(masks)
+    monkeypatch.setattr(EdgeAblation, "correction", brute_correction)
+    brute = s.run_edges(circuit)
+    monkeypatch.undo()
+    assert (brute - s.clean).abs().max() > 1e-6 and (brute - s.corrupt).abs().max() > 1e-6
+    gains = {r.index: u.basis(r).Rc @ u.W[: r.n_cols].T for r in u.readers[:-1]}
+    for sparse in (0.0, 0.5):
+        monkeypatch.setattr(edge_ablation, "SPARSE", sparse)
+        for given in (None, gains):
+            s.ablation.gains = given
+            try:
+                got = s.run_edges(circuit)
+            finally:
+                s.ablation.gains = None
+            close(got, brute, f"density {density}, SPARSE {sparse}, gains {'given' if given else 'formed'}, {whole=}")
+
+
+def test_whole_blocks_equal_their_mask():
+    """A circuit giving whole blocks (``block_keep``) runs as the same circuit given as masks of direction edges."""
+    model = tiny_causal_lm("gpt2", vocab_size=VOCAB).double()
+    setup = Setup(model)
+    u = setup.universe
+    g = torch.Generator().manual_seed(3)
+    blocks = {r.index: torch.rand(r.n_up, generator=g) < 0.5 for r in u.readers}
+
+    class Blocks:
+        def keep(self, r):
+            return blocks[r.index][u.col_unit[: r.n_cols]].expand(r.size, -1)
+
+        def block_keep(self, r):
+            return blocks[r.index]
+
+    masks = UnitMasks({r.index: Blocks().keep(r) for r in u.readers})
+    ours = setup.run_edges(Blocks())
+    assert (ours - setup.clean).abs().max() > 1e-6 and (ours - setup.corrupt).abs().max() > 1e-6
+    close(ours, setup.run_edges(masks), "whole blocks vs their mask")
 
 
 def test_bad_prompts_fail_in_one_line():

@@ -27,9 +27,10 @@ SIZES = [0.01, 0.1, 0.5, 1.0]
 
 def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
     model_dir = tiny_dirs["llama"]
+    (tmp_path / "scores").mkdir()
     module = EdgeCircuitModule(
         model=model_dir, methods=["directions", "units", "random"], sizes=SIZES, n_attribution=6, graph_f=0.5,
-        n_check=2, n_random=3, top_edges=10,
+        n_check=2, n_random=3, top_edges=10, scores_dir=str(tmp_path / "scores"),
     )  # fmt: skip
     dm = TaskDataModule(**DATA, tokenizer=model_dir)
     trainer = pl.Trainer(
@@ -37,6 +38,7 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
         callbacks=[EdgeCircuitReport()],
     )  # fmt: skip
     trainer.test(module, datamodule=dm)
+    assert not any((tmp_path / "scores").iterdir())  # the score and gain files are gone with the test
     result = load_result(tmp_path / "out")
     names = curve_names(["directions", "units", "random"], ["raw", "fair"], [0])
     assert result.experiment == "edge_circuits" and set(result.curves) == set(names)

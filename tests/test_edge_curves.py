@@ -21,6 +21,9 @@
 from __future__ import annotations
 
 import functools
+import os
+import signal
+import time
 
 import pytest
 import torch
@@ -32,7 +35,9 @@ from lit_svd.analysis.edge_curves import (
     EdgeRanking,
     RandomCircuit,
     RankedCircuit,
+    ScoreFile,
     absolute,
+    exit_on_sigterm,
     keys,
     random_spec,
     ranked_spec,
@@ -81,6 +86,7 @@ def kept_set(ranking, cut):
     out = set()
     for r in ranking.universe.readers:
         m = cut.mask(r, keys(ranking.scores(r))).reshape(-1)
+        assert torch.equal(cut.mask_of(r, ranking.scores(r)).reshape(-1), m)  # 32-bit keys for float32 scores
         out |= {(r.index, int(i)) for i in torch.nonzero(m).flatten()}
     return out
 
@@ -205,3 +211,23 @@ def test_scores_spread_over_the_buckets(dtype):
     g = torch.Generator().manual_seed(0)
     x = torch.rand(100_000, generator=g, dtype=torch.float64).to(dtype) * 1e-3
     assert len(edge_curves._bucket(keys(x)).unique()) > 100
+
+
+def test_sigterm_unwinds_and_the_score_file_goes(universe, tmp_path):
+    """Under ``exit_on_sigterm`` a SIGTERM raises SystemExit where the run is, so a ``finally`` removes the score
+    file; the previous handler is back afterwards. Without it the default handler would kill the process here."""
+    previous = signal.getsignal(signal.SIGTERM)
+    store = ScoreFile(universe, tmp_path)
+    r = universe.readers[0]
+    store[r.index] = torch.ones(r.size, r.n_cols)
+    assert store.path.exists()
+    with pytest.raises(SystemExit) as info:
+        with exit_on_sigterm():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises long before this ends
+            finally:
+                store.close()
+    assert info.value.code == 128 + signal.SIGTERM
+    assert not store.path.exists() and not any(tmp_path.iterdir())
+    assert signal.getsignal(signal.SIGTERM) is previous

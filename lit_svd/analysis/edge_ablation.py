@@ -32,15 +32,19 @@ exact). Dropping a writer's edges to every reader then differs from replacing th
 Elsewhere the two are the same (tested).
 
 **Cost.** Per reader unit the edges split into blocks (writer unit x reader unit): a block dropped whole adds its
-writer unit's summed write ``Delta_U`` in the residual (one residual-space sum per reader unit); a block kept whole
-adds nothing; a partially kept block adds ``sum_j (1 - keep_kj) G_kj dc_j`` with ``G_kj = r_k . W_j`` and ``dc_j`` the
-writer's coefficient change, computed densely or, where few edges are kept (dropped), over the kept (dropped) edges
-alone (``r_k . total - sum over kept``): the cost follows the partially kept edges.
+writer unit's summed write ``Delta_U`` in the residual (the unit sums of every reader unit of a read point are one
+product); a block kept whole adds nothing; a partially kept block adds ``sum_j (1 - keep_kj) G_kj dc_j`` with ``G_kj
+= r_k . W_j`` (the gains, precomputed by the attribution where given: ``gains``) and ``dc_j`` the writer's
+coefficient change: one sparse (CSR) product over the kept edges (``r_k . total - sum over kept``) or the dropped
+ones where either is under ``SPARSE`` of the partial blocks' edges, else a dense product. The unit's input adds the
+writes of the partial blocks' columns that no direction keeps: summed over those columns or over the kept ones,
+whichever are fewer (``P x min x d`` multiply-adds per reader unit). A circuit of whole blocks (``block_keep``) needs
+no mask of direction edges.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -80,6 +84,9 @@ class NoEdges:
 
     def keep(self, u: ReaderUnit) -> Tensor | None:
         return torch.zeros(u.size, u.n_cols, dtype=torch.bool, device=self.universe.device)
+
+    def block_keep(self, u: ReaderUnit) -> Tensor | None:
+        return torch.zeros(u.n_up, dtype=torch.bool)
 
 
 @dataclass
@@ -121,11 +128,12 @@ class Reference:
 
 @dataclass
 class _Live:
-    """One patched forward's writers so far: ``dc = corrupted - live`` coefficients ``[P, n_cols]`` and each writer
+    """One patched forward's writers so far: ``dcT = (corrupted - live)^T`` coefficients ``[n_cols, P]`` (a writer
+    column per row: the rows a reader unit's edges read are one slice) and each writer
     unit's ``corrupted - live`` write ``delta [n_units, P, d]`` (filled as the forward reaches them), and the
     corrections computed for the reader units (``{index: (delta [P, K], rho [P])}``)."""
 
-    dc: Tensor
+    dcT: Tensor
     delta: Tensor
     corrections: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
     captured: dict[str, Tensor] = field(default_factory=dict)
@@ -139,8 +147,9 @@ class EdgeAblation:
     token length.
     """
 
-    def __init__(self, universe: EdgeUniverse, task: str | TaskScorer):
+    def __init__(self, universe: EdgeUniverse, task: str | TaskScorer, gains: Mapping[int, Tensor] | None = None):
         self.u = universe
+        self.gains = gains
         self.view = universe.view
         self.task = task_scorer(task)
 
@@ -224,7 +233,7 @@ class EdgeAblation:
         P = reference.embed.shape[0]
         masks = _LazyMasks(circuit, u)  # one reader unit's mask at a time, when the forward reaches it
         live = _Live(
-            dc=torch.zeros(P, u.n_writer_cols, dtype=u.dtype, device=u.device),
+            dcT=torch.zeros(u.n_writer_cols, P, dtype=u.dtype, device=u.device),
             delta=torch.zeros(len(u.writers), P, v.d_model, dtype=u.dtype, device=u.device),
         )
         specs = [Hook(v.norm_module("final", None), self._final_hook(masks, reference, live), "pre")]
@@ -253,38 +262,50 @@ class EdgeAblation:
             x = first_input(args, kwargs)
             R = x.reshape(-1, x.shape[-1]).to(u.dtype)
             if point == "attn" and layer == 0:
-                live.dc[:, 0] = 1.0
+                live.dcT[0] = 1.0
                 live.delta[0] = reference.embed - R
-            T = reference.resid[point, layer] - R
-            for r in u.reader_units(point, layer):
-                M = masks[r.index]
-                if M is not None and not bool(M.all()):
-                    live.corrections[r.index] = self.correction(r, M, R, T, live)
+            todo = [(r, keep) for r in u.reader_units(point, layer) if (keep := masks[r.index]) is not None]
+            if not todo:
+                return
+            # every unit sum of this read point in one product: per unit the writes of its blocks dropped whole and
+            # of its partially kept blocks but the embedding's (whose write is delta[0], not dcT W)
+            n_up = todo[0][0].n_up
+            rows = [keep.state == EMPTY for _, keep in todo]
+            at = {}  # unit -> its row of partial writes (units with a mask)
+            for r, keep in todo:
+                if keep.mask is not None:
+                    at[r.index] = len(rows)
+                    rows.append(keep.partial_units())
+            sums = (torch.stack(rows).to(u.dtype) @ live.delta[:n_up].reshape(n_up, -1)).reshape(len(rows), *R.shape)
+            for i, (r, keep) in enumerate(todo):
+                Dp = sums[at[r.index]] if r.index in at else None
+                live.corrections[r.index] = self.correction(r, keep, R, sums[i], Dp, live)
 
         return pre
 
-    def correction(self, r: ReaderUnit, M: Tensor, R: Tensor, T: Tensor, live: _Live) -> tuple[Tensor, Tensor]:
-        """``(delta [P, K], rho [P])`` of reader unit ``r`` with keep mask ``M [K, n_cols]``: each direction's
+    def correction(
+        self, r: ReaderUnit, keep: UnitKeep, R: Tensor, D: Tensor, Dp: Tensor | None, live: _Live
+    ) -> tuple[Tensor, Tensor]:
+        """``(delta [P, K], rho [P])`` of reader unit ``r`` with what it keeps (``UnitKeep``): each direction's
         coefficient is ``bias + rho * (live coefficient - bias) + delta`` (module docstring). ``R``: the live
-        residual ``[P, d]``, ``T``: corrupted - live residual."""
+        residual ``[P, d]``; ``D``, ``Dp``: the ``corrupted - live`` writes of the blocks dropped whole and of the
+        partially kept blocks but the embedding's, summed."""
         u, v = self.u, self.view
-        basis = u.basis(r)
-        Rc, n_up, n_cols = basis.Rc, r.n_up, r.n_cols
-        state = _block_states(u, r, M)
-        empty = state == EMPTY
-        D = _unit_sum(live.delta, empty) if int(empty.sum()) * 2 <= n_up else T - _unit_sum(live.delta, ~empty)
+        Rc, n_cols = u.basis(r).Rc, r.n_cols
+        state, M = keep.state, keep.mask
         y = R + D
-        raw = Rc @ D.T  # [K, P]
         partial = state == PARTIAL
-        if bool(partial[0]):  # the embedding is kept for some directions only
-            raw += (~M[:, 0]).to(raw.dtype)[:, None] * (Rc @ live.delta[0].T)
-        cols = torch.nonzero(partial[u.col_unit[1:n_cols]]).flatten() + 1
-        if len(cols):
+        cols = _span(torch.nonzero(partial[u.col_unit[1:n_cols]]).flatten() + 1)
+        if M is not None and _length(cols):
             Mp = M[:, cols]
-            lost = cols[~Mp.any(0)]  # no direction keeps these: they leave the unit's input too
-            if len(lost):
-                y = y + live.dc[:, lost] @ u.W[lost]
-            raw += _partial_sum(u, Rc, Mp, cols, live, partial)
+            assert keep.any_col is not None and Dp is not None
+            y = y + _lost_sum(live, u, keep.any_col[cols], cols, Dp)
+            raw = _partial_sum(live, u, Rc, D, Dp, Mp, cols, None if self.gains is None else self.gains[r.index])
+        else:
+            raw = Rc @ D.T  # [K, P]
+        if bool(partial[0]):  # the embedding is kept for some directions only
+            assert M is not None
+            raw += (~M[:, 0]).to(raw.dtype)[:, None] * (Rc @ live.delta[0].T)
         f = v.norm_factor(r.point, None if r.point == "final" else r.layer, y).reshape(-1)
         f_live = v.norm_factor(r.point, None if r.point == "final" else r.layer, R).reshape(-1)
         return raw.T * f[:, None], f / f_live
@@ -368,10 +389,10 @@ class EdgeAblation:
         """Record the live coefficients of consecutive writer units: their ``dc`` columns and ``delta`` writes."""
         u = self.u
         start, stop = units[0].offset, units[-1].offset + units[-1].size
-        live.dc[:, start:stop] = reference.coef[:, start:stop] - coef
+        live.dcT[start:stop] = (reference.coef[:, start:stop] - coef).T
         for w in units:
             cols = slice(w.offset, w.offset + w.size)
-            live.delta[w.index] = live.dc[:, cols] @ u.W[cols]
+            live.delta[w.index] = live.dcT[cols].T @ u.W[cols]
 
     def _final_hook(self, masks, reference, live):
         """Pre-hook of the final norm: the logits' input gets the ``corrupted - live`` writes of its dropped edges."""
@@ -379,19 +400,19 @@ class EdgeAblation:
         r = u.readers[-1]
 
         def pre(module, args, kwargs):
-            M = masks[r.index]
-            if M is None or bool(M.all()):
+            keep = masks[r.index]
+            if keep is None:
                 return None
             x = first_input(args, kwargs)
             R = x.reshape(-1, x.shape[-1]).to(u.dtype)
-            dropped = ~M[0]
-            state = _block_states(u, r, M)
+            state = keep.state
             empty = state == EMPTY
             T = reference.resid["final", None] - R
             D = _unit_sum(live.delta, empty) if int(empty.sum()) * 2 <= r.n_up else T - _unit_sum(live.delta, ~empty)
-            cols = torch.nonzero((state == PARTIAL)[u.col_unit[1 : r.n_cols]] & dropped[1:]).flatten() + 1
+            partial = (state == PARTIAL)[u.col_unit[1 : r.n_cols]]
+            cols = torch.nonzero(partial & ~keep.mask[0, 1:]).flatten() + 1 if keep.mask is not None else partial[:0]
             if len(cols):
-                D = D + live.dc[:, cols] @ u.W[cols]
+                D = D + live.dcT[cols].T @ u.W[cols]
             new = (R + D).reshape(x.shape).to(x.dtype)
             if args:
                 return (new, *args[1:]), kwargs
@@ -400,23 +421,54 @@ class EdgeAblation:
         return pre
 
 
+@dataclass
+class UnitKeep:
+    """What a reader unit keeps: ``state [n_up]`` each block EMPTY, FULL or PARTIAL; where some block is PARTIAL the
+    keep mask ``[K, n_cols]`` and ``any_col [n_cols]`` (the columns some direction keeps), else None."""
+
+    state: Tensor
+    mask: Tensor | None = None
+    any_col: Tensor | None = None
+
+    def partial_units(self) -> Tensor:
+        """``[n_up]``: the partially kept writer units but the embedding (whose write is not ``dcT W``)."""
+        out = self.state == PARTIAL
+        out[0] = False
+        return out
+
+
 class _LazyMasks:
-    """``masks[index]``: the circuit's keep mask of a reader unit, computed when asked (each is asked once)."""
+    """``masks[index]``: what the circuit keeps of a reader unit (``UnitKeep``; None: every edge), computed when asked
+    (each is asked once). A circuit with ``block_keep(u)`` (``[n_up]`` bool, or None) gives whole blocks without a
+    mask of direction edges."""
 
     def __init__(self, circuit: Circuit, universe: EdgeUniverse):
         self.circuit, self.u = circuit, universe
 
-    def __getitem__(self, index: int) -> Tensor | None:
-        return self.circuit.keep(self.u.readers[index])
+    def __getitem__(self, index: int) -> UnitKeep | None:
+        r = self.u.readers[index]
+        blocks = getattr(self.circuit, "block_keep", None)
+        kept = blocks(r) if blocks is not None else None
+        if kept is not None:
+            kept = kept.to(self.u.device)
+            return None if bool(kept.all()) else UnitKeep(torch.where(kept, FULL, EMPTY), None)
+        M = self.circuit.keep(r)
+        if M is None:
+            return None
+        any_col, all_col = M.any(0), M.all(0)
+        if bool(all_col.all()):
+            return None
+        return UnitKeep(_block_states(self.u, r, any_col, all_col), M, any_col)
 
 
-def _block_states(u: EdgeUniverse, r: ReaderUnit, M: Tensor) -> Tensor:
-    """``[n_up]``: each block of ``r`` EMPTY, FULL or PARTIAL under the keep mask ``M``."""
-    kept = torch.zeros(r.n_up, dtype=torch.long, device=M.device).index_add_(
-        0, u.col_unit[: r.n_cols], M.sum(0, dtype=torch.long)
-    )
-    full = u.writer_sizes[: r.n_up].to(M.device) * r.size
-    return torch.where(kept == 0, EMPTY, torch.where(kept == full, FULL, PARTIAL))
+def _block_states(u: EdgeUniverse, r: ReaderUnit, any_col: Tensor, all_col: Tensor) -> Tensor:
+    """``[n_up]``: each block of ``r`` EMPTY, FULL or PARTIAL from its columns kept by some (``any_col``) and by
+    every (``all_col``) direction."""
+    unit = u.col_unit[: r.n_cols].to(any_col.device)
+    count = lambda c: torch.zeros(r.n_up, dtype=torch.long, device=c.device).index_add_(0, unit, c.long())  # noqa: E731
+    some, every = count(any_col), count(all_col)
+    size = u.writer_sizes[: r.n_up].to(any_col.device)
+    return torch.where(some == 0, EMPTY, torch.where(every == size, FULL, PARTIAL))
 
 
 def _unit_sum(delta: Tensor, which: Tensor) -> Tensor:
@@ -426,33 +478,67 @@ def _unit_sum(delta: Tensor, which: Tensor) -> Tensor:
     return (w @ delta[:n].reshape(n, -1)).reshape(delta.shape[1:])
 
 
-def _partial_sum(u: EdgeUniverse, Rc: Tensor, Mp: Tensor, cols: Tensor, live: _Live, partial: Tensor) -> Tensor:
-    """``[K, P]``: ``sum_j (1 - keep_kj) G_kj dc_j`` over the partially kept columns ``cols`` (keep mask ``Mp``),
-    dense or edge by edge over the kept (dropped) edges when few (``SPARSE``)."""
+Cols = Tensor | slice  # writer columns: an index tensor, or a slice where they are one contiguous run
+
+
+def _span(cols: Tensor) -> Cols:
+    """``cols`` (ascending) as a slice where they are one contiguous run (no copies of them), else as they are."""
+    if len(cols) and int(cols[-1]) - int(cols[0]) + 1 == len(cols):
+        return slice(int(cols[0]), int(cols[-1]) + 1)
+    return cols
+
+
+def _length(cols: Cols) -> int:
+    return cols.stop - cols.start if isinstance(cols, slice) else len(cols)
+
+
+def _lost_sum(live: _Live, u: EdgeUniverse, any_kept: Tensor, cols: Cols, Dp: Tensor) -> Tensor:
+    """``[P, d]``: the ``corrupted - live`` writes of the partially kept columns ``cols`` that no direction keeps
+    (``any_kept`` False): summed over those columns, or over the kept ones subtracted from their units' writes
+    (``Dp``), whichever are fewer."""
+    idx = torch.arange(cols.start, cols.stop, device=any_kept.device) if isinstance(cols, slice) else cols
+    n_lost = len(idx) - int(any_kept.sum())
+    if 2 * n_lost <= len(idx):
+        lost = idx[~any_kept]
+        return live.dcT[lost].T @ u.W[lost]
+    kept = idx[any_kept]
+    return Dp - live.dcT[kept].T @ u.W[kept]
+
+
+def _partial_sum(
+    live: _Live, u: EdgeUniverse, Rc: Tensor, D: Tensor, Dp: Tensor, Mp: Tensor, cols: Cols, G: Tensor | None
+) -> Tensor:
+    """``[K, P]``: ``Rc . D`` plus ``sum_j (1 - keep_kj) G_kj dc_j`` over the partially kept columns ``cols`` (keep
+    mask ``Mp``, their units' writes ``Dp``): dense, or a sparse product over the kept (dropped) edges when few
+    (``SPARSE``). ``G [K, n_cols]``: the unit's gains ``Rc W^T`` if precomputed (else formed here)."""
     kept = int(Mp.sum())
     total = Mp.numel()
-    dc = live.dc[:, cols]
-    if kept <= SPARSE * total:  # r . (all writes of the partial blocks) - the kept edges
-        units = torch.zeros(len(partial), dtype=torch.bool, device=partial.device)
-        units[1:] = partial[1:]
-        whole = Rc @ _unit_sum(live.delta, units).T
-        return whole - _edge_sum(u, Rc, Mp, cols, dc)
+    if kept <= SPARSE * total:  # r . (D + every write of the partial units) - the kept edges
+        return Rc @ (D + Dp).T - _edge_sum(live, u, Rc, Mp, cols, G)
+    raw = Rc @ D.T
     if total - kept <= SPARSE * total:
-        return _edge_sum(u, Rc, ~Mp, cols, dc)
-    G = Rc @ u.W[cols].T
-    return G.masked_fill_(Mp, 0.0) @ dc.T
+        return raw + _edge_sum(live, u, Rc, ~Mp, cols, G)
+    Gp = Rc @ u.W[cols].T if G is None else G[:, cols].to(Rc.dtype)
+    return raw.addmm_(torch.where(Mp, 0.0, Gp), live.dcT[cols])
 
 
-def _edge_sum(u: EdgeUniverse, Rc: Tensor, which: Tensor, cols: Tensor, dc: Tensor, chunk: int = 1 << 15) -> Tensor:
-    """``[K, P]``: ``sum over the edges (k, j) in which of G_kj dc_j`` (sparse)."""
-    out = torch.zeros(Rc.shape[0], dc.shape[0], dtype=dc.dtype, device=dc.device)
-    k_idx, j_idx = torch.nonzero(which, as_tuple=True)
-    for start in range(0, len(k_idx), chunk):
-        k, j = k_idx[start : start + chunk], j_idx[start : start + chunk]
-        g = (Rc[k] * u.W[cols[j]]).sum(-1)
-        S = torch.sparse_coo_tensor(torch.stack([k, j]), g, (Rc.shape[0], len(cols))).coalesce()
-        out += torch.sparse.mm(S, dc.T)
-    return out
+def _edge_sum(
+    live: _Live, u: EdgeUniverse, Rc: Tensor, which: Tensor, cols: Cols, G: Tensor | None, chunk: int = 1 << 16
+) -> Tensor:
+    """``[K, P]``: ``sum over the edges (k, j) in which of G_kj dc_j`` as one sparse (CSR) product with the writers'
+    ``dcT`` (``G_kj`` read from ``G [K, n_cols]`` or formed edge by edge)."""
+    k, j = torch.nonzero(which, as_tuple=True)  # row-major: CSR order
+    col = j + cols.start if isinstance(cols, slice) else cols[j]
+    if G is not None:
+        g = G[k, col].to(Rc.dtype)
+    else:
+        parts = [(Rc[k[i : i + chunk]] * u.W[col[i : i + chunk]]).sum(-1) for i in range(0, len(k), chunk)]
+        g = torch.cat(parts) if parts else Rc.new_zeros(0)
+    n = (cols.stop if isinstance(cols, slice) else int(cols.max()) + 1) if len(col) else 1
+    crow = torch.zeros(which.shape[0] + 1, dtype=torch.int64, device=which.device)
+    crow[1:] = which.sum(1).cumsum(0)
+    S = torch.sparse_csr_tensor(crow, col, g, (which.shape[0], n), check_invariants=False)
+    return S @ live.dcT[:n]
 
 
 def _keep_input(store: dict, key: object) -> Callable:

@@ -252,10 +252,13 @@ def edge_scores(
     universe: EdgeUniverse,
     parts: Sequence[BatchGradients],
     store: MutableMapping[int, Tensor] | None = None,
+    gains: MutableMapping[int, Tensor] | None = None,
 ) -> EdgeScores:
     """Direction and head-level edge scores from the batches' gradients: per reader unit
     ``G_u * (A_u dc^T) / prompts`` over every prompt at once (module docstring). ``store``: where each unit's scores
-    go (by reader unit index; default: a dict, in memory in the analysis dtype; ``edge_curves.ScoreFile``: a file)."""
+    go (by reader unit index; default: a dict, in memory in the analysis dtype; ``edge_curves.ScoreFile``: a file).
+    ``gains``: where each unit's gains ``G_u = Rc W^T`` ``[K, n_cols]`` go if given (the logits have none): the edge
+    ablation's partial sums read them (``EdgeAblation(gains=...)``) instead of forming them per forward."""
     u = universe
     prompts = sum(p.prompts for p in parts)
     if prompts == 0:
@@ -273,9 +276,15 @@ def edge_scores(
             A = torch.cat([p.A[r.index] for p in parts], 1)  # [K, P]
             Rc = u.basis(r).Rc
             S = torch.empty(r.size, n, dtype=A.dtype, device=A.device)
+            G = None if gains is None else torch.empty_like(S)
             for i in range(0, r.size, ROWS):  # a few rows at a time: G_u and A_u dc^T are [K, n_cols] each
                 rows = slice(i, i + ROWS)
-                torch.mul(Rc[rows] @ u.W[:n].T, A[rows] @ dc[:, :n], out=S[rows])
+                g = Rc[rows] @ u.W[:n].T
+                if G is not None:
+                    G[rows] = g
+                torch.mul(g, A[rows] @ dc[:, :n], out=S[rows])
+            if gains is not None and G is not None:
+                gains[r.index] = G
             S[:, 0] = (A * (Rc @ d_embed.T)).sum(1)
         held[r.index] = S / prompts
     units = torch.stack([p.units for p in parts]).sum(0) / prompts
@@ -288,7 +297,8 @@ def attribute(
     task: str | TaskScorer,
     steps: int = STEPS,
     store: MutableMapping[int, Tensor] | None = None,
+    gains: MutableMapping[int, Tensor] | None = None,
 ) -> EdgeScores:
     """EAP-IG scores of every edge over ``batches`` (``EdgeAttribution.batch`` then ``edge_scores``)."""
     att = EdgeAttribution(universe, task, steps)
-    return edge_scores(universe, [att.batch(b) for b in batches], store)
+    return edge_scores(universe, [att.batch(b) for b in batches], store, gains)

@@ -24,9 +24,13 @@ clipped); ``m(full)`` every edge kept (the clean forward), ``m(empty)`` none (th
 from __future__ import annotations
 
 import math
+import signal
+import struct
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,8 +86,29 @@ def keys(x: Tensor) -> Tensor:
     if x.dtype == torch.float64:
         b = x.contiguous().view(torch.int64)
         return torch.where(b < 0, b ^ 0x7FFFFFFFFFFFFFFF, b)
-    b = x.float().contiguous().view(torch.int32).long()
-    return torch.where(b < 0, b ^ 0x7FFFFFFF, b) << 32
+    return _keys32(x.float()).long() << 32
+
+
+def _keys32(x: Tensor) -> Tensor:
+    """int32 keys with the order of float32 scores (``keys`` is this shifted into the top 32 bits)."""
+    b = x.contiguous().view(torch.int32)
+    return b ^ ((b >> 31) & 0x7FFFFFFF)
+
+
+def _key_float(key: int, dtype: torch.dtype) -> float | None:
+    """The score whose key is ``key`` (None where comparing scores would not keep the order of keys: a zero, whose
+    signs the keys tell apart, a key that is no float32's, a NaN)."""
+    if dtype == torch.float32:
+        if key % (1 << 32):
+            return None
+        k, fmt, mask = key >> 32, "<i", 0x7FFFFFFF
+    elif dtype == torch.float64:
+        k, fmt, mask = key, "<q", 0x7FFFFFFFFFFFFFFF
+    else:
+        return None
+    bits = k if k >= 0 else k ^ mask
+    value = struct.unpack("<f" if fmt == "<i" else "<d", struct.pack(fmt, bits))[0]
+    return None if value == 0.0 or math.isnan(value) or math.isinf(value) else value
 
 
 @dataclass(frozen=True)
@@ -99,13 +124,21 @@ class Cut:
 
     def mask(self, r: ReaderUnit, k: Tensor) -> Tensor:
         """``k``'s keys (``r``'s scores) to the kept mask."""
-        above = k > self.key
+        return self._mask(r, k, self.key)
+
+    def _mask(self, r: ReaderUnit, k: Tensor, key: int | float) -> Tensor:
         if r.index < self.unit:
-            return above | (k == self.key)
+            return k >= key
         if r.index > self.unit:
-            return above
+            return k > key
         flat = torch.arange(k.numel(), device=k.device).reshape(k.shape)
-        return above | ((k == self.key) & (flat <= self.index))
+        return (k > key) | ((k == key) & (flat <= self.index))
+
+    def mask_of(self, r: ReaderUnit, scores: Tensor) -> Tensor:
+        """``r``'s scores to the kept mask, ``mask(r, keys(scores))``, compared as floats where that keeps the keys'
+        order (``_key_float``; no keys formed: one pass over the scores)."""
+        value = _key_float(self.key, scores.dtype)
+        return self.mask(r, keys(scores)) if value is None else self._mask(r, scores, value)
 
 
 def select(ranking: EdgeRanking, targets: Sequence[float], weighted: bool) -> list[Cut]:
@@ -166,32 +199,42 @@ def _eps(t: float) -> float:
 
 
 def _key_rows(ranking: EdgeRanking, r: ReaderUnit, elements: int = 1 << 22) -> Iterator[tuple[int, Tensor]]:
-    """``r``'s keys, flat, in chunks of whole rows (at most ``elements`` each but one row): ``(flat start, keys)``."""
+    """``r``'s keys, flat, in chunks of whole rows (at most ``elements`` each but one row): ``(flat start, keys)``;
+    float32 scores give their 32-bit keys (``_full_keys`` widens them)."""
     S = ranking.scores(r)
     rows = max(1, elements // max(1, S.shape[1]))
     for i in range(0, S.shape[0], rows):
-        yield i * S.shape[1], keys(S[i : i + rows]).reshape(-1).cpu()
+        part = S[i : i + rows]
+        yield i * S.shape[1], (_keys32(part) if part.dtype == torch.float32 else keys(part)).reshape(-1).cpu()
+
+
+def _full_keys(k: Tensor) -> Tensor:
+    """``_key_rows``'s keys as ``keys`` gives them (int64)."""
+    return k.long() << 32 if k.dtype == torch.int32 else k
 
 
 def _bucket(k: Tensor) -> Tensor:
-    """The top ``BUCKET_BITS`` of the keys as a bucket index ``0 .. 2^BUCKET_BITS - 1`` (key order)."""
-    return ((k >> (64 - BUCKET_BITS)) + (1 << (BUCKET_BITS - 1))).reshape(-1)
+    """The top ``BUCKET_BITS`` of the keys (int64, or a float32's int32) as a bucket index ``0 .. 2^BUCKET_BITS -
+    1`` (key order)."""
+    width = 32 if k.dtype == torch.int32 else 64
+    return ((k >> (width - BUCKET_BITS)) + (1 << (BUCKET_BITS - 1))).reshape(-1).long()
 
 
 def _candidates(ranking: EdgeRanking, buckets: Sequence[int]) -> dict[int, dict[str, Tensor]]:
     """Every edge of each bucket: keys, reader unit, flat index, weight, in rank order (key descending, then unit,
     then index)."""
-    wanted = torch.tensor(sorted(buckets), dtype=torch.long)
+    wanted = torch.zeros(1 << BUCKET_BITS, dtype=torch.bool)
+    wanted[list(buckets)] = True
     parts: dict[str, list[Tensor]] = {"bucket": [], "key": [], "unit": [], "index": [], "weight": []}
     for r in ranking.universe.readers:
         cols = ranking.weights(r)
         for start, k in _key_rows(ranking, r):
             b = _bucket(k)
-            idx = torch.nonzero(torch.isin(b, wanted)).flatten()
+            idx = torch.nonzero(wanted[b]).flatten()
             if not len(idx):
                 continue
             parts["bucket"].append(b[idx])
-            parts["key"].append(k[idx])
+            parts["key"].append(_full_keys(k[idx]))
             parts["unit"].append(torch.full((len(idx),), r.index, dtype=torch.long))
             parts["index"].append(idx + start)
             parts["weight"].append(cols[idx % len(cols)])
@@ -209,8 +252,12 @@ class RankedCircuit:
     cut: Cut
 
     def keep(self, r: ReaderUnit) -> Tensor | None:
-        mask = self.cut.mask(r, keys(self.ranking.scores(r))).to(self.ranking.universe.device)
+        mask = self.cut.mask_of(r, self.ranking.scores(r)).to(self.ranking.universe.device)
         return None if bool(mask.all()) else self.ranking.expand(r, mask)
+
+    def block_keep(self, r: ReaderUnit) -> Tensor | None:
+        """``[n_up]``: the kept blocks of a head-level circuit (None at the finer levels)."""
+        return self.cut.mask_of(r, self.ranking.scores(r))[0] if self.ranking.level == "units" else None
 
 
 def _none(r: ReaderUnit) -> Tensor:
@@ -234,6 +281,10 @@ class RandomCircuit:
     def keep(self, r: ReaderUnit) -> Tensor | None:
         ranking = EdgeRanking(self.universe, self.level, self.uniforms)
         return ranking.expand(r, (self.uniforms(r) < self.fraction).to(self.universe.device))
+
+    def block_keep(self, r: ReaderUnit) -> Tensor | None:
+        """``[n_up]``: the kept blocks of a head-level circuit (None at the finer levels)."""
+        return (self.uniforms(r) < self.fraction)[0] if self.level == "units" else None
 
     def sizes(self) -> tuple[int, float]:
         """``(edges kept at its level, weighted count)``."""
@@ -367,18 +418,22 @@ def edge_curves(
     specs: Mapping[str, CurveSpec],
     sizes: Sequence[float] = MIB_SIZES,
     progress: Callable[[str], None] | None = None,
+    ends: dict | None = None,
 ) -> tuple[dict[str, EdgeCurve], dict]:
     """The curve of every spec on the same prompts (``batches``) and sizes. Returns ``(curves, info)``; ``info``:
-    ``m_full``, ``m_empty``, ``n_prompts``, ``n_blocks``, ``wall_s``."""
+    ``m_full``, ``m_empty``, ``n_prompts``, ``n_blocks``, ``wall_s``. ``ends``: a dict that keeps the corrupted
+    recordings and the metric sums of the two ends across calls on the same batches (filled by the first)."""
     sizes = check_sizes(sizes)
     u = ablation.u
     start = time.monotonic()
     batches = list(batches)
-    refs = [ablation.reference(b) for b in batches]
-    sums = EdgeCurveSums(prompts=sum(len(b["answer_pos"]) for b in batches))
-    for b, ref in zip(batches, refs):
-        sums.full += float(ablation.metric(b, AllEdges(), ref).sum())
-        sums.empty += float(ablation.metric(b, NoEdges(u), ref).sum())
+    ends = {} if ends is None else ends
+    if "refs" not in ends:
+        ends["refs"] = refs = [ablation.reference(b) for b in batches]
+        ends["full"] = sum(float(ablation.metric(b, AllEdges(), ref).sum()) for b, ref in zip(batches, refs))
+        ends["empty"] = sum(float(ablation.metric(b, NoEdges(u), ref).sum()) for b, ref in zip(batches, refs))
+    refs = ends["refs"]
+    sums = EdgeCurveSums(ends["full"], ends["empty"], prompts=sum(len(b["answer_pos"]) for b in batches))
     counts: dict[str, tuple[list[int], list[float]]] = {}
     for name, spec in specs.items():
         t0 = time.monotonic()
@@ -418,17 +473,37 @@ def curves_of(
     return out, {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts}
 
 
-class ScoreFile(MutableMapping):
-    """Direction edge scores of every reader unit (``[K_u, n_cols]`` each, float32) in one file, as a mapping from
-    the reader unit's index (``edge_attribution.edge_scores``'s ``store``): ``store[i] = scores`` writes a unit's,
-    ``store[i]`` reads it back (a fresh tensor: nothing stays in memory; the operating system caches the file). The
-    file lives in ``folder`` (default: a temporary folder) and is removed with the object."""
+@contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Within the block SIGTERM raises ``SystemExit`` (in the main thread), so that the unwinding removes the score
+    files (``ScoreFile``: gigabytes in a temporary folder) instead of leaving them behind; the previous handler is
+    restored after. Lightning's own handler only notes SIGTERM and carries on, which a long curve never checks."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
-    def __init__(self, universe: EdgeUniverse, folder: str | Path | None = None):
-        self._dir = tempfile.TemporaryDirectory(dir=folder, prefix="edge_scores_")
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class ScoreFile(MutableMapping):
+    """Direction edge scores (or gains: ``name``) of every reader unit (``[K_u, n_cols]`` each, float32) in one file,
+    as a mapping from the reader unit's index (``edge_attribution.edge_scores``'s ``store`` or ``gains``): ``store[i]
+    = scores`` writes a unit's, ``store[i]`` reads it back (a fresh tensor: nothing stays in memory; the operating
+    system caches the file). The file lives in ``folder`` (default: a temporary folder) and is removed with the
+    object."""
+
+    def __init__(self, universe: EdgeUniverse, folder: str | Path | None = None, name: str = "scores"):
+        self._dir = tempfile.TemporaryDirectory(dir=folder, prefix=f"edge_{name}_")
         sizes = [r.size * r.n_cols for r in universe.readers]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.path = Path(self._dir.name) / "scores.f32"
+        self.path = Path(self._dir.name) / f"{name}.f32"
         self.shapes = {r.index: (r.size, r.n_cols) for r in universe.readers}
         self.written: set[int] = set()
         with open(self.path, "wb") as f:
@@ -452,6 +527,10 @@ class ScoreFile(MutableMapping):
 
     def __delitem__(self, index: int) -> None:
         self.written.discard(index)
+
+    def close(self) -> None:
+        """Remove the file and its folder now."""
+        self._dir.cleanup()
 
     def __iter__(self) -> Iterator[int]:
         return iter(sorted(self.written))

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import STEPS, EdgeScores, attribute
-from lit_svd.analysis.edge_curves import LEVELS, ScoreFile, curve_specs, edge_curves
+from lit_svd.analysis.edge_curves import LEVELS, ScoreFile, curve_specs, edge_curves, exit_on_sigterm
 from lit_svd.analysis.edge_graph import GRAPH_F, check_edges, circuit_graph, graph_size, top_edges
 from lit_svd.analysis.edge_options import Axis, Method, check_edge_options, curve_names
 from lit_svd.analysis.edges import EdgeUniverse
@@ -124,10 +124,13 @@ class EdgeCircuitModule(PretrainedLMModule):
         size = dm.batch_size
         batches = [self._to_device(dm.collate(examples[i : i + size])) for i in range(0, len(examples), size)]
         start = time.monotonic()
+        self._sigterm = exit_on_sigterm()  # SIGTERM unwinds (and removes the score files) until the test ends
+        self._sigterm.__enter__()
         self.store = ScoreFile(self.universe, hp.scores_dir)
+        self.gains = ScoreFile(self.universe, hp.scores_dir, "gains")
         with torch.inference_mode(False), torch.enable_grad():
             batches = [{k: v.clone() if isinstance(v, Tensor) else v for k, v in b.items()} for b in batches]
-            self.scores = attribute(self.universe, batches, self.task, hp.steps, store=self.store)
+            self.scores = attribute(self.universe, batches, self.task, hp.steps, store=self.store, gains=self.gains)
         self.timing["attribution_s"] = time.monotonic() - start
         self.timing["scores_gb"] = self.store.nbytes / 2**30
 
@@ -138,11 +141,21 @@ class EdgeCircuitModule(PretrainedLMModule):
     def test_step(self, batch: dict, batch_idx: int) -> None:
         self.kept.append(batch)
 
+    def on_test_end(self) -> None:
+        # the score files go as soon as the test is over (after an exception: as the process exits, SIGTERM included)
+        for name in ("store", "gains"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).close()
+                setattr(self, name, None)
+        if getattr(self, "_sigterm", None) is not None:
+            self._sigterm.__exit__(None, None, None)
+            self._sigterm = None
+
     def on_test_epoch_end(self) -> None:
         hp = self.hparams
         assert self.scores is not None
         u = self.universe
-        ablation = EdgeAblation(u, self.task)
+        ablation = EdgeAblation(u, self.task, gains=self.gains)
         specs = curve_specs(u, self.scores, self.names)
         start = time.monotonic()
         curves, info = edge_curves(ablation, self.kept, specs, self.sizes)
