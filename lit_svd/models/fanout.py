@@ -30,8 +30,7 @@ def prefix_cache(
 ) -> list[tuple[Float[Tensor, "n kv_heads T-1 d_head"], Float[Tensor, "n kv_heads T-1 d_head"]]]:
     """Per layer the ``(keys, values)`` of the prompts ``ids: [n, T]`` without their last token."""
     out = view.model(input_ids=ids[:, :-1], use_cache=True)
-    cache = out.cache if hasattr(out, "cache") else out.past_key_values
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    return [(layer.keys, layer.values) for layer in returned_cache(out).layers]
 
 
 def _cache(view: ModelView, prefix: list[tuple[Tensor, Tensor]], layer: int, copies: int) -> Any:  # a DynamicCache
@@ -46,9 +45,15 @@ def _cache(view: ModelView, prefix: list[tuple[Tensor, Tensor]], layer: int, cop
     return cache
 
 
-def _cache_kwarg(model: HFModule) -> str:
-    """The forward's name for the KV cache (``cache`` in newer transformers, ``past_key_values`` before)."""
+def cache_kwarg(model: HFModule) -> str:
+    """The forward's name for the KV cache (``cache`` in newer transformers, ``past_key_values`` before: passing the
+    old name to a newer model raises a FutureWarning)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def returned_cache(out: Any) -> Any:
+    """The KV cache a forward with ``use_cache=True`` returned, under either name."""
+    return out.cache if hasattr(out, "cache") else out.past_key_values
 
 
 @contextmanager
@@ -97,7 +102,7 @@ def last_token_copies(
     keep = {} if columns is None else {"logits_to_keep": torch.zeros(0, dtype=torch.long, device=ids.device)}
     with fanned_out(view, layer, copies), capture({"final": view.norm_module("final", None)}, "pre") as got:
         logits = model(
-            input_ids=ids[:, -1:], position_ids=position_ids, use_cache=True, **{_cache_kwarg(model): cache}, **keep
+            input_ids=ids[:, -1:], position_ids=position_ids, use_cache=True, **{cache_kwarg(model): cache}, **keep
         ).logits
     if columns is None:
         return logits[:, -1]

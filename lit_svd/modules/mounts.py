@@ -42,6 +42,7 @@ from lit_svd.analysis.mounts import RESIDUAL_SITES
 from lit_svd.analysis.mounts_options import check_mounts_options
 from lit_svd.choices import check_choice
 from lit_svd.models.base import SITES
+from lit_svd.models.fanout import cache_kwarg, returned_cache
 from lit_svd.models.hooks import Hook, first_input, hooks
 from lit_svd.models.layer_passes import layer_groups, pass_bounds, run_blocks
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -523,7 +524,7 @@ def steer_context(lm, texts: Tensor, positions: str = "last") -> SteerContext:
     touches only the last position, so the prefix is the same for every mount), and the unsteered logits."""
     cache = None
     if positions == "last":
-        cache = lm(input_ids=texts[:, :-1], use_cache=True, logits_to_keep=1).past_key_values
+        cache = returned_cache(lm(input_ids=texts[:, :-1], use_cache=True, logits_to_keep=1))
     return SteerContext(texts, cache, last_logits(lm, texts, cache))
 
 
@@ -568,7 +569,7 @@ def last_logits(lm, texts: Tensor, cache=None) -> Tensor:
     ``texts[:, :-1]``) only the last token is run, on a copy of the cache so that it can be reused."""
     if cache is None:
         return lm(input_ids=texts, logits_to_keep=1).logits[:, -1].float()
-    out = lm(input_ids=texts[:, -1:], past_key_values=copy.deepcopy(cache), use_cache=True, logits_to_keep=1)
+    out = lm(input_ids=texts[:, -1:], **{cache_kwarg(lm): copy.deepcopy(cache)}, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1].float()
 
 
