@@ -83,8 +83,24 @@ def test_a_check_takes_the_constructors_options_with_its_defaults(name, subpacka
         if p.name in MODEL_FACTS and p.name not in params:
             continue
         assert p.name in params, f"{name}: the check takes {p.name!r}, which the constructor does not"
-        if p.default is not None:
+        if p.default is inspect.Parameter.empty:  # the fast check passes the constructor's own default
+            assert params[p.name].default is not inspect.Parameter.empty, (name, p.name)
+        elif p.default is not None:
             assert p.default == params[p.name].default, (name, p.name, p.default, params[p.name].default)
+
+
+@pytest.mark.parametrize("name,subpackage", CHECKED, ids=[c[0].rpartition(".")[2] for c in CHECKED])
+def test_the_defaults_read_from_the_source_are_the_constructors(name, subpackage):
+    """What the fast check passes for an option not given (a literal default read from the source without importing
+    the class) is the constructor's default; the toy check, whose options have no defaults of their own, needs it."""
+    source = config_check.class_signature(name, subpackage).params
+    real = inspect.signature(imported(name).__init__).parameters
+    read = {k: p.default for k, p in source.items() if p.default is not config_check.NO_DEFAULT and k in real}
+    assert read, name
+    for key, value in read.items():
+        default = real[key].default
+        same = value == default or isinstance(value, (list, tuple)) and tuple(value) == tuple(default)
+        assert same, (name, key, value, default)
 
 
 # one bad option per class: the constructor's error is the fast check's line
