@@ -19,15 +19,13 @@ one curve < 30 s. Timings on a shared machine move with its load: the ratios, me
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from faithfulness_setup import finish, frozen_universe, parser  # bench/faithfulness_setup.py
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -40,36 +38,24 @@ def median_seconds(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--task", default="ioi")
+    p = parser(__doc__)
     p.add_argument("--n-prompts", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--fractions", type=float, nargs="+", default=[0.001, 0.01, 0.1, 0.5, 0.9])
-    p.add_argument("--out", default=None)
     args = p.parse_args()
-    torch.set_num_threads(1)
 
     from torch.utils.data import DataLoader, Subset
 
     from lit_svd.analysis.direction_attribution import WRITER_KINDS, alphas, direction_attributions
-    from lit_svd.analysis.faithfulness import MIB_SIZES, Universe, faithfulness_curves, universe_components
+    from lit_svd.analysis.faithfulness import MIB_SIZES, faithfulness_curves
     from lit_svd.analysis.rankings import attribution_rankings, random_ranking
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.metrics import forward_answer_logits
-    from lit_svd.models import load_causal_lm
-    from lit_svd.models import view as make_view
-    from lit_svd.models.patching import CircuitPatch
 
     t0 = time.monotonic()
-    model, _ = load_causal_lm(args.model)
-    for param in model.parameters():
-        param.requires_grad_(False)
-    view = make_view(model)
-    comps = universe_components(view)
-    universe, patch = Universe(comps), CircuitPatch(view, comps)
+    model, view, comps, universe, patch = frozen_universe(args.model)
     dm = TaskDataModule(args.task, args.model, n_train=1000, n_val=64, n_test=args.n_prompts, test_last=True,
                         batch_size=args.batch_size)  # fmt: skip
     test = list(dm.test_dataloader())
@@ -137,12 +123,7 @@ def main() -> None:
     }
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     out["wall_s"] = time.monotonic() - t0
-    print(json.dumps(out, indent=1))
-    if args.out:
-        from lit_svd.output import write_json
-
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        write_json(Path(args.out) / "faithfulness_bench.json", out)
+    finish(out, args.out, "faithfulness_bench")
 
 
 if __name__ == "__main__":

@@ -25,22 +25,18 @@ SmolLM2 IOI (docs/circuits.md), the others not yet.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
+from faithfulness_setup import finish, frozen_universe, parser  # bench/faithfulness_setup.py
 
 KINDS = ("q", "k", "ov", "mlp_in", "mlp_gate", "mlp_out")
 PATHS = {"joint": KINDS, "writers": ("ov", "mlp_out"), "readers": ("q", "k", "mlp_in", "mlp_gate"), "inputs": None}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--task", default="ioi")
+    p = parser(__doc__)
     p.add_argument("--n-train", type=int, default=64)
     p.add_argument("--n-val", type=int, default=64)
     p.add_argument("--steps", type=int, default=10)
@@ -49,38 +45,22 @@ def main() -> None:
     p.add_argument("--sizes", type=float, nargs="+", default=[0.02, 0.05, 0.1, 0.2, 0.5])
     p.add_argument("--parts", nargs="+", default=["paths", "steps", "kinds", "positions"])
     p.add_argument("--layer-path", action="store_true")
-    p.add_argument("--out", default=None)
     args = p.parse_args()
     if ("steps" in args.parts or args.layer_path) and 20 % args.steps:
         p.error(f"--steps {args.steps}: the steps and layer-path parts take it from a 20-step run; give 5, 10 or 20")
-    torch.set_num_threads(1)
 
     from torch.utils.data import DataLoader, Subset
 
     from lit_svd.analysis import direction_attribution as da
-    from lit_svd.analysis.faithfulness import (
-        Universe,
-        circuit_metric,
-        fair_weights,
-        faithfulness_curves,
-        kept_counts,
-        universe_components,
-    )
+    from lit_svd.analysis.faithfulness import circuit_metric, fair_weights, faithfulness_curves, kept_counts
     from lit_svd.analysis.rankings import attribution_rankings, eap_ranking, per_weight, random_ranking
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.metrics import forward_answer_logits, task_scorer
-    from lit_svd.models import load_causal_lm
-    from lit_svd.models import view as make_view
     from lit_svd.models.hooks import Hook, first_input, hooks
     from lit_svd.models.patching import CircuitPatch
 
     t0 = time.monotonic()
-    model, _ = load_causal_lm(args.model)
-    for param in model.parameters():
-        param.requires_grad_(False)
-    view = make_view(model)
-    comps = universe_components(view)
-    universe, patch, weights = Universe(comps), CircuitPatch(view, comps), None
+    model, view, comps, universe, patch = frozen_universe(args.model)
     weights = fair_weights(universe)
     dm = TaskDataModule(args.task, args.model, n_train=1000, n_val=args.n_val, n_test=64, test_last=True, batch_size=32)
 
@@ -266,12 +246,7 @@ def main() -> None:
         print("layer path", out["layer_path"], flush=True)
 
     out["wall_s"] = time.monotonic() - t0
-    print(json.dumps(out, indent=1))
-    if args.out:
-        from lit_svd.output import write_json
-
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        write_json(Path(args.out) / "faithfulness_diagnose.json", out)
+    finish(out, args.out, "faithfulness_diagnose")
 
 
 def candidate_scores(view, comps, universe, weights, val, task, scores, heads) -> dict:

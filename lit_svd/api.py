@@ -149,6 +149,7 @@ def run(config: str | os.PathLike, subcommand: str | None = None, **keys: Any):
 def load(folder: str | os.PathLike):
     """The result of a finished run (its folder, or a results.json): printed in a few lines, ``figures``,
     Jupyter display (``lit_svd.results.base.Result``)."""
+    import lit_svd.figures  # noqa: F401  (registers every result type's figures: result.figures draws them)
     from lit_svd.runs import load_run
 
     path = Path(folder)

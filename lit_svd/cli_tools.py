@@ -45,10 +45,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+import lit_svd.figures  # noqa: F401  (registers every result type's figures: result.figures)
 from lit_svd import PROG as LIT_SVD
 from lit_svd.errors import debug as debug_wanted
 from lit_svd.errors import fail, fail_with
-from lit_svd.figures import figures_of
 from lit_svd.models.loading import ModelUnavailableError
 from lit_svd.output import figure_png, write_json, write_text
 from lit_svd.results import (
@@ -76,7 +76,7 @@ def save(result: Result, out: Path, args: argparse.Namespace) -> Path:
     """Write ``result`` (provenance: the tool's arguments) and its figures into ``out``; returns results.json."""
     result.provenance = Provenance.collect(config={"tool": args.command, **_args(args)}, seeds=_seeds(args))
     path = result.save(out)
-    for name, fig in figures_of(result).items():
+    for name, fig in result.figures.items():
         write_png(out / f"{name}.png", fig)
     return path
 
@@ -133,7 +133,7 @@ def mask_curve(args: argparse.Namespace) -> MaskCurveResult:
     if out.suffix == ".png":  # the figure at --out, the results beside it
         result.provenance = Provenance.collect(config={"tool": args.command, **_args(args)})
         write_text(out.with_suffix(".json"), result.to_json())
-        print(f"figure: {write_png(out, figures_of(result)['mask_curve'])}")
+        print(f"figure: {write_png(out, result.figures['mask_curve'])}")
     else:
         save(result, out, args)
         print(f"results: {out / 'results.json'}; figure: {out / 'mask_curve.png'}")
@@ -178,7 +178,7 @@ def evaluate(args: argparse.Namespace) -> EvaluateResult:
     if args.out:
         save(result, new_folder(args.out), args)
     if args.figure:
-        write_png(Path(args.figure), figures_of(result)["tasks"])
+        write_png(Path(args.figure), result.figures["tasks"])
     return result
 
 

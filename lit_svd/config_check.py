@@ -33,10 +33,14 @@ GROUPS = {"model": "modules", "data": "datamodules"}  # group -> subpackage whos
 _SKIP = ("-h", "--help", "--print_config", "--version")
 
 
+NO_DEFAULT = object()  # a parameter without a default, or one whose default is not a literal
+
+
 @dataclass(frozen=True)
 class Parameter:
     name: str
     annotation: Any  # a type, or Any where the annotation cannot be read without importing
+    default: Any = NO_DEFAULT  # the signature's default where it is a literal (read without importing)
 
 
 @dataclass(frozen=True)
@@ -160,14 +164,17 @@ def check_group(config: dict, group: str, subcommand: str) -> None:
 
 def check_options(signature: Signature, given: dict) -> None:
     """A class's ``options_check`` (``"module:function"``, a torch-free function its constructor also calls) on the
-    options given, typed as the parser would type them; ``n_layers`` / ``n_heads``, where the function takes them,
-    from the model's config.json when it can be read without loading anything (``model_names.light_config``)."""
+    options given, typed as the parser would type them, and on the class's literal defaults of the others (so a
+    check function need not repeat them); ``n_layers`` / ``n_heads``, where the function takes them, from the
+    model's config.json when it can be read without loading anything (``model_names.light_config``)."""
     import importlib
 
     module, _, name = signature.options_check.partition(":")
     check = getattr(importlib.import_module(module), name)
     params = inspect.signature(check).parameters
-    kwargs = {k: typed(signature.params[k], v) for k, v in given.items() if k in params and k in signature.params}
+    ours = {k: p for k, p in signature.params.items() if k in params}
+    kwargs = {k: p.default for k, p in ours.items() if p.default is not NO_DEFAULT}
+    kwargs |= {k: typed(ours[k], v) for k, v in given.items() if k in ours}
     if {"n_layers", "n_heads"} & set(params) and isinstance(given.get("model"), str):
         from lit_svd.model_names import config_sizes, light_config
 
@@ -319,8 +326,11 @@ def _signature(module: str, name: str, depth: int = 0) -> Signature | None:
     namespace = _namespace(module)
     params = {}
     args = init.args
-    for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs][1:]:
-        params[arg.arg] = Parameter(arg.arg, _annotation(arg.annotation, namespace))
+    positional = [*args.posonlyargs, *args.args]
+    defaults = dict(zip([a.arg for a in positional[len(positional) - len(args.defaults) :]], args.defaults))
+    defaults |= {a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None}
+    for arg in [*positional, *args.kwonlyargs][1:]:
+        params[arg.arg] = Parameter(arg.arg, _annotation(arg.annotation, namespace), _literal(defaults.get(arg.arg)))
     open_ = False
     if args.kwarg is not None:  # **kwargs: the first base's parameters too (jsonargparse follows super())
         first = bases[0] if bases else None
@@ -330,6 +340,16 @@ def _signature(module: str, name: str, depth: int = 0) -> Signature | None:
             params = first.params | params
             open_ = first.open
     return Signature(f"{module}.{name}", params, open_, check)
+
+
+def _literal(node: ast.expr | None) -> Any:
+    """The value of a default written as a literal (``0.1``, ``None``, ``(1, 2)``); NO_DEFAULT otherwise."""
+    if node is None:
+        return NO_DEFAULT
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return NO_DEFAULT
 
 
 def _class_constant(cls: ast.ClassDef, name: str) -> str | None:

@@ -10,30 +10,19 @@ import json
 import sys
 from pathlib import Path
 
-import lightning.pytorch as pl
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lit_svd.cli import end_process_group  # noqa: E402
 from lit_svd.datamodules.tasks import TaskDataModule  # noqa: E402
 from lit_svd.modules.circuits import CircuitGraphModule  # noqa: E402
-from tests.helpers import exact_rms_norms  # noqa: E402
+from tests.helpers import exact_rms_norms, quiet_trainer  # noqa: E402
 from tests.test_circuits_module import DATA, OPTIONS  # noqa: E402
 
 
 def main(out: str, model_dir: str) -> None:
     module = CircuitGraphModule(model=model_dir, **OPTIONS)
     dm = TaskDataModule(tokenizer=model_dir, **DATA)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(Path(out).parent / "runs"),
-    )
+    trainer = quiet_trainer(2, Path(out).parent / "runs")
     with exact_rms_norms(module.lm):  # float64 end to end: the ranks batch other prompts together than one process
         trainer.test(module, datamodule=dm)
     if trainer.is_global_zero:

@@ -19,6 +19,7 @@ from lit_svd.cli import end_process_group  # noqa: E402
 from lit_svd.datamodules.tasks import TaskDataModule  # noqa: E402
 from lit_svd.datamodules.text import TextDataModule  # noqa: E402
 from lit_svd.metrics import LogitDifference  # noqa: E402
+from tests.helpers import quiet_trainer  # noqa: E402
 
 
 class Recorder(pl.LightningModule):
@@ -55,16 +56,7 @@ def main(out: str, tokenizer_dir: str, text_file: str) -> None:
         "ioi": TaskDataModule("ioi", tok, n_train=4, n_val=4, n_test=23, batch_size=4),
     }
     for name, dm in modules.items():
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            devices=2,
-            strategy="ddp",
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=str(out_dir / "runs"),
-        )
+        trainer = quiet_trainer(2, out_dir / "runs")
         trainer.test(Recorder(out_dir, name, len(tok)), datamodule=dm)
 
 

@@ -25,6 +25,7 @@ from lit_svd.datamodules.text import TextDataModule  # noqa: E402
 from lit_svd.models.loading import load_tokenizer  # noqa: E402
 from lit_svd.modules.language_model import LanguageModelModule  # noqa: E402
 from lit_svd.modules.mounts_training import score_site_layers  # noqa: E402
+from tests.helpers import quiet_trainer  # noqa: E402
 
 
 def mount_values(rows):
@@ -61,19 +62,7 @@ def main(out: str, devices: int, valid: str) -> None:
         MountsCallback(probe, every_n_steps=2, probe_windows=5, probe_seq_len=16, figures=False, **kw),
         SpectrumCallback(every_n_steps=2, figures=False),
     ]
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy="ddp" if devices > 1 else "auto",
-        max_steps=2,
-        callbacks=cbs,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-        default_root_dir=str(out_dir / "run"),
-    )
+    trainer = quiet_trainer(devices, out_dir / "run", max_steps=2, callbacks=cbs, limit_val_batches=0)
     trainer.fit(module, datamodule=dm)
     if not trainer.is_global_zero:
         return

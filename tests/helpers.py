@@ -66,24 +66,42 @@ def exact_rms_norms(model):
             del mod.forward
 
 
-def run_test(module, batches: list, folder: str | Path | None = None, callbacks: list | None = None):
-    """``trainer.test`` of ``module`` over ``batches`` (one batch each) in this process, quietly: no logger, no
-    checkpoints, no bars; ``folder``: the run's default_root_dir (where a report callback writes). Returns
-    ``module``."""
+def quiet_trainer(devices: int = 1, folder: str | Path | None = None, **options):
+    """A CPU Trainer without logger, checkpoints, progress bar or model summary; ``devices`` > 1: DDP over gloo (the
+    DDP scripts); ``folder``: its default_root_dir (where a report callback writes); ``options``: other Trainer
+    arguments (callbacks, max_steps, ...)."""
     import lightning.pytorch as pl
 
-    trainer = pl.Trainer(
+    return pl.Trainer(
         accelerator="cpu",
-        devices=1,
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
         logger=False,
         default_root_dir=None if folder is None else str(folder),
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=callbacks,
+        **options,
     )
+
+
+def run_test(module, batches: list, folder: str | Path | None = None, callbacks: list | None = None):
+    """``trainer.test`` of ``module`` over ``batches`` (one batch each) in this process, quietly (``quiet_trainer``);
+    ``folder``: the run's default_root_dir. Returns ``module``."""
+    trainer = quiet_trainer(folder=folder, callbacks=callbacks)
     trainer.test(module, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False)
     return module
+
+
+def built_cli(*args: str):
+    """The LightningCLI of ``python -m lit_svd ARGS`` (``--config ...`` and overrides) built in this process, not run:
+    its ``model``, ``datamodule`` and ``trainer``."""
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from lit_svd.cli_lightning import LitSVDCLI
+
+    subclasses = dict(subclass_mode_model=True, subclass_mode_data=True)
+    return LitSVDCLI(LightningModule, LightningDataModule, **subclasses, run=False, args=list(args))
 
 
 @contextmanager

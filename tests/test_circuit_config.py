@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from test_cli_errors import error_lines
+from test_cli_errors import in_process
 
 from lit_svd.analysis.graph_options import check_circuit_options
 from lit_svd.cli import main
@@ -52,13 +52,6 @@ def config(tmp_path, model: str, tokenizer: str, task: str = "ioi") -> str:
     path = tmp_path / "circuits.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
-
-
-def in_process(capsys, *args: str) -> list[str]:
-    with pytest.raises(SystemExit) as code:
-        main(list(args))
-    assert code.value.code == 2
-    return error_lines(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize(

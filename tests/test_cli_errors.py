@@ -161,28 +161,11 @@ def test_missing_text_path_fails_before_the_model_loads(tmp_path):
 
 
 def test_devices_beyond_the_cores_warn_in_one_line_then_run(capsys):
-    from lightning.pytorch import LightningDataModule, LightningModule
-
-    from lit_svd.cli_lightning import LitSVDCLI
+    from helpers import built_cli
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cli = LitSVDCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        run=False,
-        args=[
-            "--config",
-            str(CFG / "toy/single_pair.yaml"),
-            "--trainer.devices",
-            str(cores + 1),
-            "--trainer.strategy",
-            "ddp",
-            "--trainer.logger",
-            "false",
-        ],
-    )
+    args = ["--trainer.devices", str(cores + 1), "--trainer.strategy", "ddp", "--trainer.logger", "false"]
+    cli = built_cli("--config", str(CFG / "toy/single_pair.yaml"), *args)
     warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning:")]
     assert len(warnings) == 1 and f"trainer.devices={cores + 1}" in warnings[0] and f"{cores} cores" in warnings[0]
     assert cli.trainer.num_devices == cores + 1  # and the run goes on
@@ -216,6 +199,7 @@ def no_model(monkeypatch):
 
 
 def in_process(capsys, *args: str) -> list[str]:
+    """The error lines of ``python -m lit_svd ARGS`` run in this process, which must exit with code 2."""
     with pytest.raises(SystemExit) as code:
         main(list(args))
     assert code.value.code == 2

@@ -1,5 +1,6 @@
-"""The layer contract (pyproject's [tool.importlinter], run by `make lint`) holds, and it can fail: the same
-check on a copy of the package where a bottom-layer module imports a reporter reports the contract broken."""
+"""The layer and no-circle contracts (pyproject's [tool.importlinter], run by `make lint`) hold, and they can fail:
+the same check on a copy of the package where a bottom-layer module imports a reporter, or where a result imports
+its figures inside a function (the circle results <-> figures that issue 34 removed), reports them broken."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def lint(root: Path) -> subprocess.CompletedProcess:
 def test_the_package_keeps_its_layers():
     done = lint(ROOT)
     assert done.returncode == 0, done.stdout[-2000:]
-    assert "1 kept, 0 broken" in done.stdout
+    assert "2 kept, 0 broken" in done.stdout
 
 
 def test_an_import_against_the_layers_breaks_the_contract(tmp_path):
@@ -32,6 +33,16 @@ def test_an_import_against_the_layers_breaks_the_contract(tmp_path):
     done = lint(tmp_path)
     assert done.returncode == 1
     assert "BROKEN" in done.stdout and "lit_svd.linalg -> lit_svd.callbacks.masks" in done.stdout
+
+
+def test_a_result_importing_its_figures_breaks_both_contracts(tmp_path):
+    shutil.copytree(ROOT / "lit_svd", tmp_path / "lit_svd", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    base = tmp_path / "lit_svd" / "results" / "base.py"
+    base.write_text(base.read_text() + "\n\ndef _late():\n    from lit_svd.figures import sad  # noqa: F401\n")
+    done = lint(tmp_path)
+    assert done.returncode == 1 and "0 kept, 2 broken" in done.stdout
+    assert "lit_svd.results.base -> lit_svd.figures.sad" in done.stdout and ".results -> .figures" in done.stdout
 
 
 def imports_of(package: Path) -> dict[str, set[str]]:

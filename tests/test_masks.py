@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_lit_svd
+from helpers import built_cli, quiet_trainer, run_lit_svd
 
 from lit_svd.analysis.masks import hard_masks, kept_report, logit_receptors, mask_loss
 from lit_svd.models import view as make_view
@@ -231,7 +231,6 @@ def test_soft_steps_train_soft_then_straight_through(tiny_dirs, tokenizer, tmp_p
 
 def test_training_seed_changes_the_masks_and_repeats_bitwise(tiny_dirs, tokenizer, tmp_path):
     """``order_seed`` (the training seed) gives another circuit on the same prompts; the same seed repeats."""
-    import lightning.pytorch as pl
 
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.modules import DirectionMaskModule
@@ -239,17 +238,7 @@ def test_training_seed_changes_the_masks_and_repeats_bitwise(tiny_dirs, tokenize
     def fit(order_seed, label):
         module = DirectionMaskModule(model=tiny_dirs["llama"], lr=0.5, alpha=1e-5, init=0.6, threshold=0.3)
         dm = TaskDataModule("ioi", tokenizer, n_train=16, n_val=4, n_test=0, batch_size=4, order_seed=order_seed)
-        pl.Trainer(
-            max_steps=3,
-            accelerator="cpu",
-            devices=1,
-            default_root_dir=str(tmp_path / label),
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
-            enable_progress_bar=False,
-            enable_checkpointing=False,
-            logger=False,
-        ).fit(module, dm)
+        quiet_trainer(folder=tmp_path / label, max_steps=3, limit_val_batches=0, num_sanity_val_steps=0).fit(module, dm)
         return torch.cat([v.detach().flatten() for v in module.lambdas().values()])
 
     first, again, other = fit(None, "a"), fit(0, "b"), fit(1, "c")
@@ -408,9 +397,6 @@ def test_eval_split_without_examples_fails_in_one_line(tiny_dirs, tokenizer, tmp
 def test_configs_instantiate_with_tiny_models(config, tiny_dirs, tokenizer):
     """Every config parses and builds its module and data with a tiny random model of its architecture."""
     import yaml
-    from lightning.pytorch import LightningDataModule, LightningModule
-
-    from lit_svd.cli_lightning import LitSVDCLI
 
     arch = (
         "gpt_neox"
@@ -421,27 +407,9 @@ def test_configs_instantiate_with_tiny_models(config, tiny_dirs, tokenizer):
         if "gemma3" in config
         else "llama"
     )
-    cli = LitSVDCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        run=False,
-        args=[
-            "--config",
-            str(CONFIGS / config),
-            "--model.init_args.model",
-            tiny_dirs[arch],
-            "--data.init_args.tokenizer",
-            tiny_dirs[arch],
-            "--data.init_args.n_train",
-            "8",
-            "--data.init_args.n_val",
-            "4",
-            "--trainer.logger",
-            "false",
-        ],
-    )
+    dirs = ["--model.init_args.model", tiny_dirs[arch], "--data.init_args.tokenizer", tiny_dirs[arch]]
+    small = ["--data.init_args.n_train", "8", "--data.init_args.n_val", "4", "--trainer.logger", "false"]
+    cli = built_cli("--config", str(CONFIGS / config), *dirs, *small)
     cfg = yaml.safe_load((CONFIGS / config).read_text())
     assert cli.model.alpha == cfg["model"]["init_args"]["alpha"]
     assert cli.datamodule.task.name == cfg["data"]["init_args"]["task"]

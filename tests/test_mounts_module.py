@@ -11,7 +11,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
@@ -21,7 +20,7 @@ from lit_svd.models import view as make_view
 from lit_svd.models.hooks import Hook, capture, hooks
 from lit_svd.models.tiny import ARCHITECTURES, tiny_causal_lm
 from lit_svd.modules.mounts import READING_SLICE, MountsAnalysisModule, last_logits, steering, unembed_reading
-from tests.helpers import run_test
+from tests.helpers import quiet_trainer, run_test
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEERED = ARCHITECTURES + ("qwen3",)  # Gemma-3's post norms are Gemma-2's, checked there
@@ -371,14 +370,7 @@ def test_ddp_two_processes_give_the_same_table_as_one(tiny_llama_dir, tmp_path):
     g = torch.Generator().manual_seed(0)
     data = [{"input_ids": w} for w in torch.randint(0, 2000, (16, 16), generator=g)]
     module = MountsAnalysisModule(model=tiny_llama_dir, **DDP_KW)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer()
     trainer.test(module, dataloaders=torch.utils.data.DataLoader(data, batch_size=4), verbose=False)
     one = json.loads(json.dumps(module.rows))
     assert len(one) == len(two) == 14

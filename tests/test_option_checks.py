@@ -43,6 +43,15 @@ def check_of(path: str, subpackage: str):
     return getattr(importlib.import_module(module), function)
 
 
+def as_the_fast_check(path: str, subpackage: str, options: dict) -> dict:
+    """The check function's arguments as the fast check builds them: the class's literal defaults read from its
+    source (``config_check.NO_DEFAULT``: none), then the ``options`` given."""
+    params = inspect.signature(check_of(path, subpackage)).parameters
+    source = config_check.class_signature(path, subpackage).params
+    given = {k: p.default for k, p in source.items() if k in params and p.default is not config_check.NO_DEFAULT}
+    return given | {k: v for k, v in options.items() if k in params}
+
+
 def imported(path: str):
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)
@@ -83,8 +92,24 @@ def test_a_check_takes_the_constructors_options_with_its_defaults(name, subpacka
         if p.name in MODEL_FACTS and p.name not in params:
             continue
         assert p.name in params, f"{name}: the check takes {p.name!r}, which the constructor does not"
-        if p.default is not None:
+        if p.default is inspect.Parameter.empty:  # the fast check passes the constructor's own default
+            assert params[p.name].default is not inspect.Parameter.empty, (name, p.name)
+        elif p.default is not None:
             assert p.default == params[p.name].default, (name, p.name, p.default, params[p.name].default)
+
+
+@pytest.mark.parametrize("name,subpackage", CHECKED, ids=[c[0].rpartition(".")[2] for c in CHECKED])
+def test_the_defaults_read_from_the_source_are_the_constructors(name, subpackage):
+    """What the fast check passes for an option not given (a literal default read from the source without importing
+    the class) is the constructor's default; the toy check, whose options have no defaults of their own, needs it."""
+    source = config_check.class_signature(name, subpackage).params
+    real = inspect.signature(imported(name).__init__).parameters
+    read = {k: p.default for k, p in source.items() if p.default is not config_check.NO_DEFAULT and k in real}
+    assert read, name
+    for key, value in read.items():
+        default = real[key].default
+        same = value == default or isinstance(value, (list, tuple)) and tuple(value) == tuple(default)
+        assert same, (name, key, value, default)
 
 
 # one bad option per class: the constructor's error is the fast check's line
@@ -138,9 +163,8 @@ def test_the_constructor_fails_with_the_fast_checks_line(name, options, message)
     cls = imported(name)
     with pytest.raises(ValueError) as from_constructor:
         cls(**options)
-    check = check_of(name, subpackage)
     with pytest.raises(ValueError) as from_check:
-        check(**{k: v for k, v in options.items() if k in inspect.signature(check).parameters})
+        check_of(name, subpackage)(**as_the_fast_check(name, subpackage, options))
     assert str(from_constructor.value) == str(from_check.value)
     assert str(from_check.value).startswith(message) and "\n" not in str(from_check.value), str(from_check.value)
 
@@ -165,9 +189,10 @@ def test_layers_are_bounded_by_the_model_after_loading_too(name, options):
 
 
 def test_a_valid_configuration_passes_every_check():
-    """The control of the cases above: each check accepts its defaults."""
+    """The control of the cases above: each check accepts the defaults (the constructor's, as the fast check passes
+    them)."""
     for name, subpackage in CHECKED:
-        check_of(name, subpackage)()
+        check_of(name, subpackage)(**as_the_fast_check(name, subpackage, {}))
 
 
 def test_the_fast_checks_task_names_are_the_tasks_built():

@@ -11,8 +11,8 @@ import typing
 import pytest
 
 import lit_svd
+import lit_svd.figures  # noqa: F401  (registers every type's figures function)
 from lit_svd import results as R
-from lit_svd.figures import figures_of
 from lit_svd.runs import find_results, load_run
 
 
@@ -147,7 +147,7 @@ def test_figures_are_drawn_from_a_result_read_back_from_json():
         chosen=None,
     )
     res.chosen = res.thresholds[1]
-    figs = figures_of(R.load_result(json.loads(res.to_json())))
+    figs = R.load_result(json.loads(res.to_json())).figures
     (ax,) = figs["mask_thresholds"].axes
     got = [float(y) for line in ax.lines[:2] for y in line.get_ydata()]
     assert got == pytest.approx([0.05, 0.2, 0.9, 0.06, 0.21, 0.91])

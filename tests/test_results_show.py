@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from matplotlib.figure import Figure
 
+import lit_svd.figures  # noqa: F401  (registers every type's figures function)
 from lit_svd import results as R
-from lit_svd.figures import drawers
+from lit_svd.results.base import FIGURES
 from lit_svd.results.show import MAX_LINES, pick, result_html
 from lit_svd.runs import load_run
 
@@ -46,7 +47,7 @@ def raw_value(cls: type[R.Result], content: dict, path: str):
 
 def test_every_registered_type_has_a_stored_run_a_drawer_and_the_short_repr():
     assert set(CONTENTS) == set(R.TYPES), "a result type without a stored run: tests/data/make_results.py"
-    assert set(drawers()) == set(R.TYPES)
+    assert set(FIGURES) == set(R.TYPES)
     for cls in R.TYPES:  # a subclass decorated without repr=False would print its whole dataclass
         assert cls.__repr__ is R.Result.__repr__, f"{cls.__name__}: @dataclass(kw_only=True, repr=False)"
 
@@ -123,3 +124,24 @@ def test_html_without_figures_is_the_numbers_and_the_table():
     result = R.load_result(CONTENTS[R.CircuitResult])
     page = result_html(result, head=3, figures=False)
     assert "data:image/png" not in page and page.count("<tr>") >= 3 + 1
+
+
+def test_results_without_the_figures_package_show_and_say_where_figures_come_from(tmp_path):
+    """The results layer never imports figures: a result read where ``lit_svd.figures`` is not imported shows itself
+    (HTML without figures) and its ``figures`` name the package that registers them; ``ls.load`` imports it."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "results.json"  # a run folder's
+    path.write_text((ROOT / "docs" / "results" / "smollm2_sad_ioi.json").read_text())
+    code = (
+        "import sys; from lit_svd import results as R; import lit_svd as ls\n"
+        f"r = R.load_result({str(path)!r}); html = r._repr_html_()\n"
+        "try:\n    r.figures\nexcept TypeError as e:\n    print(e)\n"
+        "print('lit_svd.figures' in sys.modules, '<img' in html, sorted(ls.load(r.folder).figures))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == [
+        "no figures for SADResult: import lit_svd.figures (it registers them)",
+        "False False ['sad_heatmap', 'sad_n_recon']",
+    ]

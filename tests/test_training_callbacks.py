@@ -26,6 +26,7 @@ from lit_svd.callbacks.spectrum import SpectrumCallback
 from lit_svd.callbacks.training import held_out_probe
 from lit_svd.models.hooks import Hook, hooks
 from lit_svd.modules.language_model import LanguageModelModule
+from tests.helpers import quiet_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ, WINDOWS = 16, 4
@@ -174,14 +175,7 @@ def test_mount_rows_equal_the_test_run_on_the_same_batch(fitted, tmp_path, token
     loader = torch.utils.data.DataLoader(
         [{"input_ids": i, "attention_mask": m} for i, m in zip(ids, mask)], batch_size=len(ids)
     )
-    pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    ).test(test_module, dataloaders=loader, verbose=False)
+    quiet_trainer().test(test_module, dataloaders=loader, verbose=False)
     got = mounts.history[-1]["rows"]
     assert len(got) == len(test_module.rows) == 4
     pairs = [(a, b) for a, b in zip(got, test_module.rows)] + [

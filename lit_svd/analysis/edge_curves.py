@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,7 @@ from torch import Tensor
 from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, NoEdges
 from lit_svd.analysis.edge_attribution import EdgeScores
 from lit_svd.analysis.edges import EdgeUniverse, Level, ReaderUnit
-from lit_svd.analysis.faithfulness import MIB_SIZES, areas, check_sizes, n_kept
+from lit_svd.analysis.faithfulness import MIB_SIZES, check_sizes, faithfulness_of, n_kept, reference_means
 
 BUCKET_BITS = 16
 
@@ -312,16 +312,7 @@ class EdgeCurve:
     seconds: float = 0.0
 
     def row(self) -> dict:
-        return {
-            "sizes": self.sizes,
-            "n_edges": self.n_edges,
-            "weighted": self.weighted,
-            "values": self.values,
-            "metric": self.metric,
-            "cpr": self.cpr,
-            "cmd": self.cmd,
-            "seconds": self.seconds,
-        }
+        return asdict(self)
 
 
 @dataclass
@@ -456,18 +447,12 @@ def edge_curves(
 def curves_of(
     sums: EdgeCurveSums, sizes: Sequence[float], counts: Mapping[str, tuple[list[int], list[float]]]
 ) -> tuple[dict[str, EdgeCurve], dict]:
-    """Curves from the reduced sums: ``f`` as a ratio of means, CPR / CMD (``faithfulness.areas``)."""
-    if sums.prompts == 0:
-        raise ValueError("edge curves: no prompts were scored")
-    full, empty = sums.full / sums.prompts, sums.empty / sums.prompts
-    gap = full - empty
-    if not math.isfinite(gap) or gap == 0:
-        raise ValueError(f"edge curves: m(full) = {full} and m(empty) = {empty} leave no gap to normalise by")
+    """Curves from the reduced sums: ``f`` as a ratio of means, CPR / CMD (``faithfulness.faithfulness_of``)."""
+    full, empty = reference_means(sums.full, sums.empty, sums.prompts, "edge curves")
     out = {}
     for name, total in sums.curves.items():
         metric = (total / sums.prompts).tolist()
-        values = [(m - empty) / gap for m in metric]
-        cpr, cmd = areas(sizes, values)
+        values, cpr, cmd = faithfulness_of(sizes, metric, full, empty)
         n_edges, weighted = counts[name]
         out[name] = EdgeCurve(list(sizes), n_edges, weighted, values, metric, cpr, cmd, sums.seconds.get(name, 0.0))
     return out, {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts}

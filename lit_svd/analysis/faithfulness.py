@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import torch
@@ -189,6 +189,28 @@ def areas(sizes: Sequence[float], values: Sequence[float]) -> tuple[float, float
     return cpr, cmd
 
 
+def reference_means(full: float, empty: float, prompts: int, what: str) -> tuple[float, float]:
+    """``(m(full), m(empty))``: the metric sums over ``prompts`` as means; one line naming ``what`` where no prompt
+    was scored or the two leave no gap to normalise by."""
+    if prompts == 0:
+        raise ValueError(f"{what}: no prompts were scored")
+    full, empty = full / prompts, empty / prompts
+    gap = full - empty
+    if not math.isfinite(gap) or gap == 0:
+        raise ValueError(f"{what}: m(full) = {full} and m(empty) = {empty} leave no gap to normalise by")
+    return full, empty
+
+
+def faithfulness_of(
+    sizes: Sequence[float], metric: Sequence[float], full: float, empty: float
+) -> tuple[list[float], float, float]:
+    """``(values, cpr, cmd)``: ``f = (m - m(empty)) / (m(full) - m(empty))`` of each mean metric (a ratio of means)
+    and its areas over ``sizes`` (``areas``)."""
+    gap = full - empty
+    values = [(m - empty) / gap for m in metric]
+    return (values, *areas(sizes, values))
+
+
 def check_same_length(batch: dict) -> None:
     """Clean and corrupted prompts must have the same token length (the patch is position by position)."""
     clean, corrupt = batch["clean_ids"], batch["corrupt_ids"]
@@ -263,27 +285,17 @@ class Curve:
 
     sizes: list[float]
     n_kept: list[int]
+    raw_size: list[float]
+    fair_size: list[float] | None
     values: list[float]
     metric: list[float]
     cpr: float
     cmd: float
-    seconds: float = 0.0
-    raw_size: list[float] = field(default_factory=list)
-    fair_size: list[float] | None = None
+    seconds: float
 
     def row(self) -> dict:
         """The curve as the results hold it."""
-        return {
-            "sizes": self.sizes,
-            "n_kept": self.n_kept,
-            "raw_size": self.raw_size,
-            "fair_size": self.fair_size,
-            "values": self.values,
-            "metric": self.metric,
-            "cpr": self.cpr,
-            "cmd": self.cmd,
-            "seconds": self.seconds,
-        }
+        return asdict(self)
 
 
 @dataclass
@@ -339,12 +351,7 @@ class CurveSums:
 
 def curves_from_sums(sums: CurveSums, plan: CurvePlan) -> tuple[dict[str, dict[Axis, Curve]], dict]:
     """Curves ``{name: {axis: Curve}}`` from reduced sums: ratio of means (the means over all prompts first)."""
-    if sums.prompts == 0:
-        raise ValueError("faithfulness: no prompts were scored")
-    full, empty = sums.full / sums.prompts, sums.empty / sums.prompts
-    gap = full - empty
-    if not math.isfinite(gap) or gap == 0:
-        raise ValueError(f"faithfulness: m(full) = {full} and m(empty) = {empty} leave no gap to normalise by")
+    full, empty = reference_means(sums.full, sums.empty, sums.prompts, "faithfulness")
     curves: dict[str, dict[Axis, Curve]] = {}
     for name, total in sums.circuits.items():
         at = dict(zip(plan.circuits(name), (total.double() / sums.prompts).tolist()))
@@ -352,11 +359,10 @@ def curves_from_sums(sums: CurveSums, plan: CurvePlan) -> tuple[dict[str, dict[A
         curves[name] = {}
         for axis, counts in plan.counts[name].items():
             metric = [at[k] for k in counts]
-            values = [(m - empty) / gap for m in metric]
-            cpr, cmd = areas(plan.sizes, values)
+            values, cpr, cmd = faithfulness_of(plan.sizes, metric, full, empty)
             fair = None if prefix is None else [float(prefix[k - 1]) if k else 0.0 for k in counts]
-            curves[name][axis] = Curve(list(plan.sizes), counts, values, metric, cpr, cmd,
-                                       sums.seconds.get(name, 0.0), [k / plan.n for k in counts], fair)  # fmt: skip
+            curves[name][axis] = Curve(list(plan.sizes), counts, [k / plan.n for k in counts], fair, values, metric,
+                                       cpr, cmd, sums.seconds.get(name, 0.0))  # fmt: skip
     return curves, {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts, "n_directions": plan.n}
 
 

@@ -62,25 +62,27 @@ class ToyInstances:
 
 
 def check_toy_options(
-    n_features: int = 20,
-    d_model: int | list[int] = 10,
-    d_head: int | list[int] | None = 10,
-    lambda_attn: float | list[float] = 1.0,
-    temperature: float = 0.1,
-    n_instances: int | None = None,
-    seed: int = 0,
-    seeds: list[int] | None = None,
-    importance_decay: float = 1.0,
-    frozen_features: bool = False,
-    interference: float | list[float | None] | None = None,
-    init_scale: float = 0.1,
-    lr: float = 1e-3,
-    weight_decay: float = 0.0,
-    grid: dict[str, list] | None = None,
-    grid_seeds: int = 1,
+    *,
+    n_features: int,
+    d_model: int | list[int],
+    d_head: int | list[int] | None,
+    lambda_attn: float | list[float],
+    temperature: float,
+    n_instances: int | None,
+    seed: int,
+    seeds: list[int] | None,
+    importance_decay: float,
+    frozen_features: bool,
+    interference: float | list[float | None] | None,
+    init_scale: float,
+    lr: float,
+    weight_decay: float,
+    grid: dict[str, list] | None,
+    grid_seeds: int,
 ) -> ToyInstances:
     """Every option of ``ToyAlignmentModule`` but the template (checked against ``n_features`` as it is built),
-    one line naming the key otherwise; returns the per-instance values."""
+    one line naming the key otherwise; returns the per-instance values. The defaults are the module's alone (the
+    fast check passes them, read from its signature)."""
     positive_int("n_features", n_features)
     if grid is not None:
         given = {"d_model": d_model, "d_head": d_head, "interference": interference, "lambda_attn": lambda_attn}

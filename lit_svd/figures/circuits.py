@@ -18,6 +18,7 @@ from matplotlib.colors import to_hex
 
 from lit_svd.figures import pages
 from lit_svd.figures.base import array, colors, new_figure
+from lit_svd.results.base import draws
 from lit_svd.results.circuits import EDGE_COLUMNS, NODE_COLUMNS, ROOT, CircuitResult, edge_row
 
 MLP_KINDS = ("mlp_in", "mlp_gate", "mlp_out", "b_in", "b_gate", "b_out", "mlp_norm_bias")
@@ -96,6 +97,7 @@ def _max_abs(result: CircuitResult) -> float:
 
 
 # --- figures -------------------------------------------------------------------------------------------
+@draws(CircuitResult)
 def figures(result: CircuitResult) -> dict:
     """``circuit_graph`` (when there are nodes), ``circuit_faithfulness`` and ``circuit_agreement`` (when
     measured)."""

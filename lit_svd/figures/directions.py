@@ -10,9 +10,11 @@ import numpy as np
 
 from lit_svd.figures import pages
 from lit_svd.figures.base import new_figure
+from lit_svd.results.base import draws
 from lit_svd.results.directions import COLUMNS, CompareDirectionsResult, DirectionCheckResult, direction_row
 
 
+@draws(DirectionCheckResult)
 def figures(result: DirectionCheckResult) -> dict:
     """``directions_z``: z against the isolation gap, one point per direction (none without directions)."""
     return {"directions_z": z_against_gap(result)} if result.directions else {}
@@ -43,6 +45,7 @@ def z_against_gap(result: DirectionCheckResult):
     return fig
 
 
+@draws(CompareDirectionsResult)
 def compare_figures(result: CompareDirectionsResult) -> dict:
     """``compare_directions``: per kind, layers x heads, the fraction of the top directions that keep their
     identity (kept or block)."""

@@ -5,6 +5,7 @@ fraction of the blocks); head-level curves are the same circuits on both; random
 from __future__ import annotations
 
 from lit_svd.figures.base import array, colors, new_figure
+from lit_svd.results.base import draws
 from lit_svd.results.edge_circuits import EdgeCircuitResult
 
 
@@ -43,6 +44,7 @@ def curves_figure(curves: dict, title: str):
     return fig
 
 
+@draws(EdgeCircuitResult)
 def figures(result: EdgeCircuitResult) -> dict:
     """``{"edge_curves": Figure}``."""
     title = (

@@ -6,6 +6,7 @@ grey and dashed."""
 from __future__ import annotations
 
 from lit_svd.figures.base import array, colors, new_figure
+from lit_svd.results.base import draws
 from lit_svd.results.faithfulness import FaithfulnessResult
 
 ROWS = (("signed", "cpr", "signed ranking (CPR)"), ("absolute", "cmd", "absolute ranking (CMD)"))
@@ -46,6 +47,7 @@ def curves_figure(faithfulness: dict, title: str):
     return fig
 
 
+@draws(FaithfulnessResult)
 def figures(result: FaithfulnessResult) -> dict:
     """``{"faithfulness_curves": Figure}``."""
     title = f"{result.model} {result.task}, {result.n_prompts} test prompts: faithfulness by circuit size"

@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 
 from lit_svd.figures.base import new_figure
+from lit_svd.results.base import draws
 from lit_svd.results.masks import MaskBlocksResult, MaskCurveResult, MaskResult, MaskThresholdsResult
 
 
+@draws(MaskResult)
 def figures(result: MaskResult) -> dict:
     """``masks_kept_<kind>`` (kept directions per layer and head, one per kind) and ``masks_blocks``."""
     out = kept_maps(result.components)
@@ -59,6 +61,7 @@ def kept_isolation(per_kind: dict, rel_gap: float | None):
     return fig
 
 
+@draws(MaskCurveResult)
 def curve_figures(result: MaskCurveResult, target: tuple[float, float] | None = (0.10, 0.25)) -> dict:
     """``mask_curve``: hard-mask KL against kept fraction, trajectories (hard KL on one validation batch) as
     lines, the final evaluation as labelled points, and the target box (kept <= 10 %, KL <= 0.25)."""
@@ -92,6 +95,7 @@ def curve_figures(result: MaskCurveResult, target: tuple[float, float] | None = 
     return {"mask_curve": fig}
 
 
+@draws(MaskBlocksResult)
 def blocks_figures(result: MaskBlocksResult) -> dict:
     """``mask_blocks``: per kind, the fraction of kept directions that are isolated (bars, one per gap) next
     to the fraction of all directions (ticks)."""
@@ -114,6 +118,7 @@ def blocks_figures(result: MaskBlocksResult) -> dict:
     return {"mask_blocks": fig}
 
 
+@draws(MaskThresholdsResult)
 def threshold_figures(result: MaskThresholdsResult) -> dict:
     """``mask_thresholds``: hard-mask KL against kept fraction over the thresholds, validation and test, the
     choice ringed."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from lit_svd.analysis.mounts import STRATEGIES
 from lit_svd.figures.base import new_figure
+from lit_svd.results.base import draws
 from lit_svd.results.mounts import MountsResult
 
 
+@draws(MountsResult)
 def figures(result: MountsResult) -> dict:
     """``mounts_lift_depth`` (lift of the four strategies), ``mounts_span_depth``, ``mounts_coverage_depth`` and,
     where steering was measured, ``mounts_steering_depth``: each against depth, one panel per site."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from lit_svd.figures.base import new_figure
+from lit_svd.results.base import draws
 from lit_svd.results.sad import SADResult
 
 
+@draws(SADResult)
 def figures(result: SADResult) -> dict:
     """``sad_heatmap`` and ``sad_n_recon``."""
     return {"sad_heatmap": head_heatmap(result), "sad_n_recon": n_recon(result)}

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from lit_svd.figures.base import new_figure
+from lit_svd.results.base import draws
 from lit_svd.results.tasks import EvaluateResult
 
 
+@draws(EvaluateResult)
 def figures(result: EvaluateResult) -> dict:
     """``tasks``: one histogram panel per task of the headline per-example value, clean vs corrupted prompts
     (tasks whose result holds its per-example ``values``)."""

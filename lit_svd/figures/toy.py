@@ -7,9 +7,11 @@ import torch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from lit_svd.figures.base import colors, new_figure
+from lit_svd.results.base import draws
 from lit_svd.results.toy import ToyAlignmentResult
 
 
+@draws(ToyAlignmentResult)
 def figures(result: ToyAlignmentResult) -> dict:
     """``heatmap`` (instance 0's |cos|, when the result holds it), ``spectra``, ``alignment_dynamics``, and
     ``interference_sweep`` / ``theorem1_superposition`` where the instances vary those settings."""

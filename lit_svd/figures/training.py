@@ -8,9 +8,11 @@ import matplotlib
 from lit_svd.analysis.mounts import STRATEGIES
 from lit_svd.analysis.tracking import MIN_COS
 from lit_svd.figures.base import array, nanmean, new_figure
+from lit_svd.results.base import draws
 from lit_svd.results.training import TrainingResult
 
 
+@draws(TrainingResult)
 def figures(result: TrainingResult) -> dict:
     """The PNGs of a training run, for the sections it has: ``sad_training``; ``mounts_training`` and, with
     the mounts callback's ``figures``, ``mounts_depth``; ``spectrum_training``, ``spectrum_tracked`` (with

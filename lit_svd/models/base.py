@@ -73,6 +73,25 @@ class AttnWeights:
     b_O: Float[Tensor, " d_model"]
     scale: float  # pre-softmax scores are (q . k) * scale
 
+    @classmethod
+    def fused(
+        cls,
+        W: Float[Tensor, "3 n_heads d_model d_head"],
+        b: Float[Tensor, "3 n_heads d_head"],
+        W_O: Float[Tensor, "n_heads d_head d_model"],
+        b_O: Float[Tensor, " d_model"],
+        scale: float,
+    ) -> AttnWeights:
+        """From ``[q, k, v]`` stacked weights and biases (a fused ``qkv`` projection: GPT-2, GPT-NeoX)."""
+        return cls(W_Q=W[0], b_Q=b[0], W_K=W[1], b_K=b[1], W_V=W[2], b_V=b[2], W_O=W_O, b_O=b_O, scale=scale)
+
+
+def bias_of(module: HFModule, shape: tuple[int, ...]) -> Tensor:
+    """A projection's bias as ``shape``, zeros (of its weight's dtype and device) where it has none."""
+    if module.bias is not None:
+        return module.bias.reshape(shape)
+    return torch.zeros(shape, dtype=module.weight.dtype, device=module.weight.device)
+
 
 @dataclass
 class MLPWeights:
@@ -254,9 +273,10 @@ class ModelView(ABC):
     def _raw_mlp(self, layer: int) -> MLPWeights:
         """The model's own MLP weights, acting on the norm's output."""
 
-    @abstractmethod
     def _raw_unembed(self) -> tuple[Tensor, Tensor]:
-        """``(W_U [d_model, vocab], b_U [vocab])`` acting on the final norm's output."""
+        """``(W_U [d_model, vocab], b_U [vocab])`` acting on the final norm's output: the output embedding's."""
+        head = self.model.get_output_embeddings()
+        return head.weight.T, bias_of(head, (self.vocab_size,))
 
     @property
     def _layers(self) -> HFModule:  # the nn.ModuleList of decoder blocks

@@ -37,30 +37,11 @@ class GPT2View(ModelView):
         h, dh, d = self.n_heads, self.d_head, self.d_model
         W = at.c_attn.weight.reshape(d, 3, h, dh).permute(1, 2, 0, 3)  # [3, h, d, dh]
         b = at.c_attn.bias.reshape(3, h, dh)
-        return AttnWeights(
-            W_Q=W[0],
-            b_Q=b[0],
-            W_K=W[1],
-            b_K=b[1],
-            W_V=W[2],
-            b_V=b[2],
-            W_O=at.c_proj.weight.reshape(h, dh, d),
-            b_O=at.c_proj.bias,
-            scale=float(at.scaling),
-        )
+        return AttnWeights.fused(W, b, at.c_proj.weight.reshape(h, dh, d), at.c_proj.bias, float(at.scaling))
 
     def _raw_mlp(self, layer: int) -> MLPWeights:
         m = self._layers[layer].mlp
         return MLPWeights(W_in=m.c_fc.weight, b_in=m.c_fc.bias, W_out=m.c_proj.weight, b_out=m.c_proj.bias, act=m.act)
-
-    def _raw_unembed(self) -> tuple[Tensor, Tensor]:
-        head = self.model.lm_head
-        bias = (
-            head.bias
-            if head.bias is not None
-            else torch.zeros(self.vocab_size, dtype=head.weight.dtype, device=head.weight.device)
-        )
-        return head.weight.T, bias
 
     def _sites(self, layer: int) -> Sites:
         blk = self._layers[layer]

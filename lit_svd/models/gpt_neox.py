@@ -10,10 +10,9 @@ post_attention_layernorm, mlp.dense_h_to_4h, mlp.dense_4h_to_h}``, ``gpt_neox.fi
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from lit_svd.models.base import AttnWeights, MLPWeights, ModelView, Sites
+from lit_svd.models.base import AttnWeights, MLPWeights, ModelView, Sites, bias_of
 
 
 class GPTNeoXView(ModelView):
@@ -35,28 +34,13 @@ class GPTNeoXView(ModelView):
     def embed(self, input_ids: Tensor) -> Tensor:
         return self.model.gpt_neox.embed_in(input_ids)
 
-    def _zeros(self, *shape: int) -> Tensor:
-        p = self.model.gpt_neox.embed_in.weight
-        return torch.zeros(shape, dtype=p.dtype, device=p.device)
-
     def _raw_attn(self, layer: int) -> AttnWeights:
         at = self._layers[layer].attention
         h, dh, d = self.n_heads, self.d_head, self.d_model
         W = at.query_key_value.weight.reshape(h, 3, dh, d).permute(1, 0, 3, 2)  # [3, h, d, dh]
-        qkv_b = at.query_key_value.bias
-        b = qkv_b.reshape(h, 3, dh).transpose(0, 1) if qkv_b is not None else self._zeros(3, h, dh)
-        b_O = at.dense.bias if at.dense.bias is not None else self._zeros(d)
-        return AttnWeights(
-            W_Q=W[0],
-            b_Q=b[0],
-            W_K=W[1],
-            b_K=b[1],
-            W_V=W[2],
-            b_V=b[2],
-            W_O=at.dense.weight.T.reshape(h, dh, d),
-            b_O=b_O,
-            scale=float(at.scaling),
-        )
+        b = bias_of(at.query_key_value, (h, 3, dh)).transpose(0, 1)
+        W_O = at.dense.weight.T.reshape(h, dh, d)
+        return AttnWeights.fused(W, b, W_O, bias_of(at.dense, (d,)), float(at.scaling))
 
     def _raw_mlp(self, layer: int) -> MLPWeights:
         m = self._layers[layer].mlp
@@ -67,10 +51,6 @@ class GPTNeoXView(ModelView):
             b_out=m.dense_4h_to_h.bias,
             act=m.act,
         )
-
-    def _raw_unembed(self) -> tuple[Tensor, Tensor]:
-        head = self.model.get_output_embeddings()
-        return head.weight.T, head.bias if head.bias is not None else self._zeros(self.vocab_size)
 
     def _sites(self, layer: int) -> Sites:
         blk = self._layers[layer]

@@ -7,16 +7,9 @@ and ``post_attention_layernorm`` (MLP), final ``model.norm``, ``lm_head`` (often
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from lit_svd.models.base import AttnWeights, MLPWeights, ModelView, Sites, split_heads_out
-
-
-def _bias(linear: nn.Linear, shape: tuple[int, ...]) -> Tensor:
-    if linear.bias is not None:
-        return linear.bias.reshape(shape)
-    return torch.zeros(shape, dtype=linear.weight.dtype, device=linear.weight.device)
+from lit_svd.models.base import AttnWeights, MLPWeights, ModelView, Sites, bias_of, split_heads_out
 
 
 class LlamaView(ModelView):
@@ -46,13 +39,13 @@ class LlamaView(ModelView):
 
         return AttnWeights(
             W_Q=split_heads_out(at.q_proj.weight, h),
-            b_Q=_bias(at.q_proj, (h, dh)),
+            b_Q=bias_of(at.q_proj, (h, dh)),
             W_K=expand(split_heads_out(at.k_proj.weight, kv)),
-            b_K=expand(_bias(at.k_proj, (kv, dh))),
+            b_K=expand(bias_of(at.k_proj, (kv, dh))),
             W_V=expand(split_heads_out(at.v_proj.weight, kv)),
-            b_V=expand(_bias(at.v_proj, (kv, dh))),
+            b_V=expand(bias_of(at.v_proj, (kv, dh))),
             W_O=at.o_proj.weight.T.reshape(h, dh, self.d_model),
-            b_O=_bias(at.o_proj, (self.d_model,)),
+            b_O=bias_of(at.o_proj, (self.d_model,)),
             scale=float(at.scaling),
         )
 
@@ -60,17 +53,13 @@ class LlamaView(ModelView):
         m = self._layers[layer].mlp
         return MLPWeights(
             W_in=m.up_proj.weight.T,
-            b_in=_bias(m.up_proj, (self.d_mlp,)),
+            b_in=bias_of(m.up_proj, (self.d_mlp,)),
             W_out=m.down_proj.weight.T,
-            b_out=_bias(m.down_proj, (self.d_model,)),
+            b_out=bias_of(m.down_proj, (self.d_model,)),
             act=m.act_fn,
             W_gate=m.gate_proj.weight.T,
-            b_gate=_bias(m.gate_proj, (self.d_mlp,)),
+            b_gate=bias_of(m.gate_proj, (self.d_mlp,)),
         )
-
-    def _raw_unembed(self) -> tuple[Tensor, Tensor]:
-        head = self.model.lm_head
-        return head.weight.T, _bias(head, (self.vocab_size,))
 
     def _sites(self, layer: int) -> Sites:
         blk = self._layers[layer]

@@ -54,45 +54,15 @@ def _neox_rope(rotary_pct: float) -> dict:
 def tiny_config(arch: str, vocab_size: int = 49152, **overrides: Any) -> PretrainedConfig:
     """A small HF config of ``arch`` (2 layers, d_model 64, 4 heads of 16). The default vocabulary
     size is SmolLM2's, so its offline tokenizer drives tiny models too."""
-    from transformers import (
-        Gemma2Config,
-        Gemma3TextConfig,
-        GPT2Config,
-        GPTNeoXConfig,
-        LlamaConfig,
-        Qwen2Config,
-        Qwen3Config,
-    )
+    from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
     check_choice("arch", arch, ARCHITECTURES + HEAD_NORM_ARCHITECTURES)
     cfg: PretrainedConfig
-    # the shape GPT-NeoX and the gated layouts share (GPT-2 names the same sizes its own way below)
-    shape: dict[str, Any] = dict(
-        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128
-    )
-    if arch == "gpt2":
-        cfg = GPT2Config(
-            vocab_size=vocab_size,
-            n_positions=128,
-            n_embd=64,
-            n_layer=2,
-            n_head=4,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            bos_token_id=0,
-            eos_token_id=0,
-        )  # GPT-2's 50256 lies outside the tiny vocabulary
-    elif arch == "gpt_neox":
-        cfg = GPTNeoXConfig(
-            **shape,
-            intermediate_size=256,
-            rope_parameters=_neox_rope(0.25),
-            use_parallel_residual=True,
-            attention_bias=True,
-        )
+    if arch in ("gpt2", "gpt_neox"):  # MLP of 256; token 0 as bos / eos: GPT-2's 50256 lies outside the vocabulary
+        cfg = scratch_config(arch, vocab_size, 2, 64, 4, 256, 128, rotary_pct=0.25, token_id=0)
     elif arch in GATED:  # the Llama layout: 4 heads of 16, 2 KV heads, SwiGLU of 128
-        shape |= dict(num_key_value_heads=2, head_dim=16, intermediate_size=128)
+        shape = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+        shape |= dict(max_position_embeddings=128, num_key_value_heads=2, head_dim=16, intermediate_size=128)
         cls = {
             "llama": LlamaConfig,
             "gemma2": Gemma2Config,
@@ -139,8 +109,10 @@ def scratch_config(
     d_mlp: int,
     max_positions: int,
     rotary_pct: float,
+    token_id: int | None = None,
 ) -> PretrainedConfig:
-    """The HF config of a small dropout-free ``gpt2`` or ``gpt_neox`` model to train from scratch."""
+    """The HF config of a small dropout-free ``gpt2`` or ``gpt_neox`` model to train from scratch (``token_id``: its
+    bos and eos token; None: none). ``tiny_config`` builds its GPT-2 and GPT-NeoX models here too."""
     from transformers import GPT2Config, GPTNeoXConfig
 
     cfg: PretrainedConfig
@@ -155,8 +127,8 @@ def scratch_config(
             resid_pdrop=0.0,
             embd_pdrop=0.0,
             attn_pdrop=0.0,
-            bos_token_id=None,
-            eos_token_id=None,
+            bos_token_id=token_id,
+            eos_token_id=token_id,
         )
     elif arch == "gpt_neox":
         cfg = GPTNeoXConfig(
@@ -171,8 +143,9 @@ def scratch_config(
             attention_dropout=0.0,
             hidden_dropout=0.0,
             tie_word_embeddings=False,
-            bos_token_id=None,
-            eos_token_id=None,
+            attention_bias=True,
+            bos_token_id=token_id,
+            eos_token_id=token_id,
         )
     else:
         raise ValueError(f"arch={arch!r}: choose gpt2 or gpt_neox")
@@ -180,21 +153,11 @@ def scratch_config(
     return cfg
 
 
-def scratch_causal_lm(
-    arch: str,
-    vocab_size: int,
-    n_layers: int,
-    d_model: int,
-    n_heads: int,
-    d_mlp: int,
-    max_positions: int,
-    rotary_pct: float,
-    seed: int,
-) -> PreTrainedModel:
-    """A freshly initialised (HF default init, seeded without touching the global RNG) model to train."""
+def scratch_causal_lm(config: PretrainedConfig, seed: int) -> PreTrainedModel:
+    """A freshly initialised model of ``config`` (``scratch_config``; HF default init, seeded without touching the
+    global RNG) to train."""
     from transformers import AutoModelForCausalLM
 
-    cfg = scratch_config(arch, vocab_size, n_layers, d_model, n_heads, d_mlp, max_positions, rotary_pct)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+        return AutoModelForCausalLM.from_config(config, attn_implementation="eager")

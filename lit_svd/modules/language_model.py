@@ -102,20 +102,13 @@ class LanguageModelModule(pl.LightningModule):
             self._build(vocab_size)
 
     def _build(self, vocab_size: int) -> None:
-        from lit_svd.models.tiny import scratch_causal_lm
+        from lit_svd.models.tiny import scratch_causal_lm, scratch_config
 
         hp = self.hparams
-        self.lm = scratch_causal_lm(
-            hp.arch,
-            vocab_size,
-            hp.n_layers,
-            hp.d_model,
-            hp.n_heads,
-            hp.d_mlp or 4 * hp.d_model,
-            hp.max_positions,
-            hp.rotary_pct,
-            hp.seed,
-        )
+        d_mlp = hp.d_mlp or 4 * hp.d_model
+        config = scratch_config(hp.arch, vocab_size, hp.n_layers, hp.d_model, hp.n_heads, d_mlp, hp.max_positions,
+                                hp.rotary_pct)  # fmt: skip
+        self.lm = scratch_causal_lm(config, hp.seed)
 
     def configure_model(self) -> None:
         if self.lm is not None:

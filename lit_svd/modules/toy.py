@@ -14,6 +14,7 @@ chosen interference ||E_X||_2 (``toy_features``) and only W_Q, W_K train (the lo
 
 from __future__ import annotations
 
+from inspect import signature
 from typing import Any
 
 import lightning.pytorch as pl
@@ -83,24 +84,7 @@ class ToyAlignmentModule(pl.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         # the options' checks (the command line's fast check runs the same function before torch is imported)
-        inst = check_toy_options(
-            n_features,
-            d_model,
-            d_head,
-            lambda_attn,
-            temperature,
-            n_instances,
-            seed,
-            seeds,
-            importance_decay,
-            frozen_features,
-            interference,
-            init_scale,
-            lr,
-            weight_decay,
-            grid,
-            grid_seeds,
-        )
+        inst = check_toy_options(**{k: self.hparams[k] for k in signature(check_toy_options).parameters})
         n, dims, heads, lambdas = len(inst.seeds), inst.d_models, inst.d_heads, inst.lambdas
         T = build_template(template if template is not None else {"pair": [0, 1, 1.0]}, n_features)
 

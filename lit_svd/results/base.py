@@ -9,7 +9,11 @@ another callback added, keys of a newer schema) are kept in ``extra`` and writte
 
 What a reader sees: ``headline`` (the few numbers that say what the run found and its control, named by the
 type's ``headline_keys``), a ``repr`` of at most 15 lines (kind, model, headline, table, folder, provenance),
-``figures`` (``lit_svd.figures.figures_of``) and ``_repr_html_`` (Jupyter: ``lit_svd.results.show``).
+``figures`` and ``_repr_html_`` (Jupyter: ``lit_svd.results.show``).
+
+Figures are drawn by the layer above (``lit_svd.figures``), which registers each type's function here with
+``draws`` when it is imported; ``Result.figures`` reads that registry (``FIGURES``), so nothing here imports
+upward.
 
 The JSON key of a field is its name, except where ``key=`` says otherwise (a field cannot be called
 ``summary``: that name is the results.json content on every result).
@@ -25,6 +29,7 @@ import platform
 import subprocess
 import sys
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata
@@ -36,6 +41,26 @@ from lit_svd.results.show import pick, result_html, short_repr
 
 SCHEMA_VERSION = 1
 _MISSING = dataclasses.MISSING
+Drawer = Callable[[Any], dict]
+# {result type: its figures function}, filled by ``lit_svd.figures`` on import (``draws``), read by Result.figures
+FIGURES: dict[type, Drawer] = {}
+
+
+def draws(*kinds: type) -> Callable[[Drawer], Drawer]:
+    """Decorator: the function draws the figures (``{name: matplotlib Figure}``) of results of ``kinds``
+    (``@draws(SADResult)`` in ``lit_svd.figures.sad``)."""
+
+    def register(draw: Drawer) -> Drawer:
+        for kind in kinds:
+            FIGURES[kind] = draw
+        return draw
+
+    return register
+
+
+def drawer(kind: type) -> Drawer | None:
+    """The figures function of result type ``kind`` (a subclass draws as its type); None where none is registered."""
+    return next((FIGURES[t] for t in kind.__mro__ if t in FIGURES), None)
 
 
 def doc_field(doc: str, default: Any = _MISSING, *, key: str | None = None, nan_ok: bool = False, **kw: Any) -> Any:
@@ -284,14 +309,16 @@ class Result:
 
     @property
     def figures(self) -> dict:
-        """``{name: matplotlib Figure}``, drawn from this result alone (``lit_svd.figures.figures_of``)."""
-        from lit_svd.figures import figures_of  # the one import upward (pyproject's layer contract names it)
-
-        return figures_of(self)
+        """``{name: matplotlib Figure}``, drawn from this result alone by its type's function (``FIGURES``, registered
+        by ``lit_svd.figures`` when it is imported: lit_svd's API and command line import it)."""
+        draw = drawer(type(self))
+        if draw is None:
+            raise TypeError(f"no figures for {type(self).__name__}: import lit_svd.figures (it registers them)")
+        return draw(self)
 
     def _repr_html_(self) -> str:
-        """Jupyter's display: ``lit_svd.results.show.result_html``."""
-        return result_html(self)
+        """Jupyter's display: ``lit_svd.results.show.result_html`` (figures inline where they are registered)."""
+        return result_html(self, figures=drawer(type(self)) is not None)
 
 
 def optional(doc: str, nan_ok: bool = False, key: str | None = None) -> Any:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lit_svd.results.base import Result, doc_field, optional
+from lit_svd.results.base import doc_field, optional
+from lit_svd.results.faithfulness import CurvesResult
 
 CURVE_COLUMNS = ("curve", "size", "n_edges", "weighted", "value", "metric", "cpr", "cmd", "seconds")
 
 
 @dataclass(kw_only=True, repr=False)
-class EdgeCircuitResult(Result):
+class EdgeCircuitResult(CurvesResult):
     """Per curve (a ranking of edges at one level, signed or absolute, on the raw or the fair axis) its faithfulness
     over MIB's grid, CPR and CMD; the edge counts; the strongest edges; the graph's circuit."""
 
@@ -20,9 +21,6 @@ class EdgeCircuitResult(Result):
     table_file = "edge_curves.csv"
     table_columns = CURVE_COLUMNS
 
-    task: str = doc_field("ioi, gp or gt")
-    model: str = doc_field("the model (alias, hub name, folder or GGUF file)")
-    n_prompts: int = doc_field("test prompts the curves average over")
     n_train_prompts: int = doc_field("training prompts the edge scores average over")
     steps: int = doc_field("integrated-gradient steps of the attribution (MIB: 5)")
     counts: dict = doc_field(
@@ -30,8 +28,6 @@ class EdgeCircuitResult(Result):
         " writer unit; units: reader unit x writer unit, MIB's head-level edges = the blocks), reader_units,"
         " reader_directions, writer_units_n, writer_directions"
     )
-    m_full: float = doc_field("m(full): mean task metric with every edge kept (the clean forward)")
-    m_empty: float = doc_field("m(empty): mean task metric with no edge kept (the corrupted forward)")
     curves: dict = doc_field(
         "per curve <level>_<signed|abs>_<raw|fair> or random_<level>_<seed>: sizes [n] (fractions of the edges of"
         " the level (raw) or of the weighted edge count (fair)), n_edges [n] (edges kept at the level), weighted"

@@ -24,7 +24,19 @@ CURVE_COLUMNS = (
 
 
 @dataclass(kw_only=True, repr=False)
-class FaithfulnessResult(Result):
+class CurvesResult(Result):
+    """What every result of faithfulness curves holds first (``FaithfulnessResult``, ``EdgeCircuitResult``): the task,
+    the model, the test prompts and the two references of MIB's f = (m(C) - m(empty)) / (m(full) - m(empty))."""
+
+    task: str = doc_field("ioi, gp or gt")
+    model: str = doc_field("the model (alias, hub name, folder or GGUF file)")
+    n_prompts: int = doc_field("test prompts the curves average over (the metric's mean)")
+    m_full: float = doc_field("m(full): mean task metric of the clean forward (nothing patched, every edge kept)")
+    m_empty: float = doc_field("m(empty): mean task metric of the corrupted forward (everything patched)")
+
+
+@dataclass(kw_only=True, repr=False)
+class FaithfulnessResult(CurvesResult):
     """Per method its rankings' faithfulness curves over MIB's grid of sizes on two axes (raw fraction of directions,
     fair size), MIB's two scores (CPR of the signed ranking, CMD of the absolute one), on one task's test prompts,
     with one ablation (the directions outside the circuit patched toward the corrupted run at every position)."""
@@ -33,12 +45,7 @@ class FaithfulnessResult(Result):
     table_file = "faithfulness.csv"
     table_columns = CURVE_COLUMNS
 
-    task: str = doc_field("ioi, gp or gt")
-    model: str = doc_field("the model (alias, hub name, folder or GGUF file)")
-    n_prompts: int = doc_field("test prompts the metric is averaged over")
     n_directions: int = doc_field("directions in the universe (q, k, ov, mlp_in, mlp_gate, mlp_out maps)")
-    m_full: float = doc_field("m(full): mean task metric of the clean prompts (nothing patched)")
-    m_empty: float = doc_field("m(empty): mean task metric with every direction patched (the corrupted run)")
     faithfulness: dict = doc_field(
         "per method (eap_ig, eap, eap_ig_heads, eap_heads, mask, graph, random_<seed>): rankings {signed, absolute"
         " (attribution methods) or ranking: {raw, fair: {sizes [n], n_kept [n], raw_size [n] (fraction of the"

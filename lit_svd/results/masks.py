@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from lit_svd.results._rows import flat
 from lit_svd.results.base import Result, doc_field
-from lit_svd.results.show import fmt
+from lit_svd.results.show import per_setting
 
 
 @dataclass(kw_only=True, repr=False)
@@ -140,11 +140,7 @@ class MaskCurveResult(Result):
     @property
     def headline(self) -> dict:
         """The number of runs; per run (sorted by alpha, at most four) its kept fraction and hard KL."""
-        out: dict = {"n_runs": len(self.runs)}
-        for r in self.runs[:4]:
-            out[f"kept_fraction@alpha={fmt(r.get('alpha'))}"] = r.get("kept_fraction")
-            out[f"kl_hard@alpha={fmt(r.get('alpha'))}"] = r.get("kl_hard")
-        return out
+        return {"n_runs": len(self.runs), **per_setting(self.runs, "alpha", ("kept_fraction", "kl_hard"))}
 
     def subject(self) -> str:
         models = sorted({str(r.get("model")) for r in self.runs if r.get("model")})
@@ -178,11 +174,7 @@ class MaskBlocksResult(Result):
     @property
     def headline(self) -> dict:
         """The kept directions; per gap (at most four) how many of them are isolated, and their fraction."""
-        out: dict = {"kept": self.kept}
-        for g in self.per_gap[:4]:
-            out[f"isolated@rel_gap={fmt(g.get('rel_gap'))}"] = g.get("isolated")
-            out[f"isolated_fraction@rel_gap={fmt(g.get('rel_gap'))}"] = g.get("isolated_fraction")
-        return out
+        return {"kept": self.kept, **per_setting(self.per_gap, "rel_gap", ("isolated", "isolated_fraction"))}
 
     def rows(self) -> list[dict]:
         return [flat(d) for d in self.kept_directions]

@@ -45,6 +45,11 @@ def pick(obj: Any, keys: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def per_setting(items: list[dict], setting: str, keys: tuple[str, ...], most: int = 4) -> dict[str, Any]:
+    """A sweep's headline: ``{"<key>@<setting>=<value>": item[key]}`` for each key of the first ``most`` items."""
+    return {f"{key}@{setting}={fmt(item.get(setting))}": item.get(key) for item in items[:most] for key in keys}
+
+
 def fmt(value: Any) -> str:
     """A value as a repr line shows it: floats to 4 significant digits."""
     if isinstance(value, float):
