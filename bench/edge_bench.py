@@ -7,7 +7,8 @@ it there (after the attribution and after each curve: the curves are scored one 
 
 The prompts: ``TaskDataModule(task, n_train=1000, n_val=64, n_test=64, test_last=True, seed=0)`` (the faithfulness
 configs' split): the first ``--n-train`` prompts of its training split are scored, the test split (its first
-``--n-curve`` prompts if given) is curved. The scores and the gains (``G = Rc W^T``, read by the edge ablation) go
+``--n-curve`` prompts if given; ``--curve-split val``: the validation split, to choose a ranking on) is curved.
+The scores and the gains (``G = Rc W^T``, read by the edge ablation) go
 to two temporary files, removed at the end, on an exception and on SIGTERM; the corrupted recordings and both ends
 of the curves are computed once for all curves.
 """
@@ -35,6 +36,7 @@ def main() -> None:
     p.add_argument("--n-train", type=int, default=64)
     p.add_argument("--n-test", type=int, default=64)
     p.add_argument("--n-curve", type=int, default=None, help="curve the first N test prompts only (default: all)")
+    p.add_argument("--curve-split", default="test", choices=["test", "val"], help="the split curved (val: choose)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--curve", nargs="*", default=["directions_signed_raw"], help="curves (edge_curves.curve_specs)")
@@ -61,7 +63,7 @@ def main() -> None:
                         batch_size=args.batch_size)  # fmt: skip
     train = dm.splits["train"].examples[: args.n_train]
     train_batches = [dm.collate(train[i : i + args.batch_size]) for i in range(0, len(train), args.batch_size)]
-    test = dm.splits["test"].examples[: args.n_curve or args.n_test]
+    test = dm.splits[args.curve_split].examples[: args.n_curve or args.n_test]
     test_batches = [dm.collate(test[i : i + args.batch_size]) for i in range(0, len(test), args.batch_size)]
     out["load_s"] = time.monotonic() - t0
     with exit_on_sigterm():  # SIGTERM unwinds, so the score files go

@@ -7,6 +7,9 @@
 * a head-level circuit's weighted count is its edge count; a direction ranking's cut at a fraction of the blocks
   has that weighted count at most;
 * random circuits are nested over the fractions and keep about that fraction;
+* ``BlockRanking`` (whole blocks, or tiers of each block) against a brute-force sort of every direction edge by
+  (tier, block score, own score, flat index), raw and weighted targets, ties between blocks and between edges;
+  ``block_sums`` against a loop; on the planted circuit the block rankings against random and reversed orders;
 * the curve ends: every edge kept is ``m(full)``, none ``m(empty)``;
 * the **planted two-step circuit** (``tests/planted.py``): scored on one prompt set and curved on another, the
   planted edge ``L0 head 0's OV -> L1 head 0's key`` is the strongest edge into that reader (> 10x the next) and
@@ -21,6 +24,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import signal
 import time
@@ -231,3 +235,107 @@ def test_sigterm_unwinds_and_the_score_file_goes(universe, tmp_path):
     assert info.value.code == 128 + signal.SIGTERM
     assert not store.path.exists() and not any(tmp_path.iterdir())
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def block_brute_force(ranking, block_scores, target, weighted, tiers=(1.0,)):
+    """The kept set of a full sort of every direction edge: by tier (an edge at place ``p`` of its block's own order
+    is in the first tier ``t`` with ``p < max(1, ceil(t x edges))``), then block score descending (ties: block index),
+    then the edge's own score descending (ties: flat index); the longest prefix of count (weight) at most
+    ``target``."""
+    u = ranking.universe
+    blocks: dict[int, list] = {}
+    for r in u.readers:
+        S, w = ranking.scores(r), ranking.weights(r)
+        for flat, value in enumerate(S.reshape(-1).tolist()):
+            col = flat % r.n_cols
+            block = int(u.block_offsets[r.index]) + int(u.col_unit[col])
+            blocks.setdefault(block, []).append((-value, flat, r.index, float(w[col])))
+    rows = []
+    for block, edges in blocks.items():
+        edges.sort()
+        ends = [max(1, math.ceil(t * len(edges) - 1e-9)) for t in tiers]
+        for place, (value, flat, unit, w) in enumerate(edges):
+            tier = next(i for i, end in enumerate(ends) if place < end)
+            rows.append((tier, -float(block_scores[block]), block, value, flat, unit, w))
+    rows.sort(key=lambda t: t[:5])
+    kept, total = set(), 0.0
+    for *_, flat, unit, w in rows:
+        total += w if weighted else 1.0
+        if total > target + 1e-9 * max(1.0, target):
+            break
+        kept.add((unit, flat))
+    return kept
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tiers", [(1.0,), (0.1, 1.0), (0.05, 0.5, 1.0)])
+def test_block_ranking_is_the_prefix_of_a_full_sort(universe, dtype, tiers):
+    within = random_ranking(universe, "directions", dtype, seed=1, values=3)
+    g = torch.Generator().manual_seed(2)
+    block_scores = torch.randint(-4, 5, (universe.n_blocks,), generator=g).double()  # ties between blocks too
+    ranking = edge_curves.BlockRanking(within, block_scores, tiers)
+    n = within.count()
+    for weighted in (False, True):
+        total = float(universe.n_blocks) if weighted else n
+        targets = [0.0, 0.7, 3.0, 0.013 * total, 0.37 * total, total - 0.5, total]
+        for target, circuit in zip(targets, ranking.cuts(targets, weighted)):
+            got = set()
+            for r in universe.readers:
+                m = circuit.keep(r).cpu()
+                blocks = circuit.block_keep(r)
+                if blocks is not None:  # whole blocks: the same mask
+                    assert torch.equal(blocks[universe.col_unit[: r.n_cols]].expand(r.size, -1), m)
+                got |= {(r.index, int(i)) for i in torch.nonzero(m.reshape(-1)).flatten()}
+            want = block_brute_force(within, block_scores, target, weighted, tiers)
+            assert got == want, f"weighted={weighted} target {target}: {len(got)} vs {len(want)}"
+            assert circuit.kept_edges == len(want)
+            weight = sum(float(universe.block_weights(r)[universe.col_unit[i % r.n_cols]]) for r in universe.readers
+                         for j, i in got if j == r.index)  # fmt: skip
+            assert circuit.weight == pytest.approx(weight, rel=1e-9, abs=1e-9)
+
+
+def test_block_ranking_options(universe):
+    within = random_ranking(universe, "directions", torch.float64)
+    with pytest.raises(ValueError, match="tiers"):
+        edge_curves.BlockRanking(within, torch.zeros(universe.n_blocks, dtype=torch.float64), (0.5, 0.2, 1.0))
+    with pytest.raises(ValueError, match="block scores"):
+        edge_curves.BlockRanking(within, torch.zeros(3, dtype=torch.float64))
+
+
+def test_block_sums_equal_a_loop(planted):
+    universe, scores, _ = planted
+    sums = edge_curves.block_sums(scores)
+    for r in universe.readers[::3]:
+        S = scores.directions(r).double()
+        for w in universe.writers[: r.n_up]:
+            want = float(S[:, w.offset : w.offset + w.size].sum())
+            assert float(sums[int(universe.block_offsets[r.index]) + w.index]) == pytest.approx(want, abs=1e-9)
+
+
+def test_planted_block_ranking_beats_random(planted):
+    """The block rankings on the planted circuit: ``coreblocks_signed_fair`` (blocks by head-level EAP-IG, the top
+    tenth of every block by |score| first) beats random by more than 0.3 CPR; ``blocks`` / ``headblocks`` (blocks
+    whole by summed / head-level score) by more than 0.1 only: the embedding -> L0 value block, needed by every
+    circuit, has a negative score (module docstring), so they keep it last; the reversed orders (lowest block and
+    edge first; for the cores: each block's weakest nine tenths first) do not beat random."""
+    universe, scores, test = planted
+    ablation = EdgeAblation(universe, "ioi")
+    sums = edge_curves.block_sums(scores)
+    lowest = EdgeRanking(universe, "directions", lambda r: -scores.directions(r))
+    weakest = EdgeRanking(universe, "directions", lambda r: -scores.directions(r).abs())
+    specs = {
+        **edge_curves.curve_specs(universe, scores, [f"{o}_signed_fair" for o in edge_curves.BLOCK_ORDERS]),
+        "reversed": edge_curves.block_spec(edge_curves.BlockRanking(lowest, -sums), "fair"),
+        "core_reversed": edge_curves.block_spec(edge_curves.BlockRanking(weakest, -scores.units, (0.9, 1.0)), "fair"),
+        "random": random_spec(universe, "directions", 0),
+    }
+    curves, _ = curves_of_specs(ablation, [test], specs)
+    cpr = {n: round(c.cpr, 3) for n, c in curves.items()}
+    for c in curves.values():
+        assert c.values[-1] == pytest.approx(1.0, abs=1e-9)
+    random = curves["random"].cpr
+    assert curves["coreblocks_signed_fair"].cpr > random + 0.3, cpr
+    assert curves["blocks_signed_fair"].cpr > random + 0.1, cpr
+    assert curves["headblocks_signed_fair"].cpr > random + 0.1, cpr
+    assert curves["reversed"].cpr < random + 0.01, cpr
+    assert curves["core_reversed"].cpr < random + 0.01, cpr

@@ -13,6 +13,12 @@ circuits keep each edge of their level with probability ``s`` (seeded per reader
 their raw and weighted fractions are both ``s`` in expectation, so one random curve serves both axes (the realised
 counts are reported).
 
+**Block rankings** (``BlockRanking``, curves ``blocks_*``, ``headblocks_*``, ``coreblocks_*``): blocks (writer unit
+x reader unit) in the order of a block score, the direction edges of a block by their own score, so that a signed
+prefix keeps whole blocks instead of the positive edges of every block (whose writers cancel: docs/circuits.md);
+``coreblocks`` first brings the top tenth of every block by |score|, then the rest. Their cuts need no selection
+pass: a block weighs 1.
+
 **Selection** over ~10^9 direction edges without sorting them: the scores' order-preserving integer keys are
 histogrammed on their top 16 bits (counts, or weights on the fair axis), the bucket where the target falls is read
 back edge by edge and sorted (``select``). Scores may live in a memory-mapped file (``ScoreFile``).
@@ -33,6 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMappin
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -40,7 +47,7 @@ from torch import Tensor
 
 from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, NoEdges
 from lit_svd.analysis.edge_attribution import EdgeScores
-from lit_svd.analysis.edges import EdgeUniverse, Level, ReaderUnit
+from lit_svd.analysis.edges import EdgeUniverse, Level, ReaderUnit, WriterUnit
 from lit_svd.analysis.faithfulness import MIB_SIZES, check_sizes, faithfulness_of, n_kept, reference_means
 
 BUCKET_BITS = 16
@@ -352,6 +359,172 @@ def random_spec(universe: EdgeUniverse, level: Level, seed: int) -> CurveSpec:
     return CurveSpec(circuits)
 
 
+@dataclass
+class BlockRanking:
+    """Blocks (writer unit x reader unit, ``EdgeUniverse.block_offsets`` order) by ``block_scores`` (higher first,
+    ties by block index), the direction edges of one block by ``within``'s scores (a ``directions`` ranking; higher
+    first, ties by flat index): the edge analog of ``rankings.unit_rankings``. ``tiers`` (increasing fractions,
+    the last 1): every block brings its first ``ceil(tier x edges)`` edges tier after tier, so ``(1.0,)`` keeps
+    blocks whole one after the other and ``(0.1, 1.0)`` first the top tenth of every block (the block's *core*),
+    then the rest. A prefix ends inside at most one block."""
+
+    within: EdgeRanking
+    block_scores: Tensor
+    tiers: tuple[float, ...] = (1.0,)
+
+    def __post_init__(self) -> None:
+        u = self.within.universe
+        if self.within.level != "directions" or self.block_scores.shape != (u.n_blocks,):
+            raise ValueError(f"BlockRanking: a directions ranking and {u.n_blocks} block scores are needed")
+        if not self.tiers or self.tiers[-1] != 1.0 or any(not 0 < a < b for a, b in zip(self.tiers, self.tiers[1:])):
+            raise ValueError(f"BlockRanking: tiers={self.tiers}: increasing fractions in (0, 1], the last 1")
+        n_up = torch.tensor([r.n_up for r in u.readers])
+        self.reader = torch.repeat_interleave(torch.arange(len(u.readers)), n_up)  # [n_blocks]
+        self.writer = torch.arange(u.n_blocks) - u.block_offsets[self.reader]
+        self.edges = torch.tensor([r.size for r in u.readers])[self.reader] * u.writer_sizes[self.writer]
+        scores = torch.nan_to_num(self.block_scores.double().cpu(), nan=-math.inf)
+        order = torch.argsort(scores, descending=True, stable=True)
+        # [n_tiers, n_blocks]: the edges of each block kept once its tier is in
+        self.ends = torch.stack([torch.ceil(t * self.edges.double() - 1e-9).long().clamp(min=1) for t in self.tiers])
+        # items: (block, edges kept before and after it) tier after tier, in block order
+        self.item_block = order.repeat(len(self.tiers))
+        self.item_end = self.ends[:, order].reshape(-1)
+        self.item_start = torch.cat([torch.zeros_like(order), self.ends[:-1, order].reshape(-1)])
+        self._thresholds: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def cuts(self, targets: Sequence[float], weighted: bool) -> list[BlockCircuit]:
+        """For each target, the longest prefix whose edge count (``weighted``: weighted count) is at most it."""
+        u = self.within.universe
+        size = self.edges[self.item_block].double()
+        per_item = (self.item_end - self.item_start).double()
+        cum = (per_item / size if weighted else per_item).cumsum(0)
+        out = []
+        for t in targets:
+            if t < 0:
+                raise ValueError(f"BlockRanking: target {t} < 0")
+            whole = int((cum <= t + _eps(t)).sum())
+            n = torch.zeros(u.n_blocks, dtype=torch.long)
+            n.scatter_reduce_(0, self.item_block[:whole], self.item_end[:whole], "amax")  # a block's last tier in
+            if whole < len(cum):
+                rest = t - (float(cum[whole - 1]) if whole else 0.0)
+                edges = rest * (float(size[whole]) if weighted else 1.0)  # the budget left, in edges
+                b = int(self.item_block[whole])
+                n[b] = int(self.item_start[whole]) + int(math.floor(edges + _eps(edges)))
+            weight = float((n.double() / self.edges.double()).sum())
+            out.append(BlockCircuit(self, n, int(n.sum()), weight))
+        return out
+
+    def thresholds(self, tier: int) -> tuple[Tensor, Tensor]:
+        """``(value, need)`` ``[n_blocks]``: the own score of each block's last edge kept at ``tier``'s end and how
+        many edges of that score the tier keeps (the first by flat index); computed once, one pass over the
+        scores."""
+        if tier not in self._thresholds:
+            u = self.within.universe
+            value = torch.empty(u.n_blocks, dtype=torch.float64)
+            need = torch.empty(u.n_blocks, dtype=torch.long)
+            for r in u.readers:
+                S, o = self.within.scores(r).cpu(), int(u.block_offsets[r.index])
+                for w in u.writers[: r.n_up]:
+                    part = S[:, w.offset : w.offset + w.size].reshape(-1)
+                    k = int(self.ends[tier, o + w.index])
+                    v = part.kthvalue(part.numel() - k + 1).values  # the k-th largest
+                    value[o + w.index], need[o + w.index] = float(v), k - int((part > v).sum())
+            self._thresholds[tier] = value, need
+        return self._thresholds[tier]
+
+
+@dataclass
+class BlockCircuit:
+    """A prefix of a ``BlockRanking``: ``n [n_blocks]`` edges kept of each block (its first by the ranking's own
+    scores); ``kept_edges`` direction edges, ``weight`` their weighted count."""
+
+    ranking: BlockRanking
+    n: Tensor
+    kept_edges: int
+    weight: float
+
+    def _counts(self, r: ReaderUnit) -> tuple[Tensor, Tensor]:
+        o = self.ranking.within.universe.block_offsets
+        part = slice(int(o[r.index]), int(o[r.index + 1]))
+        return self.n[part], self.ranking.edges[part]
+
+    def block_keep(self, r: ReaderUnit) -> Tensor | None:
+        """``[n_up]``: the kept blocks of ``r`` where each is kept whole or not at all (else None: see ``keep``)."""
+        n, edges = self._counts(r)
+        return n > 0 if bool(((n == 0) | (n == edges)).all()) else None
+
+    def keep(self, r: ReaderUnit) -> Tensor | None:
+        """Blocks kept to a tier's end compare their scores with the tier's threshold (``BlockRanking.thresholds``),
+        the one block kept elsewhere sorts its scores."""
+        ranking, u = self.ranking, self.ranking.within.universe
+        n, edges = self._counts(r)
+        col = u.col_unit[: r.n_cols].cpu()
+        mask = (n == edges)[col].expand(r.size, -1).clone()
+        partial = (n > 0) & (n < edges)
+        if not bool(partial.any()):
+            return mask.to(u.device)
+        S, o = ranking.within.scores(r).cpu(), int(u.block_offsets[r.index])
+        for tier in range(len(ranking.tiers) - 1):
+            at = partial & (n == ranking.ends[tier, o : o + r.n_up])
+            if not bool(at.any()):
+                continue
+            partial &= ~at
+            value, need = (t[o : o + r.n_up] for t in ranking.thresholds(tier))
+            on, v = at[col], value[col].to(S.dtype)  # exact: the values are scores
+            tied = (S == v) & on
+            n_tied = torch.zeros(r.n_up, dtype=torch.long).index_add_(0, col, tied.sum(0))
+            mask |= ((S > v) & on) | (tied & (n_tied == need)[col])
+            for w in torch.nonzero(at & (n_tied != need)).flatten().tolist():  # the first tied edges only
+                _keep_first(mask, tied, u.writers[w], int(need[w]))
+        for w in torch.nonzero(partial).flatten().tolist():
+            cols = slice(u.writers[w].offset, u.writers[w].offset + u.writers[w].size)
+            part = S[:, cols]
+            top = torch.zeros(part.numel(), dtype=torch.bool)
+            top[torch.sort(part.reshape(-1), descending=True, stable=True).indices[: int(n[w])]] = True
+            mask[:, cols] = top.reshape(part.shape)
+        return mask.to(u.device)
+
+
+def _keep_first(mask: Tensor, which: Tensor, w: WriterUnit, n: int) -> None:
+    """Keep the first ``n`` edges (by flat index) of writer unit ``w``'s columns where ``which`` holds."""
+    cols = slice(w.offset, w.offset + w.size)
+    block = mask[:, cols].reshape(-1).clone()
+    block[torch.nonzero(which[:, cols].reshape(-1)).flatten()[:n]] = True
+    mask[:, cols] = block.reshape(mask[:, cols].shape)
+
+
+def block_sums(scores: EdgeScores) -> Tensor:
+    """``[n_blocks]`` float64: each block's summed direction edge scores (one pass over the scores)."""
+    u = scores.universe
+    out = torch.zeros(u.n_blocks, dtype=torch.float64)
+    for r in u.readers:
+        o = u.block_offsets
+        cols = scores.directions(r).double().sum(0).cpu()
+        out[int(o[r.index]) : int(o[r.index + 1])] = torch.zeros(r.n_up, dtype=torch.float64).index_add_(
+            0, u.col_unit[: r.n_cols].cpu(), cols
+        )
+    return out
+
+
+def block_spec(ranking: BlockRanking, axis: str) -> CurveSpec:
+    """The circuits of ``ranking``'s first edges on the ``raw`` (direction edges) or ``fair`` (weighted) axis."""
+    if axis not in ("raw", "fair"):
+        raise ValueError(f"axis={axis!r}: choose raw or fair")
+    u = ranking.within.universe
+
+    def circuits(sizes: Sequence[float]) -> list[tuple[Circuit, int, float]]:
+        n = ranking.within.count()
+        targets = [float(n_kept(s, n)) if axis == "raw" else s * u.n_blocks for s in sizes]
+        return [(c, c.kept_edges, c.weight) for c in ranking.cuts(targets, weighted=axis == "fair")]
+
+    return CurveSpec(circuits)
+
+
+# block orders of curve_specs (``block_ranking``); CORE: the fraction of a block's edges in its core
+BLOCK_ORDERS = ("blocks", "headblocks", "coreblocks")
+CORE = 0.1
+
+
 LEVELS: tuple[Level, ...] = ("directions", "writer_units", "units")
 
 
@@ -366,9 +539,21 @@ def score_ranking(scores: EdgeScores, level: Level) -> EdgeRanking:
     return EdgeRanking(u, level, lambda r: scores.units[int(offsets[r.index]) : int(offsets[r.index + 1])][None])
 
 
+def block_ranking(scores: EdgeScores, order: str, sign: str, sums: Tensor | None = None) -> BlockRanking:
+    """``blocks`` (blocks by their summed direction scores, ``sums`` if given), ``headblocks`` (by head-level
+    EAP-IG, ``scores.units``), the edges of a block by their own score; ``coreblocks``: by head-level EAP-IG, the
+    top tenth of every block by |score| first (``CORE``), then the rest by |score|. ``abs``: blocks by magnitude,
+    edges by |score|."""
+    block = scores.units if order != "blocks" else block_sums(scores) if sums is None else sums
+    within = EdgeRanking(scores.universe, "directions", scores.directions)
+    if order == "coreblocks":
+        return BlockRanking(absolute(within), block if sign == "signed" else block.abs(), (CORE, 1.0))
+    return BlockRanking(within, block) if sign == "signed" else BlockRanking(absolute(within), block.abs())
+
+
 def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequence[str]) -> dict[str, CurveSpec]:
-    """Curves by name: ``<level>_<signed|abs>_<raw|fair>`` (a ranking of ``scores``) or ``random_<level>_<seed>``;
-    one-line errors for others."""
+    """Curves by name: ``<level>_<signed|abs>_<raw|fair>`` (a ranking of ``scores``; level ``blocks`` /
+    ``headblocks``: a ``BlockRanking``, ``block_ranking``) or ``random_<level>_<seed>``; one-line errors for others."""
     out = {}
     for name in names:
         parts = name.split("_")
@@ -379,14 +564,17 @@ def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequen
             out[name] = random_spec(universe, level, int(seed))
             continue
         level, sign, axis = "_".join(parts[:-2]), parts[-2], parts[-1]
-        if level not in LEVELS or sign not in ("signed", "abs") or axis not in ("raw", "fair"):
+        if level not in LEVELS + BLOCK_ORDERS or sign not in ("signed", "abs") or axis not in ("raw", "fair"):
             raise ValueError(
-                f"curve {name!r}: give <level>_<signed|abs>_<raw|fair> (level one of {', '.join(LEVELS)}) or"
-                " random_<level>_<seed>"
+                f"curve {name!r}: give <level>_<signed|abs>_<raw|fair> (level one of"
+                f" {', '.join(LEVELS + BLOCK_ORDERS)}) or random_<level>_<seed>"
             )
         if scores is None:
             raise ValueError(f"curve {name!r} needs edge scores")
-        ranking = score_ranking(scores, level)
+        if level in BLOCK_ORDERS:
+            out[name] = block_spec(block_ranking(scores, level, sign), axis)
+            continue
+        ranking = score_ranking(scores, cast(Level, level))  # one of LEVELS (checked above)
         out[name] = ranked_spec(ranking if sign == "signed" else absolute(ranking), axis)
     return out
 
