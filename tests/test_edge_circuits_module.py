@@ -100,7 +100,7 @@ def test_a_graph_curve_that_misses_graph_f_warns_and_never_draws_another_circuit
     assert sum(e["n_kept"] for e in drawn["edges"]) == graph["n_edges"]  # graph.json: every block
     page = (tmp_path / "circuit.html").read_text()
     assert f"f = {graph['f']:.3f}" in page and "its largest f: no size reaches 100.0" in page
-    assert len(drawn["edges"]) <= 2 or f"of the {len(drawn['edges'])} blocks" in page
+    assert len(drawn["edges"]) <= 2 or f"of the {len(drawn['edges']):,} blocks" in page
     assert page.count('<path class="edge"') <= 2 + len(graph["checks"])
 
 

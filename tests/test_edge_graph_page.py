@@ -26,14 +26,15 @@ def check_row(i: int) -> dict:
 
 
 def attribution_result() -> CircuitResult:
-    """Blocks head i -> metric with sum of |score| i + 1 and alternating signs; block CHECKED carries the check."""
+    """Blocks head i -> metric with |weight| (i + 1) / 2, alternating signs, and a sum of |score| in the reverse
+    order (the cap orders by |weight|); block CHECKED carries the check."""
     nodes = [{"address": f"L0.ov.h{i}", "layer": 0, "kind": "ov", "group": i, "index": 0, "size": 4, "unit": "unit"}
              for i in range(N_BLOCKS)]  # fmt: skip
     nodes.append({"address": "metric", "layer": 1, "kind": "metric", "group": 0, "index": 0, "size": 1, "unit": "root"})
     edges = []
     for i in range(N_BLOCKS):
         e = {"writer": f"L0.ov.h{i}", "reader": "metric", "reader_kind": "logit", "weight": (-1) ** i * 0.5 * (i + 1),
-             "abs_weight": float(i + 1), "kept_in": None, "n_kept": 2, "fraction": 0.5}  # fmt: skip
+             "abs_weight": float(20 - i), "kept_in": None, "n_kept": 2, "fraction": 0.5}  # fmt: skip
         if i == CHECKED:
             row = check_row(i)
             e.update({k: row[k] for k in ("effect", "gap_fraction", "null_mean", "null_std", "z", "percentile",
@@ -70,7 +71,7 @@ def test_the_cap_keeps_the_strongest_blocks_and_every_checked_one():
     want = sorted(range(N_BLOCKS), key=lambda i: -(i + 1))[:3] + [CHECKED]
     assert sorted(e["writer"] for e in capped.edges) == sorted(f"L0.ov.h{i}" for i in want)
     assert {n["address"] for n in capped.nodes} == {f"L0.ov.h{i}" for i in want} | {"metric"}
-    share = sum(i + 1 for i in want) / sum(range(1, N_BLOCKS + 1))
+    share = sum(i + 1 for i in want) / sum(range(1, N_BLOCKS + 1))  # |weight| = (i + 1) / 2
     assert note is not None and f"Drawn: 4 of the {N_BLOCKS} blocks" in note and f"{share:.0%}" in note
     assert "and the 5 of 13 nodes" in note
     assert drawn_blocks(result, N_BLOCKS) == (result, None) and drawn_blocks(result, None) == (result, None)

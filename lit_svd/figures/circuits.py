@@ -331,29 +331,24 @@ def display_name(model: str) -> str:
     return model.rstrip("/").rsplit("/", 1)[-1] if model.startswith(("/", ".", "~")) else model
 
 
-def _mass(edge: dict) -> float:
-    """A block's attribution mass: the sum of |score| of its kept direction edges (else |weight|)."""
-    value = edge.get("abs_weight")
-    return abs(edge.get("weight") or 0.0) if value is None else abs(value)
-
-
 def drawn_blocks(result: CircuitResult, max_blocks: int | None) -> tuple[CircuitResult, str | None]:
-    """The graph the page draws: at most ``max_blocks`` edges (blocks) of largest ``_mass`` plus every checked one,
-    and the nodes they join; with a sentence counting what is left out (None: everything is drawn)."""
+    """The graph the page draws: at most ``max_blocks`` edges (blocks) of largest |weight| (the net attribution of
+    their kept direction edges, what the edge width shows; the sum of |score| would favour the largest blocks, MLP to
+    MLP) plus every checked one, and the nodes they join; with a sentence counting what is left out (None: all)."""
     edges = result.edges
     if max_blocks is None or len(edges) <= max_blocks:
         return result, None
-    order = sorted(range(len(edges)), key=lambda i: -_mass(edges[i]))
+    order = sorted(range(len(edges)), key=lambda i: -abs(edges[i].get("weight") or 0.0))
     keep = set(order[:max_blocks]) | {i for i, e in enumerate(edges) if e.get("checked_edge")}
     kept = [edges[i] for i in sorted(keep)]
     names = {e["writer"] for e in kept} | {e["reader"] for e in kept}
     nodes = [n for n in result.nodes if n["address"] in names]
-    total = sum(_mass(e) for e in edges)
-    share = sum(_mass(e) for e in kept) / total if total else float("nan")
+    total = sum(abs(e.get("weight") or 0.0) for e in edges)
+    share = sum(abs(e.get("weight") or 0.0) for e in kept) / total if total else float("nan")
     note = (
-        f"Drawn: {len(kept)} of the {len(edges)} blocks (the {max_blocks} of largest sum of |score| and every checked"
-        f" one; {share:.0%} of the circuit's sum of |score|) and the {len(nodes)} of {len(result.nodes)} nodes they"
-        " join; graph.json and graph.graphml hold every block."
+        f"Drawn: {len(kept)} of the {len(edges):,} blocks (the {max_blocks} of largest |weight| and every checked"
+        f" one; {share:.0%} of the sum of |weight|) and the {len(nodes)} of {len(result.nodes)} nodes they join;"
+        " graph.json and graph.graphml hold every block."
     )
     return dataclasses.replace(result, nodes=nodes, edges=kept), note
 
@@ -371,8 +366,9 @@ def attribution_texts(result: CircuitResult, counts: str) -> tuple[str, str]:
     chosen = CHOSEN.get(c.get("chosen_by") or "graph_f", "").format(f_target=c.get("f_target"))
     summary = (
         f"The circuit drawn: the first edges of {c.get('curve')} at size {c.get('size')} ({chosen}),"
-        f" f = {c.get('f', float('nan')):.3f} on the test prompts; {c.get('n_edges')} direction edges (weighted count"
-        f" {c.get('weighted', float('nan')):.4f} of the head-level edges) in {c.get('n_blocks')} blocks. {counts}"
+        f" f = {c.get('f', float('nan')):.3f} on the test prompts; {c.get('n_edges', 0):,} direction edges"
+        f" (weighted count {c.get('weighted', float('nan')):.4f} of the head-level edges) in {c.get('n_blocks', 0):,}"
+        f" blocks. {counts}."
     )
     about = (
         "Nodes are units: the embedding, a head (its OV map: value reads in, writes out), a head's query input, a KV"
