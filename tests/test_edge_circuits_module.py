@@ -60,7 +60,7 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
         assert max(abs(a - b) for a, b in zip(got["metric"], c.metric)) <= 1e-6 * scale, name
 
     graph = result.graph
-    curve = result.curves["directions_signed_fair"]
+    curve = result.curves[module.hparams.graph_curve]
     size = next((s for s, v in zip(curve["sizes"], curve["values"]) if v >= 0.5), 1.0)
     assert graph["size"] == size and graph["f"] == curve["values"][curve["sizes"].index(size)]
     assert len(graph["checks"]) == 2
@@ -68,6 +68,40 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
     assert sum(e["n_kept"] for e in drawn["edges"]) == graph["n_edges"]  # every kept direction edge is drawn
     page = (tmp_path / "out" / "circuit.html").read_text()
     assert f"f = {graph['f']:.3f}" in page
+
+
+def run_module(model_dir, out, **kwargs) -> EdgeCircuitModule:
+    module = EdgeCircuitModule(model=model_dir, sizes=SIZES, n_attribution=6, n_check=1, n_random=2, top_edges=5,
+                               **kwargs)  # fmt: skip
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, default_root_dir=out,
+                         callbacks=[EdgeCircuitReport()])  # fmt: skip
+    trainer.test(module, datamodule=TaskDataModule(**DATA, tokenizer=model_dir))
+    return module
+
+
+@pytest.mark.parametrize("unreached", ["skip", "best"])
+def test_a_graph_curve_that_misses_graph_f_warns_and_never_draws_another_circuit(tiny_dirs, tmp_path, unreached):
+    """Only the curves asked for are scored; a graph_f no size reaches: a warning naming the best f, then no graph
+    (skip) or the circuit at the size of the best f (best), said on the page; the page draws at most page_blocks."""
+    with pytest.warns(UserWarning, match="graph_curve=directions_abs_fair never reaches graph_f=100.0 \\(best f"):
+        run_module(tiny_dirs["llama"], tmp_path, curves=["directions_abs_fair"], graph_curve="directions_abs_fair",
+                   graph_f=100.0, graph_unreached=unreached, page_blocks=2)  # fmt: skip
+    result = load_result(tmp_path)
+    assert list(result.curves) == ["directions_abs_fair"]
+    curve = result.curves["directions_abs_fair"]
+    best = max(zip(curve["values"], curve["sizes"]), key=lambda t: (t[0], -t[1]))
+    graph = result.graph
+    assert f"best f {best[0]:.3f} at size {best[1]}" in graph["note"]
+    if unreached == "skip":
+        assert graph["drawn"] is False and not (tmp_path / "circuit.html").exists()
+        return
+    assert graph["drawn"] and graph["chosen_by"] == "best" and graph["size"] == best[1] and graph["f"] == best[0]
+    drawn = json.loads((tmp_path / "graph.json").read_text())
+    assert sum(e["n_kept"] for e in drawn["edges"]) == graph["n_edges"]  # graph.json: every block
+    page = (tmp_path / "circuit.html").read_text()
+    assert f"f = {graph['f']:.3f}" in page and "its largest f: no size reaches 100.0" in page
+    assert len(drawn["edges"]) <= 2 or f"of the {len(drawn['edges']):,} blocks" in page
+    assert page.count('<path class="edge"') <= 2 + len(graph["checks"])
 
 
 @pytest.mark.parametrize(
@@ -81,6 +115,11 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
         ({"n_random": 1}, "n_random=1"),
         ({"graph_size": 0.3}, "graph_size=0.3"),
         ({"fold_norms": False}, "fold_norms=False: the edge universe reads the folded view"),
+        ({"curves": ["directions_abs_raw"], "axes": ["fair"]}, "curves: 'directions_abs_raw' is not one of"),
+        ({"curves": ["units_abs_raw"]}, "graph_curve='directions_abs_fair' is not one of the curves: units_abs"),
+        ({"curves": []}, "curves=\\[\\]"),
+        ({"graph_unreached": "largest"}, "graph_unreached='largest': allowed: skip, best"),
+        ({"page_blocks": 0}, "page_blocks=0"),
     ],
 )
 def test_bad_options_fail_in_one_line(kwargs, message):

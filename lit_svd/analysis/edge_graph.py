@@ -20,6 +20,7 @@ the drawn edge holding that direction edge.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -31,16 +32,46 @@ from lit_svd.analysis.edge_attribution import EdgeScores
 from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit, WriterUnit
 
 GRAPH_F = 0.8  # the default circuit drawn: the smallest grid size whose f reaches this
+PAGE_BLOCKS = 200  # the most blocks drawn on the page by default (readable at 1600 x 1100 pixels)
 ROOT = "metric"
 READER_KIND = {"q": "q", "k": "k", "v": "v", "mlp": "mlp", "logits": "logit"}
 
 
-def graph_size(curve: dict, f_target: float = GRAPH_F) -> float:
-    """The smallest size of ``curve`` (a curve row) whose ``f`` reaches ``f_target``; the largest size if none."""
+def graph_size(curve: dict, f_target: float = GRAPH_F) -> float | None:
+    """The smallest size of ``curve`` (a curve row) whose ``f`` reaches ``f_target``; None if no size does."""
     for size, value in zip(curve["sizes"], curve["values"]):
-        if value >= f_target:
+        if value is not None and value >= f_target:
             return float(size)
-    return float(curve["sizes"][-1])
+    return None
+
+
+def choose_size(
+    name: str, curve: dict, size: float | None, f_target: float, unreached: str = "skip"
+) -> tuple[float | None, str, str | None]:
+    """The size of curve ``name`` to draw, how it was chosen and a one-line warning (None: nothing to say).
+
+    ``size`` given: that size (``"graph_size"``). Else the smallest size whose f reaches ``f_target``
+    (``"graph_f"``). If no size does, never silently another circuit: the warning names the best f reached and its
+    size; ``unreached="best"`` draws that size (``"best"``), ``"skip"`` draws nothing (size None, ``"none"``)."""
+    if size is not None:
+        return float(size), "graph_size", None
+    found = graph_size(curve, f_target)
+    if found is not None:
+        return found, "graph_f", None
+    finite = [(v, s) for s, v in zip(curve["sizes"], curve["values"]) if v is not None and math.isfinite(v)]
+    best_f, best = max(finite, key=lambda t: (t[0], -t[1])) if finite else (math.nan, None)
+    note = f"graph_curve={name} never reaches graph_f={f_target} (best f {best_f:.3f} at size {best})"
+    if unreached == "best" and best is not None:
+        return float(best), "best", note + "; drawing that size (graph_unreached: best)"
+    return (
+        None,
+        "none",
+        note
+        + (
+            "; no graph drawn: set graph_size, a lower graph_f, another graph_curve (an absolute ranking) or"
+            " graph_unreached: best"
+        ),
+    )
 
 
 def writer_node(w: WriterUnit) -> Address:

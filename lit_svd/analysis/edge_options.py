@@ -9,6 +9,7 @@ from typing import Literal, get_args
 
 Method = Literal["directions", "writer_units", "units", "random"]
 Axis = Literal["raw", "fair"]
+Unreached = Literal["skip", "best"]  # graph_unreached: what the module draws when graph_curve never reaches graph_f
 
 
 def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int]) -> list[str]:
@@ -33,16 +34,20 @@ def check_edge_options(
     methods: Sequence[str] | str = ("directions", "units", "random"),
     axes: Sequence[str] | str = ("raw", "fair"),
     random_seeds: Sequence[int] = (0,),
-    graph_curve: str | None = "directions_signed_fair",
+    graph_curve: str | None = "directions_abs_fair",
     steps: int = 5,
     n_attribution: int = 64,
     top_edges: int = 200,
     n_check: int = 8,
     n_random: int = 16,
     fold_norms: bool | None = None,
+    curves: Sequence[str] | str | None = None,
+    graph_unreached: str = "skip",
+    page_blocks: int | None = None,
 ) -> None:
-    """Known methods and axes, a graph curve among the curves, counts in range, the folded view; one line naming
-    the key otherwise."""
+    """Known methods and axes, ``curves`` (the curves scored; None: all of ``curve_names``) among the options'
+    curves, a graph curve among the scored curves, counts in range, the folded view; one line naming the key
+    otherwise."""
     methods, axes = _as_list(methods), _as_list(axes)
     for key, values, allowed in (("methods", methods, get_args(Method)), ("axes", axes, get_args(Axis))):
         if not values:
@@ -53,10 +58,20 @@ def check_edge_options(
     if "random" in methods and not random_seeds:
         raise ValueError("methods has 'random' but random_seeds is empty; give seeds, e.g. [0]")
     names = curve_names(methods, axes, random_seeds)
+    if curves is not None:
+        if not _as_list(curves):
+            raise ValueError("curves=[]: give at least one curve, or null for all of them")
+        for name in _as_list(curves):
+            if name not in names:
+                raise ValueError(f"curves: {name!r} is not one of the options' curves: {', '.join(names)}")
+        names = _as_list(curves)
     if graph_curve is not None and graph_curve not in names:
         raise ValueError(f"graph_curve={graph_curve!r} is not one of the curves: {', '.join(names)} (or null)")
+    if graph_unreached not in get_args(Unreached):
+        raise ValueError(f"graph_unreached={graph_unreached!r}: allowed: {', '.join(get_args(Unreached))}")
     for key, value, low in (("steps", steps, 1), ("n_attribution", n_attribution, 1), ("top_edges", top_edges, 0),
-                            ("n_check", n_check, 0), ("n_random", n_random, 2)):  # fmt: skip
+                            ("n_check", n_check, 0), ("n_random", n_random, 2),
+                            ("page_blocks", 1 if page_blocks is None else page_blocks, 1)):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{key}={value!r}: must be an integer >= {low}")
     if fold_norms is not None and fold_norms is not True:

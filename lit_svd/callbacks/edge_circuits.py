@@ -4,8 +4,9 @@ After ``test`` (rank zero): ``results.json`` (``lit_svd.results.EdgeCircuitResul
 ``edge_curves.csv`` (one row per curve and size), ``edge_curves.png`` (also a TensorBoard image); with a graph
 (the module's ``graph_curve``): the circuit's graph as the circuit-graph run writes it (``graph.json``,
 ``graph.graphml``, ``nodes.csv``, ``graph_edges.csv``, ``circuit.html``: ``results.circuits.CircuitResult`` with its
-``circuit`` field, drawn by ``figures.circuits.html_page``). It reads the module's rows only (``curves``,
-``summary``, ``facts``, ``top``, ``timing``, ``graph``); it never runs the model.
+``circuit`` field, drawn by ``figures.circuits.html_page``, at most ``page_blocks`` blocks on the page). Without a
+graph (``graph_curve`` never reached ``graph_f``) results.json's ``graph`` says why. It reads the module's rows
+only (``curves``, ``summary``, ``facts``, ``top``, ``timing``, ``graph``, ``graph_note``); it never runs the model.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ GRAPH_KEYS = ("task", "model", "n_prompts", "options", "metric", "counts", "circ
 def graph_result(module, prov) -> CircuitResult:
     """The drawn circuit (``module.graph``) as a circuit-graph result."""
     f, g = module.facts, module.graph
-    circuit = {k: g[k] for k in ("curve", "size", "f", "f_target", "n_edges", "weighted")}
-    circuit.update(n_blocks=len(g["edges"]), top_edges=[{k: e[k] for k in ("writer", "reader", "reader_unit", "score")}
-                                                        for e in module.top[:50]])  # fmt: skip
+    circuit = {k: g[k] for k in ("curve", "size", "f", "f_target", "chosen_by", "note", "n_edges", "weighted")}
+    top = [{k: e[k] for k in ("writer", "reader", "reader_unit", "score")} for e in module.top[:50]]
+    circuit.update(n_blocks=len(g["edges"]), checks=g["checks"], top_edges=top)
     options = {"builder": "attribution", **{k: f["options"][k] for k in ("n_check", "n_random", "seed")}}
     metric = {"clean": f["m_full"], "corrupted": f["m_empty"], "gap": f["m_full"] - f["m_empty"]}
     return CircuitResult(
@@ -43,6 +44,16 @@ def graph_result(module, prov) -> CircuitResult:
         circuit=circuit,
         provenance=prov,
     )
+
+
+def graph_summary(module) -> dict | None:
+    """results.json's ``graph``: the drawn graph less its nodes; without one, why (``drawn`` false, ``note``)."""
+    if module.graph is not None:
+        return {"drawn": True, **{k: v for k, v in module.graph.items() if k != "nodes"}}
+    if module.graph_note is not None:
+        f = module.facts["options"]
+        return {"drawn": False, "curve": f["graph_curve"], "f_target": f["graph_f"], "note": module.graph_note}
+    return None
 
 
 class EdgeCircuitReport(Callback):
@@ -64,7 +75,7 @@ class EdgeCircuitReport(Callback):
             comparison=module.summary,
             top_edges=[{k: e[k] for k in ("writer", "reader", "reader_unit", "score")} for e in module.top],
             timing=module.timing,
-            graph=None if module.graph is None else {k: v for k, v in module.graph.items() if k != "nodes"},
+            graph=graph_summary(module),
             options=f["options"],
             provenance=prov,
         )
@@ -82,4 +93,4 @@ class EdgeCircuitReport(Callback):
             extra = ("n_kept", "fraction", "checked_edge")
             rows = [{**r, **{k: e.get(k) for k in extra}} for r, e in zip(graph.rows(), graph.edges)]
             write_csv(folder / "graph_edges.csv", rows, (*EDGE_COLUMNS, *extra))
-            write_text(folder / "circuit.html", html_page(graph))
+            write_text(folder / "circuit.html", html_page(graph, max_blocks=f["options"]["page_blocks"]))

@@ -10,6 +10,7 @@ column's nodes (by kind, head, direction).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 
@@ -27,6 +28,8 @@ KIND_ORDER = ("embed", "attn_norm_bias", "b_Q", "b_K", "q", "k", "qk", "b_V", "o
 POSITIVE, NEGATIVE = "#2166ac", "#b2182b"  # edge colours: a positive mean contribution, a negative one
 RANDOM = "random"  # faithfulness methods named random* are drawn as the chance baseline
 ATTRIBUTION_EDGE_KEYS = ("n_kept", "fraction", "checked_edge")  # the edges of an attribution circuit's graph
+CHECK_COLUMNS = ("writer", "reader", "reader_unit", "score", "effect", "gap_fraction", "null_mean", "null_std", "z",
+                 "percentile", "passes")  # fmt: skip
 
 
 def column(node: dict, n_layers: int) -> float:
@@ -330,14 +333,44 @@ def display_name(model: str) -> str:
     return model.rstrip("/").rsplit("/", 1)[-1] if model.startswith(("/", ".", "~")) else model
 
 
+def drawn_blocks(result: CircuitResult, max_blocks: int | None) -> tuple[CircuitResult, str | None]:
+    """The graph the page draws: at most ``max_blocks`` edges (blocks) of largest |weight| (the net attribution of
+    their kept direction edges, what the edge width shows; the sum of |score| would favour the largest blocks, MLP to
+    MLP) plus every checked one, and the nodes they join; with a sentence counting what is left out (None: all)."""
+    edges = result.edges
+    if max_blocks is None or len(edges) <= max_blocks:
+        return result, None
+    order = sorted(range(len(edges)), key=lambda i: -abs(edges[i].get("weight") or 0.0))
+    keep = set(order[:max_blocks]) | {i for i, e in enumerate(edges) if e.get("checked_edge")}
+    kept = [edges[i] for i in sorted(keep)]
+    names = {e["writer"] for e in kept} | {e["reader"] for e in kept}
+    nodes = [n for n in result.nodes if n["address"] in names]
+    total = sum(abs(e.get("weight") or 0.0) for e in edges)
+    share = sum(abs(e.get("weight") or 0.0) for e in kept) / total if total else float("nan")
+    note = (
+        f"Drawn: {len(kept)} of the {len(edges):,} blocks (the {max_blocks} of largest |weight| and every checked"
+        f" one; {share:.0%} of the sum of |weight|) and the {len(nodes)} of {len(result.nodes)} nodes they join;"
+        " graph.json and graph.graphml hold every block."
+    )
+    return dataclasses.replace(result, nodes=nodes, edges=kept), note
+
+
+CHOSEN = {
+    "graph_f": "the smallest of MIB's grid whose faithfulness reaches {f_target}",
+    "graph_size": "chosen (graph_size)",
+    "best": "its largest f: no size reaches {f_target}",
+}
+
+
 def attribution_texts(result: CircuitResult, counts: str) -> tuple[str, str]:
     """The page's summary and explanation for the graph of an attribution circuit (``result.circuit``)."""
     c = result.circuit or {}
+    chosen = CHOSEN.get(c.get("chosen_by") or "graph_f", "").format(f_target=c.get("f_target"))
     summary = (
-        f"The circuit drawn: the first edges of {c.get('curve')} at size {c.get('size')} (the smallest of MIB's grid"
-        f" whose faithfulness reaches {c.get('f_target')}, unless chosen), f = {c.get('f', float('nan')):.3f} on the"
-        f" test prompts; {c.get('n_edges')} direction edges (weighted count {c.get('weighted', float('nan')):.4f} of"
-        f" the head-level edges) in {c.get('n_blocks')} blocks. {counts}"
+        f"The circuit drawn: the first edges of {c.get('curve')} at size {c.get('size')} ({chosen}),"
+        f" f = {c.get('f', float('nan')):.3f} on the test prompts; {c.get('n_edges', 0):,} direction edges"
+        f" (weighted count {c.get('weighted', float('nan')):.4f} of the head-level edges) in {c.get('n_blocks', 0):,}"
+        f" blocks. {counts}."
     )
     about = (
         "Nodes are units: the embedding, a head (its OV map: value reads in, writes out), a head's query input, a KV"
@@ -352,10 +385,12 @@ def attribution_texts(result: CircuitResult, counts: str) -> tuple[str, str]:
     return summary, about
 
 
-def html_page(result: CircuitResult) -> str:
+def html_page(result: CircuitResult, max_blocks: int | None = None) -> str:
     """``circuit.html``: the facts, the graph (inline SVG; click a node: its readout and in / out edges), the
-    faithfulness summary and agreement (when measured), then sortable tables of nodes and edges. Offline: inline
-    CSS and JavaScript, nothing loaded from anywhere."""
+    faithfulness summary and agreement (when measured), the causal checks of an attribution circuit, then sortable
+    tables of nodes and edges. Offline: inline CSS and JavaScript, nothing loaded from anywhere. ``max_blocks``: the
+    most edges drawn and listed (``drawn_blocks``; the counts on top stay the whole graph's)."""
+    result, left_out = drawn_blocks(result, max_blocks)
     content = result.to_dict()
     items = {k: content[k] for k in FACTS}
     items.update({f"options.{k}": v for k, v in result.options.items()})
@@ -378,7 +413,11 @@ def html_page(result: CircuitResult) -> str:
     )
     if result.circuit:
         summary, about = attribution_texts(result, summary)
-        items.update({f"circuit.{k}": v for k, v in result.circuit.items() if k != "top_edges"})
+        if result.circuit.get("note"):
+            summary += f" {result.circuit['note']}."
+        items.update({f"circuit.{k}": v for k, v in result.circuit.items() if k not in ("top_edges", "checks")})
+    if left_out:
+        summary += f" {left_out}"
     if not result.edges and not result.circuit:
         summary += (
             f". The graph is empty: no writer reached threshold={result.options.get('threshold')} of a reader's sum"
@@ -401,6 +440,10 @@ def html_page(result: CircuitResult) -> str:
         rows = result.agreement_rows()
         columns = list(dict.fromkeys(k for r in rows for k in r))
         body += ["<h2>Agreement with the other methods</h2>", pages.sortable_table("agreement", columns, rows)]
+    if result.circuit and result.circuit.get("checks"):
+        rows = result.circuit["checks"]
+        body += [f"<h2>Causal check of the circuit's {len(rows)} strongest direction edges</h2>",
+                 pages.sortable_table("checks", CHECK_COLUMNS, rows)]  # fmt: skip
     if result.circuit and result.circuit.get("top_edges"):
         rows = result.circuit["top_edges"]
         columns = [k for k in ("writer", "reader", "reader_unit", "score") if k in rows[0]]

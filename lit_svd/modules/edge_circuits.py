@@ -6,11 +6,14 @@ At the start of ``test`` it scores every edge with EAP-IG (``analysis.edge_attri
 every curve (``analysis.edge_curves``: the rankings at each level, signed and absolute, on the raw and the fair
 axis, and random circuits) is scored on the test batches under the edge ablation, and the circuit of one curve at
 one size (``graph_curve``; ``graph_size`` or the smallest grid size whose ``f`` reaches ``graph_f``) is turned
-into the circuit graph with the causal check of its strongest edges (``analysis.edge_graph``).
+into the circuit graph with the causal check of its strongest edges (``analysis.edge_graph``). A curve that never
+reaches ``graph_f`` draws nothing (``graph_unreached: skip``) or its best size (``best``), with a warning naming the
+best f either way.
 
 What the report callback reads (``callbacks/edge_circuits.py``; it never runs the model): ``curves`` (``{name: curve
 row}``), ``summary``, ``facts`` (task, model, prompts, counts, m_full, m_empty, options), ``top_edges``, ``timing``
-and ``graph`` (the circuit graph's nodes, edges and checks, or None).
+``graph`` (the circuit graph's nodes, edges and checks, or None) and ``graph_note`` (why no graph was drawn, or
+None).
 
 One process: the scores of every direction edge (~10^9 on SmolLM2) stay in one memory-mapped file; under DDP the
 module refuses to run.
@@ -23,13 +26,14 @@ import time
 from collections.abc import Sequence
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import STEPS, EdgeScores, attribute
 from lit_svd.analysis.edge_curves import LEVELS, ScoreFile, curve_specs, edge_curves, exit_on_sigterm
-from lit_svd.analysis.edge_graph import GRAPH_F, check_edges, circuit_graph, graph_size, top_edges
-from lit_svd.analysis.edge_options import Axis, Method, check_edge_options, curve_names
+from lit_svd.analysis.edge_graph import GRAPH_F, PAGE_BLOCKS, check_edges, choose_size, circuit_graph, top_edges
+from lit_svd.analysis.edge_options import Axis, Method, Unreached, check_edge_options, curve_names
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.analysis.faithfulness import MIB_SIZES, check_sizes
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -43,6 +47,8 @@ class EdgeCircuitModule(PretrainedLMModule):
             (reader direction x writer unit), units (reader unit x writer unit: MIB's head-level edges); random:
             random circuits at each ranked level.
         axes: raw (fraction of the level's edges), fair (weighted edge count: a block counts 1).
+        curves: the curves scored, a subset of the options' curves (``curve_names``; null: all of them): each
+            direction curve costs minutes on SmolLM2.
         random_seeds: one random curve per seed and level.
         sizes: fractions kept (MIB: 0.001 ... 1).
         steps: integrated-gradient steps (MIB: 5).
@@ -51,6 +57,10 @@ class EdgeCircuitModule(PretrainedLMModule):
         graph_curve: the curve whose circuit is drawn (null: no graph).
         graph_size: the size drawn (null: the smallest grid size whose f reaches graph_f).
         graph_f: the faithfulness the drawn circuit must reach when graph_size is null.
+        graph_unreached: when graph_curve never reaches graph_f: skip (no graph) or best (its size of largest f);
+            either way a warning names the best f.
+        page_blocks: the most blocks drawn on circuit.html (by the sum of |score| of their kept edges; the checked
+            ones always), the rest counted on the page; graph.json and graph.graphml hold every block (null: all).
         n_check: strongest edges of the drawn circuit checked (dropped alone, against random edges of their writer).
         n_random: random edges per check.
         seed: seeds the checks' random edges.
@@ -70,9 +80,12 @@ class EdgeCircuitModule(PretrainedLMModule):
         steps: int = STEPS,
         n_attribution: int = 64,
         top_edges: int = 200,
-        graph_curve: str | None = "directions_signed_fair",
+        graph_curve: str | None = "directions_abs_fair",
         graph_size: float | None = None,
         graph_f: float = GRAPH_F,
+        graph_unreached: Unreached = "skip",
+        page_blocks: int | None = PAGE_BLOCKS,
+        curves: Sequence[str] | None = None,
         n_check: int = 8,
         n_random: int = 16,
         seed: int = 0,
@@ -81,15 +94,16 @@ class EdgeCircuitModule(PretrainedLMModule):
     ):
         methods = [methods] if isinstance(methods, str) else list(methods)
         axes = [axes] if isinstance(axes, str) else list(axes)
+        curves = [curves] if isinstance(curves, str) else None if curves is None else list(curves)
         check_edge_options(methods, axes, random_seeds, graph_curve, steps, n_attribution, top_edges, n_check,
-                           n_random, loading.get("fold_norms"))  # fmt: skip
+                           n_random, loading.get("fold_norms"), curves, graph_unreached, page_blocks)  # fmt: skip
         sizes = check_sizes(sizes)
         if graph_size is not None and graph_size not in sizes:
             raise ValueError(f"graph_size={graph_size}: must be one of sizes {sizes}")
         super().__init__(**loading)
         self.save_hyperparameters()
         self.sizes, self.methods, self.axes = sizes, methods, axes
-        self.names = curve_names(methods, axes, random_seeds)
+        self.names = curves if curves is not None else curve_names(methods, axes, random_seeds)
         self.task: str | None = None
         self.kept: list[dict] = []
         self.curves: dict[str, dict] = {}
@@ -98,6 +112,7 @@ class EdgeCircuitModule(PretrainedLMModule):
         self.timing: dict = {}
         self.top: list[dict] = []
         self.graph: dict | None = None
+        self.graph_note: str | None = None
         self.scores: EdgeScores | None = None
 
     def setup(self, stage: str) -> None:
@@ -165,14 +180,7 @@ class EdgeCircuitModule(PretrainedLMModule):
         self.top = top_edges(self.scores, hp.top_edges)
         if hp.graph_curve is not None:
             start = time.monotonic()
-            size = hp.graph_size if hp.graph_size is not None else graph_size(self.curves[hp.graph_curve], hp.graph_f)
-            circuit = curve_specs(u, self.scores, [hp.graph_curve])[hp.graph_curve].circuits([size])[0]
-            i = self.sizes.index(size)
-            row = self.curves[hp.graph_curve]
-            checks = check_edges(ablation, self.kept, circuit[0], self.scores, hp.n_check, hp.n_random, hp.seed)
-            self.graph = circuit_graph(u, self.scores, circuit[0], checks)
-            self.graph.update(curve=hp.graph_curve, size=size, f=row["values"][i], n_edges=row["n_edges"][i],
-                              weighted=row["weighted"][i], f_target=hp.graph_f)  # fmt: skip
+            self.graph = self._graph(ablation)
             self.timing["graph_s"] = time.monotonic() - start
         self.facts = {
             "task": self.task,
@@ -194,6 +202,9 @@ class EdgeCircuitModule(PretrainedLMModule):
                     "graph_curve",
                     "graph_size",
                     "graph_f",
+                    "graph_unreached",
+                    "page_blocks",
+                    "curves",
                     "n_check",
                     "n_random",
                     "seed",
@@ -204,6 +215,26 @@ class EdgeCircuitModule(PretrainedLMModule):
         self.timing["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         self.kept = []
         self.scores = None
+
+    def _graph(self, ablation: EdgeAblation) -> dict | None:
+        """The graph of ``graph_curve``'s circuit at the size ``choose_size`` picks (None: none drawn, the reason in
+        ``graph_note``), with its own f, counts and how the size was chosen."""
+        hp = self.hparams
+        assert self.scores is not None
+        row = self.curves[hp.graph_curve]
+        size, chosen_by, note = choose_size(hp.graph_curve, row, hp.graph_size, hp.graph_f, hp.graph_unreached)
+        self.graph_note = note
+        if note is not None:
+            rank_zero_warn(note)
+        if size is None:
+            return None
+        circuit = curve_specs(self.universe, self.scores, [hp.graph_curve])[hp.graph_curve].circuits([size])[0]
+        i = self.sizes.index(size)
+        checks = check_edges(ablation, self.kept, circuit[0], self.scores, hp.n_check, hp.n_random, hp.seed)
+        graph = circuit_graph(self.universe, self.scores, circuit[0], checks)
+        graph.update(curve=hp.graph_curve, size=size, f=row["values"][i], n_edges=row["n_edges"][i],
+                     weighted=row["weighted"][i], f_target=hp.graph_f, chosen_by=chosen_by, note=note)  # fmt: skip
+        return graph
 
 
 def summarize(curves: dict[str, dict]) -> dict:

@@ -132,9 +132,11 @@ class CircuitResult(Result):
     timing: dict | None = optional("wall seconds of the run's parts (graph_s: building, check_s: edge checks)")
     circuit: dict | None = optional(
         "the graph of an attribution circuit (analysis/edge_graph.py): curve (its ranking), size (fraction on that"
-        " curve's axis), f (its own faithfulness on the test prompts), f_target, n_edges (direction edges kept at the"
-        " curve's level), weighted (weighted edge count / blocks), n_blocks (drawn edges), top_edges (its strongest"
-        " direction edges with their scores); its edges carry n_kept, fraction and the summed attribution as weight"
+        " curve's axis), chosen_by (graph_size, graph_f or best), note (why a size below f_target), f (its own"
+        " faithfulness on the test prompts), f_target, n_edges (direction edges kept at the curve's level), weighted"
+        " (weighted edge count / blocks), n_blocks (its blocks: the edges), checks (the causal check rows of its"
+        " strongest direction edges), top_edges (its strongest direction edges with their scores); its edges carry"
+        " n_kept, fraction and the summed attribution as weight"
     )
     agreement: list[dict] | None = optional(
         "per source (mask, sad): units (universe size), n_graph, n_source, overlap, expected (by chance),"

@@ -43,8 +43,10 @@ class EdgeCircuitResult(CurvesResult):
     )
     timing: dict = doc_field("seconds: universe (SVDs), attribution, curves (each), total; peak_rss_gb")
     graph: dict | None = optional(
-        "the circuit drawn (graph.json, circuit.html): curve, size, f (its own faithfulness on the test prompts),"
-        " n_edges, weighted, blocks (writer unit -> reader unit with kept direction edges: kept, fraction, score),"
+        "the circuit drawn (graph.json, circuit.html): drawn (false: graph_curve never reached graph_f, none drawn),"
+        " curve, f_target, note (the warning when graph_f was not reached: the best f and its size); when drawn:"
+        " size, chosen_by (graph_size, graph_f or best), f (its own faithfulness on the test prompts), n_edges,"
+        " weighted, edges (blocks: writer unit -> reader unit with kept direction edges: n_kept, fraction, weight),"
         " checks of its strongest edges"
     )
     options: dict = doc_field("the module's options: methods, axes, sizes, random_seeds, n_attribution, ...")
