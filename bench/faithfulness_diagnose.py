@@ -21,6 +21,8 @@ the parts run on SmolLM2 and Gemma-3 IOI are in docs/circuits.md.
   kind, per layer and unit type, the units one keeps whole and the other does not) and ``f`` of A, of B and of
   A with B's choice on one part of the model (B's MLPs, B's attention, B's directions in one third of the layers):
   where a part's swap moves A's ``f`` to B's, that part is where the two rankings differ in effect.
+* ``unit_scores``: per unit (query head, KV head, MLP layer) the sum of its directions' joint-path EAP-IG per kind,
+  over its fair size (what ``eap_ig_units`` ranks by), and head-level EAP-IG's writer-path score of heads and MLPs.
 * ``candidates``: the merged unit / direction rankings (``rankings.unit_rankings``) beside ``eap_ig_fair`` and
   head-level EAP-IG, scored on the fair axis (MIB's grid): CPR of each signed ranking, CMD of each absolute one; how
   the ``eap_ig_mixed`` method's variant was chosen (docs/circuits.md).
@@ -52,6 +54,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--task", default="ioi")
+    p.add_argument("--data-config", default=None, help="a run config whose data section draws the splits (its "
+                   "task, tokenizer, sizes, prepend_bos: Gemma-3 needs its BOS); default: SmolLM2 IOI's")  # fmt: skip
     p.add_argument("--n-train", type=int, default=64)
     p.add_argument("--n-val", type=int, default=64)
     p.add_argument("--steps", type=int, default=10)
@@ -102,14 +106,23 @@ def main() -> None:
     comps = universe_components(view)
     universe, patch, weights = Universe(comps), CircuitPatch(view, comps), None
     weights = fair_weights(universe)
-    dm = TaskDataModule(args.task, args.model, n_train=1000, n_val=args.n_val, n_test=64, test_last=True, batch_size=32)
+    data = {"task": args.task, "tokenizer": args.model, "n_train": 1000, "n_val": args.n_val, "n_test": 64,
+            "test_last": True}  # fmt: skip
+    if args.data_config:
+        import yaml
+
+        data = {**yaml.safe_load(Path(args.data_config).read_text())["data"]["init_args"], "batch_size": 32}
+        if data["n_val"] < args.n_val:
+            p.error(f"--n-val {args.n_val}: {args.data_config} holds {data['n_val']} validation prompts")
+        args.task = data["task"]
+    dm = TaskDataModule(**{**data, "batch_size": 32})
 
     def batches(split: str, n: int) -> list[dict]:
         return list(DataLoader(Subset(dm.splits[split], range(n)), batch_size=32, collate_fn=dm.collate))
 
     train, val = batches("train", args.n_train), batches("val", args.n_val)
     task = task_scorer(args.task)
-    out: dict = {"model": args.model, "task": args.task, "n_train": args.n_train, "n_val": args.n_val}
+    out: dict = {"model": args.model, "task": args.task, "n_train": args.n_train, "n_val": args.n_val, "data": data}
 
     def save() -> None:
         """Write what is measured so far (a run cut short keeps its finished parts)."""
@@ -295,6 +308,10 @@ def main() -> None:
             print("compare", variant, {k: [round(v, 3) for v in vals] for k, vals in got["f"].items()}, flush=True)
             save()
 
+    if "unit_scores" in args.parts:
+        out["unit_scores"] = unit_scores(universe, weights, chosen, heads)
+        save()
+
     if "candidates" in args.parts:
         out["candidates"] = candidate_scores(view, comps, universe, weights, val, task, chosen, heads)
         print("candidates", out["candidates"], flush=True)
@@ -399,6 +416,33 @@ def compare_circuits(universe, weights, a, b, f_of, n_layers: int, sizes=None) -
     scores = {name: dict(zip(("cpr", "cmd"), areas(sizes, f[name]))) for name in names}
     return {"sizes": sizes, "parts": list(parts), "f": f, "fair_size": fair, "areas": scores, "kept": kept,
             "forwards": len(seen)}  # fmt: skip
+
+
+def unit_scores(universe, weights, scores, heads) -> dict:
+    """Per unit (``rankings.direction_units``' names) the sum of ``scores`` (direction EAP-IG) over its directions of
+    each kind, the total over the unit's fair size (``eap_ig_units``' key) and, for heads and MLP layers, head-level
+    EAP-IG's score ``heads`` (``Attributions``: the writer path)."""
+    from lit_svd.analysis.rankings import direction_units
+
+    unit, _, names = direction_units(universe)
+    scores = torch.nan_to_num(torch.as_tensor(scores, dtype=torch.float64), nan=0.0)
+    out: dict = {name: {"joint": {}} for name in names}
+    for c in universe.components:
+        part = universe.slice(c.name)
+        for i in unit[part].unique().tolist():
+            mine = unit[part] == i
+            out[names[i]]["joint"][c.kind] = float(scores[part][mine].sum())
+    size = torch.zeros(len(names), dtype=torch.float64).index_add_(0, unit, weights.double())
+    for i, name in enumerate(names):
+        row = out[name]
+        row["fair_size"] = float(size[i])
+        row["per_fair_size"] = sum(row["joint"].values()) / row["fair_size"]
+        layer, tail = int(name.split(".")[0][1:]), name.split(".")[1]
+        if tail == "mlp":
+            row["writer"] = float(heads.mlps[layer])
+        elif tail.startswith("h"):
+            row["writer"] = float(heads.heads[layer, int(tail[1:])])
+    return out
 
 
 def candidate_scores(view, comps, universe, weights, val, task, scores, heads) -> dict:

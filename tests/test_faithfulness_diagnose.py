@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lit_svd.analysis.attribution import Attributions
 from lit_svd.analysis.faithfulness import MIB_SIZES, Universe, fair_weights, universe_components
 from lit_svd.analysis.rankings import random_ranking
 from lit_svd.models import view as make_view
@@ -102,8 +103,12 @@ def test_compare_scores_each_circuit_and_each_swap(diagnose, llama):
 
 
 def test_the_bench_runs_end_to_end_and_agrees_with_the_curves(diagnose, tiny_dirs, tmp_path, monkeypatch):
+    data = {"task": "ioi", "tokenizer": tiny_dirs["llama"], "n_train": 1000, "n_val": 8, "n_test": 64}
+    (tmp_path / "config.yaml").write_text(json.dumps({"data": {"init_args": {**data, "test_last": True}}}))
     argv = ["faithfulness_diagnose.py", "--model", tiny_dirs["llama"], "--n-train", "8", "--n-val", "8"]
-    argv += ["--steps", "5", "--parts", "compare", "candidates", "positions", "--layer-path", "--out", str(tmp_path)]
+    argv += ["--data-config", str(tmp_path / "config.yaml")]
+    argv += ["--steps", "5", "--parts", "compare", "candidates", "positions", "unit_scores", "--layer-path"]
+    argv += ["--out", str(tmp_path)]
     monkeypatch.setattr(sys, "argv", argv)
     threads = torch.get_num_threads()
     try:
@@ -111,6 +116,7 @@ def test_the_bench_runs_end_to_end_and_agrees_with_the_curves(diagnose, tiny_dir
     finally:
         torch.set_num_threads(threads)
     out = json.loads((tmp_path / "faithfulness_diagnose.json").read_text())
+    assert out["data"]["n_val"] == 8 and out["data"]["tokenizer"] == tiny_dirs["llama"]
     cand, compare = out["candidates"], out["compare"]
     for variant in ("signed", "absolute"):
         assert compare[variant]["f"]["a"] == pytest.approx(cand["units_by_score"][variant], abs=1e-5)
@@ -121,5 +127,33 @@ def test_the_bench_runs_end_to_end_and_agrees_with_the_curves(diagnose, tiny_dir
     units, heads = cand["units_by_score"]["absolute"], cand["eap_ig_heads"]["signed"]
     assert every["eap_ig_units/absolute"] == pytest.approx([units[i] for i in at], abs=1e-5)
     assert every["eap_ig_heads/signed"] == pytest.approx([heads[i] for i in at], abs=1e-5)
+    assert set(out["unit_scores"]) >= {"L0.mlp", "L0.h0", "L0.kv0"}
     sources = ("layer5", "joint5", "joint10")
     assert set(out["layer_path"]) == {f"{s}/{v}" for s in sources for v in ("signed", "absolute")}
+
+
+def test_unit_scores_sum_each_units_directions(diagnose, llama):
+    view, universe, weights = llama
+    scores = torch.randn(len(universe), generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    heads = torch.randn(view.n_layers, view.n_heads, dtype=torch.float64)
+    mlps = torch.randn(view.n_layers, dtype=torch.float64)
+    got = diagnose.unit_scores(universe, weights, scores, Attributions(heads, mlps, 1))
+    sums: dict[str, dict[str, float]] = {}
+    size: dict[str, float] = {}
+    for flat in range(len(universe)):
+        a = universe.address(flat)
+        u = unit_name(a)
+        sums.setdefault(u, {}).setdefault(a.kind, 0.0)
+        sums[u][a.kind] += float(scores[flat])
+        size[u] = size.get(u, 0.0) + float(weights[flat])
+    assert set(got) == set(sums)
+    for u, row in got.items():
+        assert row["joint"] == pytest.approx(sums[u], abs=1e-9)
+        assert row["per_fair_size"] == pytest.approx(sum(sums[u].values()) / size[u], rel=1e-9)
+        layer = int(u.split(".")[0][1:])
+        if u.endswith("mlp"):
+            assert row["writer"] == float(mlps[layer])
+        elif ".h" in u:
+            assert row["writer"] == float(heads[layer, int(u.split(".h")[1])])
+        else:
+            assert "writer" not in row
