@@ -22,7 +22,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def diagnose():
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+@pytest.fixture(scope="module")
+def diagnose(monkeypatch_module):
+    monkeypatch_module.syspath_prepend(str(ROOT / "bench"))  # the bench imports its sibling faithfulness_setup
     spec = importlib.util.spec_from_file_location("faithfulness_diagnose", ROOT / "bench" / "faithfulness_diagnose.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
