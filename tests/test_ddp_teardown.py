@@ -18,7 +18,12 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-DDP = re.compile(r"""strategy\s*=\s*["']ddp["']""")
+# a DDP trainer: the strategy written out, or the tests' factory given 2+ devices or a `devices` variable (its own
+# ``strategy="ddp" if devices > 1`` is not a script)
+DDP = re.compile(
+    r"""strategy\s*=\s*["']ddp["'](?!\s+if)"""
+    r"""|(?<!def )quiet_trainer\(\s*(?:devices\s*=\s*)?(?:[2-9]|devices\b)"""
+)
 
 
 def scripts_without_teardown(text: str) -> int:
@@ -46,6 +51,8 @@ def test_the_check_finds_a_script_that_leaves_its_group_alive():
     bare = 'trainer = pl.Trainer(devices=2, strategy="ddp")\ntrainer.fit(module)\n'
     ended = bare.replace("trainer.fit(module)\n", "try:\n    trainer.fit(module)\nfinally:\n    end_process_group()\n")
     assert scripts_without_teardown(bare) == 1 and scripts_without_teardown(ended) == 0
+    by_factory = "trainer = quiet_trainer(2, folder)\ntrainer.fit(module)\n"
+    assert scripts_without_teardown(by_factory) == 1
 
 
 def test_the_command_line_ends_the_group_it_ran():
