@@ -13,6 +13,10 @@ EAP-IG over every direction, one curve, peak memory. Prints one JSON object (and
   both size axes: every distinct kept count one forward), seconds each;
 * ``peak_rss_gib``: the process's peak resident memory.
 
+``--compare``: the patched forwards and the curves also through the output routes alone
+(``CircuitPatch(..., input_route=False)``, every site's module run), interleaved with the default patch in the same
+process (``*_output_routes``).
+
 Targets (issue 32): patched forward <= 1.5x the plain one; EAP-IG over all directions (5 steps, 64 prompts) < 60 s;
 one curve < 30 s. Timings on a shared machine move with its load: the ratios, measured interleaved, are what counts.
 """
@@ -44,15 +48,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--fractions", type=float, nargs="+", default=[0.001, 0.01, 0.1, 0.5, 0.9])
+    p.add_argument("--compare", action="store_true", help="also the output routes alone (input_route=False)")
     args = p.parse_args()
 
     from torch.utils.data import DataLoader, Subset
 
+    from lit_svd.analysis import faithfulness as fa
     from lit_svd.analysis.direction_attribution import WRITER_KINDS, alphas, direction_attributions
-    from lit_svd.analysis.faithfulness import MIB_SIZES, faithfulness_curves
     from lit_svd.analysis.rankings import attribution_rankings, random_ranking
     from lit_svd.datamodules.tasks import TaskDataModule
     from lit_svd.metrics import forward_answer_logits
+    from lit_svd.models.patching import CircuitPatch
 
     t0 = time.monotonic()
     model, view, comps, universe, patch = frozen_universe(args.model)
@@ -64,6 +70,7 @@ def main() -> None:
     )
     out: dict = {"model": args.model, "task": args.task, "n_directions": len(universe), "threads": 1}
     out.update(omp_num_threads=os.environ.get("OMP_NUM_THREADS"), load_and_svds_s=time.monotonic() - t0)
+    patches = {"": patch, **({"_output_routes": CircuitPatch(view, comps, input_route=False)} if args.compare else {})}
 
     batch = test[0]
     ids, mask, pos = batch["clean_ids"], batch["attention_mask"], batch["answer_pos"]
@@ -73,7 +80,7 @@ def main() -> None:
         def plain():
             forward_answer_logits(model, ids, mask, pos)
 
-        def patched(keep):
+        def patched(keep, patch):
             def run():
                 with patch.apply(keep, reference):
                     forward_answer_logits(model, ids, mask, pos)
@@ -82,21 +89,25 @@ def main() -> None:
 
         g = torch.Generator().manual_seed(0)
         circuits = {f: universe.split(torch.rand(len(universe), generator=g) < f) for f in args.fractions}
+        runs = {(f, route): patched(keep, p) for f, keep in circuits.items() for route, p in patches.items()}
         plain()  # warm up
-        times: dict = {"plain": [], **{f: [] for f in circuits}}
+        times: dict = {"plain": [], **{key: [] for key in runs}}
         for _ in range(args.repeats):  # interleaved: the machine's load moves all of them alike
             times["plain"].append(median_seconds(plain, 1))
-            for f, keep in circuits.items():
-                times[f].append(median_seconds(patched(keep), 1))
+            for key, run in runs.items():
+                times[key].append(median_seconds(run, 1))
         t_plain = statistics.median(times["plain"])
         out["forward"] = {
             "prompts": len(pos),
             "tokens": int(ids.shape[1]),
             "plain_answer_logits_s": t_plain,
             "record_reference_s": median_seconds(lambda: patch.record(batch["corrupt_ids"], mask), 1),
-            "patched_s": {str(f): statistics.median(times[f]) for f in circuits},
-            "patched_ratio": {str(f): statistics.median(times[f]) / t_plain for f in circuits},
         }
+        for route in patches:
+            out["forward"][f"patched_s{route}"] = {str(f): statistics.median(times[f, route]) for f in circuits}
+            out["forward"][f"patched_ratio{route}"] = {
+                str(f): statistics.median(times[f, route]) / t_plain for f in circuits
+            }
 
     start = time.monotonic()
     ig = direction_attributions(patch, universe, train, args.task, steps=args.steps)
@@ -112,15 +123,22 @@ def main() -> None:
     }
 
     rankings = {"random": random_ranking(len(universe), 0), "eap_ig_signed": attribution_rankings(ig.scores)["signed"]}
-    curves, info = faithfulness_curves(view, comps, test, rankings, args.task, MIB_SIZES)
-    out["curve"] = {
-        "prompts": info["n_prompts"],
-        "sizes": len(MIB_SIZES),
-        "axes": 2,
-        "seconds": {name: c["raw"].seconds for name, c in curves.items()},
-        "forwards": {name: len(set(c["raw"].n_kept + c["fair"].n_kept)) for name, c in curves.items()},
-        "wall_s": info["wall_s"],
-    }
+    plan = fa.plan_curves(rankings, fa.MIB_SIZES, len(universe), fa.AXES, fa.fair_weights(universe))
+    for route, p in patches.items():  # faithfulness_curves' loop, with this patch
+        start = time.monotonic()
+        sums = fa.CurveSums()
+        for b in test:
+            sums.add(fa.batch_sums(p, universe, b, plan, args.task))
+        curves, info = fa.curves_from_sums(sums, plan)
+        out[f"curve{route}"] = {
+            "prompts": info["n_prompts"],
+            "sizes": len(fa.MIB_SIZES),
+            "axes": len(fa.AXES),
+            "seconds": {name: c["raw"].seconds for name, c in curves.items()},
+            "forwards": {name: len(set(plan.circuits(name)) - {0, len(universe)}) for name in curves},
+            "cpr_raw": {name: c["raw"].cpr for name, c in curves.items()},
+            "wall_s": time.monotonic() - start,
+        }
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     out["wall_s"] = time.monotonic() - t0
     finish(out, args.out, "faithfulness_bench")

@@ -34,12 +34,23 @@ def answer_logits(logits: Tensor, answer_pos: Tensor) -> Tensor:
 
 def forward_answer_logits(model, input_ids: Tensor, attention_mask: Tensor, answer_pos: Tensor) -> Tensor:
     """[B, V] logits of an HF causal LM at each example's answer position, computing the unembedding
-    only at the distinct answer positions of the batch (``logits_to_keep``; the vocabulary projection
-    dominates a short prompt's forward). Final-logit soft-capping and the like still apply, since the
-    model's own forward does the projection."""
+    only at the batch's distinct answer positions (``logits_to_keep``) and there only at each example's own
+    (a pre hook on the output embedding keeps one row per example): the vocabulary projection dominates a
+    short prompt's forward. Final-logit soft-capping and the like still apply, since the model's own forward
+    does the projection."""
+    from lit_svd.models.hooks import Hook, first_input, hooks
+
     positions = answer_pos.unique()  # sorted
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions).logits
-    return logits[torch.arange(logits.shape[0], device=logits.device), torch.searchsorted(positions, answer_pos)]
+    own = torch.searchsorted(positions, answer_pos)
+
+    def one_row_each(module, args, kwargs):
+        hidden = first_input(args, kwargs)  # [B, len(positions), d_model]
+        kept = hidden.gather(1, own.to(hidden.device)[:, None, None].expand(-1, 1, hidden.shape[-1]))
+        return ((kept, *args[1:]), kwargs) if args else (args, {**kwargs, next(iter(kwargs)): kept})
+
+    with hooks(Hook(model.get_output_embeddings(), one_row_each, "pre")):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions).logits
+    return logits[:, 0]
 
 
 def logit_diff(logits: Tensor, correct_id: Tensor, wrong_id: Tensor) -> Tensor:

@@ -62,6 +62,36 @@ def test_patch_equals_the_interventions_scales(batch, arch):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("arch", [*ARCHITECTURES, *HEAD_NORM_ARCHITECTURES])
+def test_input_route_equals_the_output_routes(batch, arch):
+    """The input route (the site's module skipped, its kept directions read from the module's input) gives the
+    answer logits of the output routes (``input_route=False``) to 2e-7 of their scale, and is taken exactly where
+    a module computes its site alone: every kind on Llama-style models at 5 % kept; never GPT-2's fused q / k, nor
+    q / k behind a head norm."""
+    model = tiny_causal_lm(arch, seed=2).double()
+    view = make_view(model)
+    comps = universe_components(view)
+    universe = Universe(comps)
+    fast, slow = CircuitPatch(view, comps), CircuitPatch(view, comps, input_route=False)
+    with exact_rms_norms(model):
+        reference = fast.record(batch["corrupt_ids"], batch["attention_mask"])
+        g = torch.Generator().manual_seed(4)
+        for frac in (0.05, 0.3, 0.6):
+            keep = universe.split(torch.rand(len(universe), generator=g) < frac)
+            with slow.apply(keep, reference):
+                want = _answer(model, batch)
+            with fast.apply(keep, reference):
+                got = _answer(model, batch)
+            assert (got - want).abs().max() <= TOL * want.abs().max(), (arch, frac)
+            skipped = {c.kind for c in comps if (p := fast.plan(c, keep[c.name])) is not None and p.skip}
+            assert not any(p is not None and p.skip for c in comps if (p := slow.plan(c, keep[c.name])))
+            if frac == 0.05:
+                fused_or_normed = arch == "gpt2" or arch in HEAD_NORM_ARCHITECTURES or arch == "gpt_neox"
+                assert ({"q", "k"} <= skipped) != fused_or_normed, (arch, skipped)
+                assert "ov" in skipped and "mlp_in" in skipped, (arch, skipped)
+
+
+@torch.no_grad()
 def test_skipped_mlp_returns_the_corrupted_output_without_running(batch):
     """A layer whose mlp_out is dropped whole: its MLP's down projection sees zero positions and the block gets
     the corrupted run's MLP output."""

@@ -102,11 +102,11 @@ def _step(
 
         def hook(module, args, kwargs, out, tap=tap, c=c, read=read, write=write, own_ref=own_ref):
             own = read(out)
-            new = own_ref.to(own.dtype) + alpha * (own - own_ref.to(own.dtype)) if tap.interpolate else own
+            new = torch.lerp(own_ref.to(own.dtype), own, alpha) if tap.interpolate else own
             if tap.attribute:
-                delta = torch.zeros_like(new, requires_grad=True)
-                store[c.name] = (delta, patch.source(c, args, kwargs, own).detach())
-                new = new + delta
+                if not new.requires_grad:  # nothing upstream is differentiated: the output is a leaf of its own
+                    new = new.detach().requires_grad_()
+                store[c.name] = (new, patch.source(c, args, kwargs, own).detach())
             return write(out, new)
 
         specs.append(Hook(module, hook, "post"))

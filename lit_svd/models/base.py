@@ -713,6 +713,10 @@ class ModelView(ABC):
         per_head = output.reshape(*output.shape[:-1], self.n_heads, n, -1)
         return per_head[..., k, :].flatten(-2)
 
+    def site_is_whole_output(self, layer: int, site: str) -> bool:
+        """Whether ``site_module(layer, site)`` computes ``site`` alone (its whole output; not a fused qkv)."""
+        return self._sites(self.check_layer(layer))[self.check_site(site)][1] is None
+
     def site_output(
         self, layer: int, site: str, output: Float[Tensor, "*batch d_module"]
     ) -> Float[Tensor, "*batch d_out"]:

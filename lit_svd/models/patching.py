@@ -16,6 +16,15 @@ direction carries only the map's rounding residue). Each site takes the cheaper 
 ``own_ref``; a layer whose ``mlp_out`` is dropped whole does not run its MLP at all (the MLP module gets zero
 positions and returns the recorded output), since nothing inside it can reach its output.
 
+**Input route** (``input_route=True``, the default): where a site's module computes that site alone (a separate
+linear map ``own = x W + b``, no head norm after it), the kept route can read its coefficients from the module's
+input ``x`` instead, ``own' = own_ref + ((x - x_ref) W V[K]) V[K]^T``, and the module itself is skipped (it gets
+zero positions): the site then costs ``|K| (d_in + d_out)`` per token *instead of* the map's ``d_in d_out``, not on
+top of it. A site takes it where that is cheaper than computing the map and the cheaper of the two routes above;
+``ov``, ``mlp_in`` and ``mlp_gate`` read their module's input already, ``q``, ``k`` and ``mlp_out`` use
+``W V`` with ``W`` the module's own weight (``ModelView.site_weight``) and the corrupted run's module input. Such a
+module dropped whole is not run either.
+
 Sources (``source_kind``): ``ov`` reads the head's mixed value ``z`` (the o-projection's input, ``R = W_O V``,
 ``d_head`` wide); ``mlp_in`` and ``mlp_gate`` read the MLP's input (``R = W V`` with ``W`` the site's own
 weight, ``d_model`` wide instead of ``d_mlp``); every other kind reads its own output (``R = V``). Only
@@ -56,9 +65,14 @@ class Reference:
 
     own: dict[str, Tensor] = field(default_factory=dict)
     src: dict[str, Tensor] = field(default_factory=dict)
+    inp: dict[str, Tensor] = field(default_factory=dict)  # the module input of the input route's own-source sites
 
     def source(self, name: str) -> Tensor:
         return self.src.get(name, self.own[name])
+
+    def module_input(self, name: str) -> Tensor:
+        """What the site's module read on the corrupted run (the input route's ``x_ref``)."""
+        return self.inp[name] if name in self.inp else self.src[name]
 
 
 @dataclass
@@ -71,13 +85,14 @@ class _Plan:
     kept: bool = False
     R: Tensor | None = None
     V: Tensor | None = None
+    skip: bool = False  # the module is not run: dropped whole, or the input route (R reads the module's input)
 
 
 class CircuitPatch:
     """Hooks that run ``view.model`` with a circuit of directions kept and every other direction patched toward a
     recorded corrupted run (module docstring). ``components``: the universe's (no joint ``qk``)."""
 
-    def __init__(self, view: ModelView, components: Sequence[Component]):
+    def __init__(self, view: ModelView, components: Sequence[Component], input_route: bool = True):
         joint = [c.name for c in components if c.kind == "qk"]
         if joint:
             raise ValueError(f"components: {joint[0]} is a joint qk component; patching needs the q and k maps")
@@ -88,6 +103,28 @@ class CircuitPatch:
         self.sites = {key: comps[0] for key, comps in by_site(components).items()}
         self.io = {key: site_io(view, key[0], key[1], [c]) for key, c in self.sites.items()}
         self.R = {c.name: self._read_map(c) for c in components}
+        # per site whose module computes it alone: the read map from the module's input, and the module's cost
+        self.R_in = {c.name: self._input_map(c) for key, c in self.sites.items() if input_route and self._alone(key)}
+        self.module_cost = {c.name: self._module_cost(c) for c in self.components.values() if c.name in self.R_in}
+
+    def _alone(self, key: tuple[int, str]) -> bool:
+        """Whether ``key``'s hooked module is a separate linear map computing that site alone."""
+        layer, site = key
+        module = self.view.site_module(layer, site)
+        return self.io[key][0] is module and self.view.site_is_whole_output(layer, site)
+
+    @torch.no_grad()
+    def _input_map(self, c: Component) -> Float[Tensor, "G d_in K"]:
+        if source_kind(c.kind) != "own":  # ov, mlp_in, mlp_gate read their module's input already
+            return self.R[c.name]
+        W, _ = self.view.site_weight(c.layer, c.site)  # [d_in, d_out]: site output = input @ W + b
+        W = W.to(device=c.V.device, dtype=c.V.dtype)
+        G, d_group, _ = c.V.shape
+        return torch.einsum("igo,gok->gik", W.reshape(W.shape[0], G, d_group), c.V)
+
+    def _module_cost(self, c: Component) -> int:
+        W, _ = self.view.site_weight(c.layer, c.site)
+        return W.shape[0] * W.shape[1]
 
     @torch.no_grad()
     def _read_map(self, c: Component) -> Float[Tensor, "G d_src K"]:
@@ -108,6 +145,7 @@ class CircuitPatch:
                 if t is not None:
                     setattr(c, attr, t.to(device))
         self.R = {n: r.to(device) for n, r in self.R.items()}
+        self.R_in = {n: r.to(device) for n, r in self.R_in.items()}
         return self
 
     # --- coefficients ---------------------------------------------------------------------------------------
@@ -116,12 +154,15 @@ class CircuitPatch:
         return own if source_kind(c.kind) == "own" else first_input(args, kwargs)
 
     def delta_coefficients(
-        self, c: Component, src: Tensor, src_ref: Tensor, R: Tensor | None = None
+        self, c: Component, src: Tensor, src_ref: Tensor, R: Tensor | None = None, shared: bool = False
     ) -> Float[Tensor, "*batch G m"]:
-        """``(src - src_ref) R``: the coefficients' change ``[..., G, m]`` (``R``: default all of ``c``'s)."""
+        """``(src - src_ref) R``: the coefficients' change ``[..., G, m]`` (``R``: default all of ``c``'s; ``shared``:
+        every group reads all of ``src``, the input route of ``q`` and ``k``; else group ``g`` reads its slice)."""
         R = self.R[c.name] if R is None else R
         G = R.shape[0]
         diff = (src - src_ref).to(R.dtype)
+        if shared:
+            return torch.einsum("...d,gdm->...gm", diff, R)
         return torch.einsum("...gd,gdm->...gm", diff.reshape(*diff.shape[:-1], G, -1), R)
 
     @staticmethod
@@ -144,6 +185,8 @@ class CircuitPatch:
                 ref.own[c.name] = read(out).detach()
                 if source_kind(c.kind) != "own":  # the up and gate sites' inputs are one tensor: stored once
                     ref.src[c.name] = first_input(args, kwargs).detach()
+                elif c.name in self.R_in:  # q and k read one tensor too (detach shares its storage)
+                    ref.inp[c.name] = first_input(args, kwargs).detach()
 
             specs.append(Hook(module, hook, "post"))
         with hooks(*specs):
@@ -158,22 +201,31 @@ class CircuitPatch:
         n_keep = int(keep.sum())
         if n_keep == keep.numel():
             return None
-        if n_keep == 0:
-            return _Plan(whole=True)
+        if n_keep == 0:  # the module is not run where it computes the site alone
+            return _Plan(whole=True, skip=c.name in self.R_in)
         kept = n_keep <= keep.numel() - n_keep
+        R, V = self.R[c.name], c.V
+        skip = c.name in self.R_in and self._input_route_is_cheaper(c, n_keep, keep.numel() - n_keep)
+        if skip:
+            kept, R = True, self.R_in[c.name]
         chosen = keep if kept else ~keep
         width = int(chosen.sum(1).max())
         # per group the chosen indices first (stable), padded with columns that are zeroed
         order = torch.sort((~chosen).to(torch.int8), dim=1, stable=True).indices[:, :width]
         valid = torch.gather(chosen, 1, order).to(c.V.device)
         order = order.to(c.V.device)
-        R, V = self.R[c.name], c.V
 
         def pick(M: Tensor) -> Tensor:
             cols = torch.gather(M, 2, order[:, None, :].expand(-1, M.shape[1], -1))
             return cols * valid[:, None, :].to(cols.dtype)
 
-        return _Plan(whole=False, kept=kept, R=pick(R), V=pick(V))
+        return _Plan(whole=False, kept=kept, R=pick(R), V=pick(V), skip=skip)
+
+    def _input_route_is_cheaper(self, c: Component, n_keep: int, n_drop: int) -> bool:
+        """Per token: ``|K|`` directions through the input route against the module plus the cheaper other route."""
+        width = c.V.shape[1]
+        other = self.module_cost[c.name] + min(n_keep, n_drop) * (self.R[c.name].shape[1] + width)
+        return n_keep * (self.R_in[c.name].shape[1] + width) <= other
 
     @contextmanager
     def apply(self, keep: Mapping[str, Tensor], reference: Reference) -> Iterator[None]:
@@ -192,7 +244,10 @@ class CircuitPatch:
             p = plans.get(c.name)
             if p is None or (c.kind.startswith("mlp_") and c.layer in skipped):
                 continue
-            specs.append(Hook(self.io[key][0], self._hook(c, p, key, reference), "post"))
+            if p.skip:
+                specs += self._input_route(c, p, key, reference)
+            else:
+                specs.append(Hook(self.io[key][0], self._hook(c, p, key, reference), "post"))
         for layer in sorted(skipped):
             specs += self._skip_mlp(layer, reference.own[f"L{layer}.mlp_out"])
         with hooks(*specs):
@@ -213,17 +268,44 @@ class CircuitPatch:
 
         return hook
 
+    def _input_route(self, c: Component, p: _Plan, key: tuple[int, str], reference: Reference) -> list[Hook]:
+        """Hooks that run ``c``'s module on zero positions and write ``own_ref + ((x - x_ref) R[K]) V[K]^T`` from
+        the input ``x`` it was called with (module docstring, input route), or ``own_ref`` for a site dropped whole."""
+        module, _, write = self.io[key]
+        own_ref = reference.own[c.name]
+        x_ref = None if p.whole else reference.module_input(c.name)
+        seen: list[Tensor] = []
+
+        def pre(module, args, kwargs):
+            seen[:] = [first_input(args, kwargs)]
+            return _no_positions(args, kwargs)
+
+        def post(module, args, kwargs, out):
+            x = seen.pop()
+            if p.whole:
+                return write(out, own_ref.to(out.dtype))
+            assert p.R is not None and p.V is not None and x_ref is not None
+            coef = self.delta_coefficients(c, x, x_ref, p.R, shared=source_kind(c.kind) == "own")
+            return write(out, own_ref.to(out.dtype) + self.write(c, coef, p.V).to(out.dtype))
+
+        return [Hook(module, pre, "pre"), Hook(module, post, "post")]
+
     def _skip_mlp(self, layer: int, out_ref: Tensor) -> list[Hook]:
         """Hooks that run ``layer``'s MLP on zero positions and return the recorded output instead."""
         module = self.view.mlp_module(layer)
 
         def pre(module, args, kwargs):
-            if args:
-                return (args[0][..., :0, :], *args[1:]), kwargs
-            key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
-            return args, {**kwargs, key: kwargs[key][..., :0, :]}
+            return _no_positions(args, kwargs)
 
         def post(module, args, kwargs, out):
             return out_ref.to(out.dtype)
 
         return [Hook(module, pre, "pre"), Hook(module, post, "post")]
+
+
+def _no_positions(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A pre hook's ``(args, kwargs)`` with the hidden states cut to zero positions (the module computes nothing)."""
+    if args:
+        return (args[0][..., :0, :], *args[1:]), kwargs
+    key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
+    return args, {**kwargs, key: kwargs[key][..., :0, :]}
