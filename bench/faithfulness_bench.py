@@ -127,7 +127,7 @@ def main() -> None:
     for route, p in patches.items():  # faithfulness_curves' loop, with this patch
         start = time.monotonic()
         sums = fa.CurveSums()
-        for b in test:
+        for b in fa.by_length(test):
             sums.add(fa.batch_sums(p, universe, b, plan, args.task))
         curves, info = fa.curves_from_sums(sums, plan)
         out[f"curve{route}"] = {

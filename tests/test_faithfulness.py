@@ -15,6 +15,7 @@ from lit_svd.analysis.faithfulness import (
     MIB_SIZES,
     Universe,
     areas,
+    by_length,
     check_ranking,
     check_same_length,
     check_sizes,
@@ -125,6 +126,31 @@ def test_ratio_of_means_does_not_depend_on_batching(tokenizer, llama64):
     # 1e-6: HF's eager softmax computes in float32, and batches of other widths round it differently
     for axis in ("raw", "fair"):
         assert max(abs(a - b) for a, b in zip(one["r"][axis].values, two["r"][axis].values)) <= 1e-6
+
+
+def test_by_length_keeps_every_prompt_and_trims_padding(tokenizer):
+    """``by_length``: the same prompts (every entry, tokens up to their length), batches of the same sizes in length
+    order, each as wide as its longest prompt; anything but task batches passes unchanged."""
+    batches = ioi_batches(tokenizer, 10, 4)
+    packed = by_length(batches)
+    assert [len(b["answer_pos"]) for b in packed] == [len(b["answer_pos"]) for b in batches]
+    lengths = [int(n) for b in packed for n in b["attention_mask"].sum(1)]
+    assert lengths == sorted(lengths) and all(b["clean_ids"].shape[1] == int(b["attention_mask"].sum(1).max())
+                                             for b in packed)  # fmt: skip
+
+    def rows(bs):
+        out = {}
+        for b in bs:
+            for i, idx in enumerate(b["index"].tolist()):
+                n = int(b["attention_mask"][i].sum())
+                out[idx] = (b["clean_ids"][i, :n].tolist(), b["corrupt_ids"][i, :n].tolist(), int(b["answer_pos"][i]),
+                            int(b["correct_id"][i]), int(b["wrong_id"][i]))  # fmt: skip
+        return out
+
+    assert rows(packed) == rows(batches) and len(rows(batches)) == 10
+    assert any(b["clean_ids"].shape[1] < max(c["clean_ids"].shape[1] for c in batches) for b in packed)
+    odd = [{**batches[0], "note": "x"}, batches[1]]
+    assert by_length(odd) == odd
 
 
 def test_areas_are_trapezoids_over_the_grid():

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from lit_svd.analysis.attribution import Attributions
-from lit_svd.analysis.faithfulness import Universe, check_same_length
+from lit_svd.analysis.faithfulness import Universe, by_length, check_same_length
 from lit_svd.analysis.faithfulness_options import IGPath
 from lit_svd.choices import check_choice
 from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
@@ -158,13 +158,18 @@ def batch_integrands(
     reference = patch.record(batch["corrupt_ids"], batch["attention_mask"])
     out = [{c.name: torch.zeros(c.shape, dtype=torch.float64) for c in comps} for _ in points]
 
+    # positions after an example's answer cannot reach its metric (causal): their gradient is 0, so are their terms
+    ids = batch["clean_ids"]
+    read = torch.arange(ids.shape[1], device=ids.device) <= batch["answer_pos"].to(ids.device)[:, None]
+
     def accumulate(into: dict[str, Tensor], got: dict[str, tuple[Tensor, Tensor]], fixed: Reference | None) -> None:
         with torch.no_grad():
             for name, (g, src) in got.items():
                 c = patch.components[name]
                 clean = src if fixed is None else fixed.source(name)
-                dc = patch.delta_coefficients(c, clean, reference.source(name))
-                into[name] += (coefficient_gradient(c, g) * dc).flatten(0, -3).sum(0).double().cpu()
+                rows = read.to(g.device)
+                dc = patch.delta_coefficients(c, clean[rows], reference.source(name)[rows])
+                into[name] += (coefficient_gradient(c, g[rows]) * dc).sum(0).double().cpu()
 
     if path == "inputs":
         clean = patch.record(batch["clean_ids"], batch["attention_mask"])
@@ -231,12 +236,13 @@ def direction_attributions(
 ) -> DirectionAttributions:
     """``batch_direction_attributions`` over ``batches`` as the universe's flat ``[N]`` scores, prompt-weighted
     (the attribution to the mean metric). ``kinds``: only the components of these kinds are interpolated and
-    attributed (default all; ``WRITER_KINDS`` for head-level EAP-IG); the others are NaN."""
+    attributed (default all; ``WRITER_KINDS`` for head-level EAP-IG); the others are NaN. The prompts are regrouped
+    by length first (``faithfulness.by_length``: less padding)."""
     names = [c.name for c in universe.components if kinds is None or c.kind in kinds]
     if not names:
         raise ValueError(f"kinds={list(kinds or [])}: no component of the universe has these kinds")
     total: DirectionAttributions | None = None
-    for batch in batches:
+    for batch in by_length(batches):
         sums = batch_direction_attributions(patch, batch, task, steps, path, names)
         n = len(batch["answer_pos"])
         got = DirectionAttributions(universe.flatten({k: v / n for k, v in sums.items()}), n, steps, path)

@@ -211,6 +211,32 @@ def faithfulness_of(
     return (values, *areas(sizes, values))
 
 
+POSITION_KEYS = ("clean_ids", "corrupt_ids", "attention_mask", "corrupt_attention_mask")  # [B, T] entries
+
+
+def by_length(batches: Iterable[dict]) -> list[dict]:
+    """The prompts of ``batches`` (right-padded task batches, every entry ``[B, ...]``) sorted by length and cut into
+    as many batches of the same sizes, each trimmed to its longest prompt: less padding to compute, the same prompts
+    (a sum over prompts does not see the grouping). Batches with other entries are returned as they are."""
+    batches = list(batches)
+    regular = all(
+        isinstance(v, Tensor) and v.ndim >= 1 and len(v) == len(b["answer_pos"]) for b in batches for v in b.values()
+    )
+    if len(batches) < 2 or not regular or any(set(b) != set(batches[0]) for b in batches):
+        return batches
+    rows = [(b, i, int(b["attention_mask"][i].sum())) for b in batches for i in range(len(b["answer_pos"]))]
+    rows.sort(key=lambda row: row[2])
+    out, start = [], 0
+    for size in (len(b["answer_pos"]) for b in batches):
+        chunk, start = rows[start : start + size], start + size
+        width = max(length for _, _, length in chunk)
+        out.append({
+            key: torch.stack([b[key][i, :width] if key in POSITION_KEYS else b[key][i] for b, i, _ in chunk])
+            for key in batches[0]
+        })  # fmt: skip
+    return out
+
+
 def check_same_length(batch: dict) -> None:
     """Clean and corrupted prompts must have the same token length (the patch is position by position)."""
     clean, corrupt = batch["clean_ids"], batch["corrupt_ids"]
@@ -442,14 +468,14 @@ def faithfulness_curves(
     flat indices, most important first; ``lit_svd.analysis.rankings``) on the same prompts, sizes and ablation.
     Returns ``(curves, info)``, ``info``: ``m_full``, ``m_empty``, ``n_prompts``, ``n_directions``, ``wall_s``.
     ``Curve.seconds``: the time of that ranking's forwards (the shared reference, full and empty runs not
-    included)."""
+    included). The prompts are regrouped by length first (``by_length``)."""
     from tqdm.auto import tqdm
 
     universe = Universe(components)
     weights = fair_weights(universe) if "fair" in axes else None
     plan = plan_curves(rankings, sizes, len(universe), axes, weights)
     patch = CircuitPatch(view, components)
-    batches = list(batches)
+    batches = by_length(batches)
     start = time.monotonic()
     total = CurveSums()
     n = len(universe)
