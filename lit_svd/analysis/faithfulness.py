@@ -230,10 +230,20 @@ def by_length(batches: Iterable[dict]) -> list[dict]:
     for size in (len(b["answer_pos"]) for b in batches):
         chunk, start = rows[start : start + size], start + size
         width = max(length for _, _, length in chunk)
-        out.append({
-            key: torch.stack([b[key][i, :width] if key in POSITION_KEYS else b[key][i] for b, i, _ in chunk])
-            for key in batches[0]
-        })  # fmt: skip
+        out.append({key: _rows(chunk, key, width if key in POSITION_KEYS else None) for key in batches[0]})
+    return out
+
+
+def _rows(chunk: Sequence[tuple[dict, int, int]], key: str, width: int | None) -> Tensor:
+    """Entry ``key`` of the rows ``(batch, row, length)`` stacked; ``width``: a position entry cut or padded (with
+    0, past every row's length) to that many positions."""
+    if width is None:
+        return torch.stack([b[key][i] for b, i, _ in chunk])
+    first = chunk[0][0][key]
+    out = torch.zeros((len(chunk), width), dtype=first.dtype, device=first.device)
+    for row, (b, i, _) in enumerate(chunk):
+        n = min(width, b[key].shape[1])
+        out[row, :n] = b[key][i, :n]
     return out
 
 
@@ -468,14 +478,15 @@ def faithfulness_curves(
     flat indices, most important first; ``lit_svd.analysis.rankings``) on the same prompts, sizes and ablation.
     Returns ``(curves, info)``, ``info``: ``m_full``, ``m_empty``, ``n_prompts``, ``n_directions``, ``wall_s``.
     ``Curve.seconds``: the time of that ranking's forwards (the shared reference, full and empty runs not
-    included). The prompts are regrouped by length first (``by_length``)."""
+    included). The caller's batches are kept (the Lightning module sums the same ones); ``by_length`` regroups them
+    with less padding, at the price of other float rounding."""
     from tqdm.auto import tqdm
 
     universe = Universe(components)
     weights = fair_weights(universe) if "fair" in axes else None
     plan = plan_curves(rankings, sizes, len(universe), axes, weights)
     patch = CircuitPatch(view, components)
-    batches = by_length(batches)
+    batches = list(batches)
     start = time.monotonic()
     total = CurveSums()
     n = len(universe)
