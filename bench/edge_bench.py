@@ -6,8 +6,10 @@ it there (after the attribution and after each curve: the curves are scored one 
     OMP_NUM_THREADS=1 python bench/edge_bench.py --task ioi --n-train 64 --n-test 64 --curve directions_signed_raw
 
 The prompts: ``TaskDataModule(task, n_train=1000, n_val=64, n_test=64, test_last=True, seed=0)`` (the faithfulness
-configs' split): the first ``--n-train`` prompts of its training split are scored, the test split (its first
-``--n-curve`` prompts if given; ``--curve-split val``: the validation split, to choose a ranking on) is curved.
+configs' split), or with ``--config`` an edge-circuit config's model and data section (its split: Gemma-3's
+``n_test: 128, prepend_bos: true`` without ``test_last``, of which the config tests the first 64): the first
+``--n-train`` prompts of its training split are scored, the first ``--n-test`` of the test split (its first
+``--n-curve`` prompts if given; ``--curve-split val``: the validation split, to choose a ranking on) are curved.
 The scores and the gains (``G = Rc W^T``, read by the edge ablation) go
 to two temporary files, removed at the end, on an exception and on SIGTERM; the corrupted recordings and both ends
 of the curves are computed once for all curves.
@@ -33,6 +35,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--task", default="ioi")
+    p.add_argument(
+        "--config", default=None, help="an edge-circuit config: its model and data split (for --model, --task)"
+    )
     p.add_argument("--n-train", type=int, default=64)
     p.add_argument("--n-test", type=int, default=64)
     p.add_argument("--n-curve", type=int, default=None, help="curve the first N test prompts only (default: all)")
@@ -53,14 +58,14 @@ def main() -> None:
     def say(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    out: dict = {"model": args.model, "task": args.task, "threads": torch.get_num_threads()}
+    split = data_split(args)
+    out: dict = {"model": args.model, "task": args.task, "threads": torch.get_num_threads(), "split": split}
     t0 = time.monotonic()
     model, tok = load_causal_lm(args.model)
     for param in model.parameters():
         param.requires_grad_(False)
     view = make_view(model)
-    dm = TaskDataModule(args.task, tok, n_train=1000, n_val=64, n_test=args.n_test, test_last=True, seed=0,
-                        batch_size=args.batch_size)  # fmt: skip
+    dm = TaskDataModule(args.task, tok, **split, batch_size=args.batch_size)
     train = dm.splits["train"].examples[: args.n_train]
     train_batches = [dm.collate(train[i : i + args.batch_size]) for i in range(0, len(train), args.batch_size)]
     test = dm.splits[args.curve_split].examples[: args.n_curve or args.n_test]
@@ -68,6 +73,22 @@ def main() -> None:
     out["load_s"] = time.monotonic() - t0
     with exit_on_sigterm():  # SIGTERM unwinds, so the score files go
         run(args, out, view, train_batches, test_batches, t0, say)
+
+
+def data_split(args) -> dict:
+    """The data module's split options: the faithfulness configs' (``--n-test`` test prompts, the last of the space),
+    or ``--config``'s data section (then ``args.model`` and ``args.task`` become the config's)."""
+    if args.config is None:
+        return dict(n_train=1000, n_val=64, n_test=args.n_test, test_last=True, seed=0)
+    import yaml
+
+    config = yaml.safe_load(Path(args.config).read_text())
+    data = dict(config["data"]["init_args"])
+    args.model, args.task = config["model"]["init_args"]["model"], data.pop("task")
+    split = {k: v for k, v in data.items() if k not in ("tokenizer", "batch_size")}
+    if args.n_test > split.get("n_test", args.n_test):
+        raise SystemExit(f"--n-test {args.n_test}: the config's test split has {split['n_test']} prompts")
+    return split
 
 
 def run(args, out: dict, view, train_batches: list, test_batches: list, t0: float, say) -> None:

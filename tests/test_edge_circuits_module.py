@@ -13,7 +13,7 @@ import pytest
 
 from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import attribute
-from lit_svd.analysis.edge_curves import curve_specs, edge_curves
+from lit_svd.analysis.edge_curves import ScoreFile, curve_specs, edge_curves
 from lit_svd.analysis.edge_options import curve_names
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.callbacks.edge_circuits import EdgeCircuitReport
@@ -70,6 +70,34 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
     assert f"f = {graph['f']:.3f}" in page
 
 
+def test_block_ranking_curves_of_the_module_equal_edge_curves_own(tiny_dirs, tmp_path):
+    """A block ranking as a module option (``headblocks``, signed on the fair axis, absolute on the raw axis): its
+    curves equal ``edge_curves`` of ``curve_specs`` on the same scores and prompts, exactly (float64 model; both
+    through score and gain files)."""
+    names = ["headblocks_signed_fair", "headblocks_abs_raw", "units_signed_raw", "units_abs_raw", "random_directions_0"]
+    module = run_module(tiny_dirs["llama"], tmp_path / "out", methods=["headblocks", "units", "random"], curves=names,
+                        graph_curve="headblocks_signed_fair", graph_f=-1e9, dtype="float64")  # fmt: skip
+    result = load_result(tmp_path / "out")
+    assert list(result.curves) == names and result.graph["drawn"] and result.graph["size"] == SIZES[0]
+    vs = module.summary["vs_units"]
+    assert set(vs) == {"headblocks_signed_fair", "headblocks_abs_raw"}
+    assert vs["headblocks_signed_fair"]["units_cpr"] == result.curves["units_signed_raw"]["cpr"]
+    assert vs["headblocks_abs_raw"]["cmd"] == result.curves["headblocks_abs_raw"]["cmd"]
+
+    universe = EdgeUniverse(module.view)
+    dm = TaskDataModule(**DATA, tokenizer=tiny_dirs["llama"])
+    train = [dm.collate(dm.splits["train"].examples[i : i + 3]) for i in (0, 3)]
+    store, gains = ScoreFile(universe, tmp_path), ScoreFile(universe, tmp_path, "gains")
+    scores = attribute(universe, train, "ioi", store=store, gains=gains)
+    specs = curve_specs(universe, scores, names)
+    want, info = edge_curves(EdgeAblation(universe, "ioi", gains=gains), list(dm.test_dataloader()), specs, SIZES)
+    assert (result.m_full, result.m_empty) == (info["m_full"], info["m_empty"])
+    for name, c in want.items():
+        got = result.curves[name]
+        assert got["n_edges"] == c.n_edges and got["metric"] == c.metric, name
+    assert want["headblocks_signed_fair"].metric != want["random_directions_0"].metric  # not one curve twice
+
+
 def run_module(model_dir, out, **kwargs) -> EdgeCircuitModule:
     module = EdgeCircuitModule(model=model_dir, sizes=SIZES, n_attribution=6, n_check=1, n_random=2, top_edges=5,
                                **kwargs)  # fmt: skip
@@ -120,6 +148,10 @@ def test_a_graph_curve_that_misses_graph_f_warns_and_never_draws_another_circuit
         ({"curves": []}, "curves=\\[\\]"),
         ({"graph_unreached": "largest"}, "graph_unreached='largest': allowed: skip, best"),
         ({"page_blocks": 0}, "page_blocks=0"),
+        ({"methods": ["headblock"]}, "methods: 'headblock' unknown; allowed: directions, writer_units, units, blocks"),
+        ({"curves": ["headblocks_signed_fair"]}, "curves: 'headblocks_signed_fair' is not one of the options' curves"),
+        ({"methods": ["headblocks"], "curves": ["headblocks_signed_fiar"]}, "curves: 'headblocks_signed_fiar' is not"),
+        ({"methods": ["directions", "headblocks"], "graph_curve": "blocks_abs_fair"}, "graph_curve='blocks_abs_fair'"),
     ],
 )
 def test_bad_options_fail_in_one_line(kwargs, message):

@@ -47,6 +47,7 @@ from torch import Tensor
 
 from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, NoEdges
 from lit_svd.analysis.edge_attribution import EdgeScores
+from lit_svd.analysis.edge_options import BLOCK_ORDERS
 from lit_svd.analysis.edges import EdgeUniverse, Level, ReaderUnit, WriterUnit
 from lit_svd.analysis.faithfulness import MIB_SIZES, check_sizes, faithfulness_of, n_kept, reference_means
 
@@ -520,8 +521,7 @@ def block_spec(ranking: BlockRanking, axis: str) -> CurveSpec:
     return CurveSpec(circuits)
 
 
-# block orders of curve_specs (``block_ranking``); CORE: the fraction of a block's edges in its core
-BLOCK_ORDERS = ("blocks", "headblocks", "coreblocks")
+# CORE: the fraction of a block's edges in its core (``coreblocks``); the block orders: ``edge_options.BLOCK_ORDERS``
 CORE = 0.1
 
 

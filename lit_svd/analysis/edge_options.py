@@ -1,20 +1,23 @@
 """The edge-circuit module's options and their one check, without torch: the module's constructor
 (``EdgeCircuitModule``) and the command line's fast check (``config_check``, before torch is imported) call
-``check_edge_options``; ``curve_names`` names the curves the options ask for."""
+``check_edge_options``; ``curve_names`` names the curves the options ask for. ``BLOCK_ORDERS``: the block rankings
+of direction edges (``edge_curves.block_ranking``), methods beside the levels."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Literal, get_args
 
-Method = Literal["directions", "writer_units", "units", "random"]
+Method = Literal["directions", "writer_units", "units", "blocks", "headblocks", "coreblocks", "random"]
+BLOCK_ORDERS = ("blocks", "headblocks", "coreblocks")  # direction edges, blocks kept together (edge_curves)
 Axis = Literal["raw", "fair"]
 Unreached = Literal["skip", "best"]  # graph_unreached: what the module draws when graph_curve never reaches graph_f
 
 
 def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int]) -> list[str]:
-    """The curves of the options: each ranked level signed and absolute on each axis (``units``: raw only, the same
-    circuits on both axes), and with ``random`` one random curve per seed at each ranked level."""
+    """The curves of the options: each ranked level and block order signed and absolute on each axis (``units``: raw
+    only, the same circuits on both axes), and with ``random`` one random curve per seed at each ranked level (a
+    block order ranks direction edges: its random curve is ``random_directions_<seed>``)."""
     ranked = [m for m in methods if m != "random"]
     names = []
     for level in ranked:
@@ -22,7 +25,8 @@ def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int
             for axis in ["raw"] if level == "units" else axes:
                 names.append(f"{level}_{sign}_{axis}")
     if "random" in methods:
-        names += [f"random_{level}_{s}" for level in (ranked or ["directions"]) for s in seeds]
+        levels = dict.fromkeys("directions" if m in BLOCK_ORDERS else m for m in ranked or ["directions"])
+        names += [f"random_{level}_{s}" for level in levels for s in seeds]
     return names
 
 

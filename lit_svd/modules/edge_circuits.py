@@ -33,7 +33,7 @@ from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import STEPS, EdgeScores, attribute
 from lit_svd.analysis.edge_curves import LEVELS, ScoreFile, curve_specs, edge_curves, exit_on_sigterm
 from lit_svd.analysis.edge_graph import GRAPH_F, PAGE_BLOCKS, check_edges, choose_size, circuit_graph, top_edges
-from lit_svd.analysis.edge_options import Axis, Method, Unreached, check_edge_options, curve_names
+from lit_svd.analysis.edge_options import BLOCK_ORDERS, Axis, Method, Unreached, check_edge_options, curve_names
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.analysis.faithfulness import MIB_SIZES, check_sizes
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -44,8 +44,10 @@ class EdgeCircuitModule(PretrainedLMModule):
 
     Args:
         methods: edge levels ranked by EAP-IG: directions (reader direction x writer direction), writer_units
-            (reader direction x writer unit), units (reader unit x writer unit: MIB's head-level edges); random:
-            random circuits at each ranked level.
+            (reader direction x writer unit), units (reader unit x writer unit: MIB's head-level edges); block
+            rankings of direction edges (``edge_curves.block_ranking``; curves ``<order>_<signed|abs>_<axis>``):
+            blocks, headblocks (blocks by head-level EAP-IG, the signed direction curve of the shipped configs),
+            coreblocks; random: random circuits at each ranked level (direction edges for a block order).
         axes: raw (fraction of the level's edges), fair (weighted edge count: a block counts 1).
         curves: the curves scored, a subset of the options' curves (``curve_names``; null: all of them): each
             direction curve costs minutes on SmolLM2.
@@ -238,12 +240,24 @@ class EdgeCircuitModule(PretrainedLMModule):
 
 
 def summarize(curves: dict[str, dict]) -> dict:
-    """Per curve CPR and CMD; per ranked level on the fair axis against the head-level edges (``cpr``: signed,
-    ``cmd``: absolute), and the random curves' mean."""
+    """Per curve CPR and CMD; per ranked level or block order against the head-level edges (``cpr``: signed,
+    ``cmd``: absolute); ``vs_units``: every signed curve's CPR and every absolute curve's CMD against the head-level
+    edges' own (the configs' signed and absolute direction curves are of different orders); the random curves'
+    mean."""
     out: dict = {"curves": {n: {"cpr": c["cpr"], "cmd": c["cmd"]} for n, c in curves.items()}}
     units_cpr = curves.get("units_signed_raw", {}).get("cpr")
     units_cmd = curves.get("units_abs_raw", {}).get("cmd")
-    for level in LEVELS[:2]:
+    vs_units = {}
+    for name, c in curves.items():
+        if name.startswith(("units_", "random_")):
+            continue
+        if "_signed_" in name and units_cpr is not None:
+            vs_units[name] = {"cpr": c["cpr"], "units_cpr": units_cpr, "cpr_at_least_units": c["cpr"] >= units_cpr}
+        if "_abs_" in name and units_cmd is not None:
+            vs_units[name] = {"cmd": c["cmd"], "units_cmd": units_cmd, "cmd_at_most_units": c["cmd"] <= units_cmd}
+    if vs_units:
+        out["vs_units"] = vs_units
+    for level in LEVELS[:2] + BLOCK_ORDERS:
         for axis in ("fair", "raw"):
             cpr, cmd = curves.get(f"{level}_signed_{axis}"), curves.get(f"{level}_abs_{axis}")
             if cpr is None or cmd is None or units_cpr is None or units_cmd is None:

@@ -29,14 +29,15 @@ class EdgeCircuitResult(CurvesResult):
         " reader_directions, writer_units_n, writer_directions"
     )
     curves: dict = doc_field(
-        "per curve <level>_<signed|abs>_<raw|fair> or random_<level>_<seed>: sizes [n] (fractions of the edges of"
-        " the level (raw) or of the weighted edge count (fair)), n_edges [n] (edges kept at the level), weighted"
-        " [n] (weighted edge count / blocks), values [n] ((m(C) - m(empty)) / (m(full) - m(empty))), metric [n],"
-        " cpr (area of values: signed rankings), cmd (area of |1 - values|: absolute rankings), seconds"
+        "per curve <level or block order>_<signed|abs>_<raw|fair> or random_<level>_<seed>: sizes [n] (fractions of"
+        " the edges of the level (raw) or of the weighted edge count (fair)), n_edges [n] (edges kept at the level),"
+        " weighted [n] (weighted edge count / blocks), values [n] ((m(C) - m(empty)) / (m(full) - m(empty))),"
+        " metric [n], cpr (area of values: signed rankings), cmd (area of |1 - values|: absolute rankings), seconds"
     )
     comparison: dict = doc_field(
-        "per curve: cpr, cmd; comparisons: direction vs head-level edges on the fair axis (cpr: signed, cmd:"
-        " absolute) and the random curves' mean"
+        "per curve: cpr, cmd; comparisons: direction vs head-level edges per level or block order and axis (cpr:"
+        " signed, cmd: absolute), vs_units (every signed curve's cpr, every absolute curve's cmd against the"
+        " head-level edges') and the random curves' mean"
     )
     top_edges: list[dict] = doc_field(
         "the strongest direction edges by |score|: writer, reader (addresses), reader_unit, score"
