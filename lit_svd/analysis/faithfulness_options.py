@@ -20,6 +20,7 @@ Method = Literal[
     "eap_ig_units",
     "eap_ig_mixed",
     "eap_ig_hybrid",
+    "eap_ig_hybrid_heads",
     "eap_ig_heads",
     "eap_heads",
     "mask",

@@ -13,7 +13,8 @@ The rankings (``methods``):
   directions, ``rankings.unit_rankings``: ``eap_ig_units`` keeps every head, KV head and MLP layer whole, by its
   summed EAP-IG, its directions by their own; ``eap_ig_mixed`` keeps MLP layers whole, by head-level EAP-IG, and
   ranks the attention directions singly; ``eap_ig_hybrid`` is ``eap_ig_units`` with each MLP layer scored by
-  head-level EAP-IG, the writer path; ``eap_ig_units`` was chosen on the validation split, docs/circuits.md),
+  head-level EAP-IG, the writer path, ``eap_ig_hybrid_heads`` with each query head and MLP layer so scored
+  (chosen on the validation splits of SmolLM2 and Gemma-3 IOI, docs/circuits.md)),
   ``eap_ig_heads`` (head-level EAP-IG on the same code path, the head and MLP outputs interpolated; a head's
   score is the sum over its OV directions), ``eap_heads`` (head-level EAP, ``analysis.attribution``). Each is
   ranked twice, signed (``<method>/signed``: scored by CPR) and by magnitude (``<method>/absolute``: scored by
@@ -89,7 +90,8 @@ DIRECTION_METHODS = {"eap_ig": ("eap_ig", False), "eap": ("eap", False), "eap_ig
 # whole units and single directions (rankings.unit_rankings): method -> (unit types kept whole, unit types scored by
 # head-level EAP-IG's writer path rather than their directions' summed EAP-IG, order within a whole unit)
 MIXED_METHODS = {"eap_ig_units": (UNIT_TYPES, (), "score"), "eap_ig_mixed": (("mlp",), ("mlp",), "singular"),
-                 "eap_ig_hybrid": (UNIT_TYPES, ("mlp",), "score")}  # fmt: skip
+                 "eap_ig_hybrid": (UNIT_TYPES, ("mlp",), "score"),
+                 "eap_ig_hybrid_heads": (UNIT_TYPES, ("head", "mlp"), "score")}  # fmt: skip
 HEAD_METHODS = ("eap_ig_heads", "eap_heads")
 WRITER_METHODS = ("eap_ig_heads", *(m for m, (_, writer, _) in MIXED_METHODS.items() if writer))  # writers' pass
 ATTRIBUTION_METHODS = (*DIRECTION_METHODS, *MIXED_METHODS, *HEAD_METHODS)
@@ -133,7 +135,8 @@ class FaithfulnessModule(PretrainedLMModule):
             (every head, KV head and MLP whole, by summed EAP-IG per unit of fair size, directions within by their
             own), ``eap_ig_mixed`` (whole MLP layers by head-level EAP-IG and single attention directions, in one
             order per unit of fair size), ``eap_ig_hybrid`` (``eap_ig_units`` with each MLP layer scored by
-            head-level EAP-IG), ``eap_ig_heads``,
+            head-level EAP-IG), ``eap_ig_hybrid_heads`` (``eap_ig_units`` with each query head and MLP layer scored
+            by head-level EAP-IG), ``eap_ig_heads``,
             ``eap_heads`` (head level), ``mask``, ``graph``, ``graph_mlp`` (the graph with its MLP layers' input and
             gate directions, ``analysis.rankings.mlp_input_scores``), ``random``.
         random_seeds: one random ranking per seed (``random_<seed>``).
