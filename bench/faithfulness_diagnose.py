@@ -23,9 +23,9 @@ the parts run on SmolLM2 and Gemma-3 IOI are in docs/circuits.md.
   where a part's swap moves A's ``f`` to B's, that part is where the two rankings differ in effect.
 * ``unit_scores``: per unit (query head, KV head, MLP layer) the sum of its directions' joint-path EAP-IG per kind,
   over its fair size (what ``eap_ig_units`` ranks by), and head-level EAP-IG's writer-path score of heads and MLPs.
-* ``candidates``: the merged unit / direction rankings (``rankings.unit_rankings``) beside ``eap_ig_fair`` and
-  head-level EAP-IG, scored on the fair axis (MIB's grid): CPR of each signed ranking, CMD of each absolute one; how
-  the ``eap_ig_mixed`` method's variant was chosen (docs/circuits.md).
+* ``candidates`` (``--candidates``: which): the merged unit / direction rankings (``rankings.unit_rankings``) beside
+  ``eap_ig_fair`` and head-level EAP-IG, scored on the fair axis (MIB's grid): CPR of each signed ranking, CMD of
+  each absolute one; how ``eap_ig_units`` and ``eap_ig_hybrid`` were chosen (docs/circuits.md).
 * ``layer_path`` (``--layer-path``, slow: ``n_layers x 5`` backwards per batch): per-layer EAP-IG (one layer's
   directions interpolated at a time: IG per node, the node a layer, 5 steps) beside the joint path's (5 and 10
   steps, the same training prompts), each ranked as ``eap_ig_units`` (signed and absolute) and scored on the fair
@@ -63,6 +63,7 @@ def main() -> None:
     p.add_argument("--position-rankings", nargs="+", default=list(POSITION_RANKINGS), choices=RANKING_NAMES)
     p.add_argument("--compare-variants", nargs="+", default=["signed", "absolute"], choices=["signed", "absolute"])
     p.add_argument("--layer-path", action="store_true")
+    p.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=CANDIDATES)
     args = p.parse_args()
     if ("steps" in args.parts or args.layer_path) and 20 % args.steps:
         p.error(f"--steps {args.steps}: the steps and layer-path parts take it from a 20-step run; give 5, 10 or 20")
@@ -294,7 +295,7 @@ def main() -> None:
         save()
 
     if "candidates" in args.parts:
-        out["candidates"] = candidate_scores(view, comps, universe, weights, val, task, chosen, heads)
+        out["candidates"] = candidate_scores(view, comps, universe, weights, val, task, chosen, heads, args.candidates)
         print("candidates", out["candidates"], flush=True)
         save()
 
@@ -426,25 +427,47 @@ def unit_scores(universe, weights, scores, heads) -> dict:
     return out
 
 
-def candidate_scores(view, comps, universe, weights, val, task, scores, heads) -> dict:
-    """Fair-axis CPR (signed ranking) and CMD (absolute ranking) on ``val`` of the candidate rankings of direction
-    EAP-IG ``scores``: per unit of fair size (``eap_ig_fair``), MLP layers kept whole with the attention side by
-    direction (their unit score: the sum over all their directions, over their ``mlp_out`` directions, or head-level
-    EAP-IG's ``heads``), every unit kept whole with its directions by their own score, and head-level EAP-IG."""
+CANDIDATES = ("eap_ig_fair", "mixed_all", "mixed_out", "mixed_heads", "units_by_score", "hybrid", "hybrid_heads",
+              "units_writer", "eap_ig_heads")  # fmt: skip
+
+
+def candidate_scores(view, comps, universe, weights, val, task, scores, heads, names=CANDIDATES) -> dict:
+    """Fair-axis CPR (signed ranking) and CMD (absolute ranking) on ``val`` of the candidate rankings ``names`` of
+    direction EAP-IG ``scores``: per unit of fair size (``eap_ig_fair``), MLP layers kept whole with the attention side
+    by direction (their unit score: the sum over all their directions, over their ``mlp_out`` directions, or
+    head-level EAP-IG's ``heads``: ``mixed_*``), every unit kept whole with its directions by their own score (unit
+    scores: the sum of their directions' scores, ``units_by_score``; head-level EAP-IG for the MLPs, ``hybrid``, for
+    the MLPs and query heads, ``hybrid_heads``, for every unit, a KV head by its query heads' sum, ``units_writer``),
+    and head-level EAP-IG."""
     from lit_svd.analysis.faithfulness import faithfulness_curves
-    from lit_svd.analysis.rankings import attribution_rankings, eap_ranking, per_weight, unit_rankings
+    from lit_svd.analysis.rankings import (
+        UNIT_TYPES,
+        attribution_rankings,
+        eap_ranking,
+        per_weight,
+        unit_rankings,
+        writer_unit_scores,
+    )
+
+    def units(writer):
+        unit_scores = writer_unit_scores(universe, heads, view.n_kv_heads, writer)
+        return lambda: unit_rankings(universe, scores, weights, UNIT_TYPES, unit_scores, within="score")
 
     mlp_out = {f"L{c.layer}.mlp": float(scores[universe.slice(c.name)].sum()) for c in comps if c.kind == "mlp_out"}
-    head_mlps = {f"L{c.layer}.mlp": float(heads.mlps[c.layer]) for c in comps if c.kind == "mlp_out"}
-    pairs = {
-        "eap_ig_fair": attribution_rankings(per_weight(scores, weights)),
-        "mixed_all": unit_rankings(universe, scores, weights),
-        "mixed_out": unit_rankings(universe, scores, weights, unit_scores=mlp_out),
-        "mixed_heads": unit_rankings(universe, scores, weights, unit_scores=head_mlps),
-        "units_by_score": unit_rankings(universe, scores, weights, whole=("head", "kv", "mlp"), within="score"),
-        "eap_ig_heads": {v: eap_ranking(universe, heads, view.n_kv_heads, v == "signed")[0]
-                         for v in ("signed", "absolute")},
+    head_mlps = writer_unit_scores(universe, heads, view.n_kv_heads, ("mlp",))
+    build = {
+        "eap_ig_fair": lambda: attribution_rankings(per_weight(scores, weights)),
+        "mixed_all": lambda: unit_rankings(universe, scores, weights),
+        "mixed_out": lambda: unit_rankings(universe, scores, weights, unit_scores=mlp_out),
+        "mixed_heads": lambda: unit_rankings(universe, scores, weights, unit_scores=head_mlps),
+        "units_by_score": units(()),
+        "hybrid": units(("mlp",)),
+        "hybrid_heads": units(("head", "mlp")),
+        "units_writer": units(UNIT_TYPES),
+        "eap_ig_heads": lambda: {v: eap_ranking(universe, heads, view.n_kv_heads, v == "signed")[0]
+                                 for v in ("signed", "absolute")},
     }  # fmt: skip
+    pairs = {name: build[name]() for name in names}
     rankings = {f"{name}/{v}": r for name, pair in pairs.items() for v, r in pair.items()}
     curves, info = faithfulness_curves(view, comps, val, rankings, task, axes=("fair",))
     out: dict = {"m_full": info["m_full"], "m_empty": info["m_empty"], "wall_s": info["wall_s"]}

@@ -115,6 +115,7 @@ def test_the_bench_runs_end_to_end_and_agrees_with_the_curves(diagnose, tiny_dir
     argv = ["faithfulness_diagnose.py", "--model", tiny_dirs["llama"], "--n-train", "8", "--n-val", "8"]
     argv += ["--data-config", str(tmp_path / "config.yaml")]
     argv += ["--steps", "5", "--parts", "compare", "candidates", "positions", "unit_scores", "--layer-path"]
+    argv += ["--candidates", "units_by_score", "hybrid", "eap_ig_heads"]
     argv += ["--out", str(tmp_path)]
     monkeypatch.setattr(sys, "argv", argv)
     threads = torch.get_num_threads()
@@ -125,6 +126,8 @@ def test_the_bench_runs_end_to_end_and_agrees_with_the_curves(diagnose, tiny_dir
     out = json.loads((tmp_path / "faithfulness_diagnose.json").read_text())
     assert out["data"]["n_val"] == 8 and out["data"]["tokenizer"] == tiny_dirs["llama"]
     cand, compare = out["candidates"], out["compare"]
+    assert {"units_by_score", "hybrid", "eap_ig_heads"} <= set(cand) and "mixed_all" not in cand
+    assert cand["hybrid"]["signed"][-1] == pytest.approx(1.0, abs=1e-6)
     for variant in ("signed", "absolute"):
         assert compare[variant]["f"]["a"] == pytest.approx(cand["units_by_score"][variant], abs=1e-5)
         assert compare[variant]["f"]["b"] == pytest.approx(cand["eap_ig_heads"][variant], abs=1e-5)

@@ -61,8 +61,8 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
 
     model_dir = tiny_dirs["llama"]
     mask, graph = _runs(tmp_path, model_dir)
-    methods = ["eap_ig", "eap", "eap_ig_fair", "eap_ig_units", "eap_ig_mixed", "eap_ig_heads", "eap_heads", "mask",
-               "graph", "random"]  # fmt: skip
+    methods = ["eap_ig", "eap", "eap_ig_fair", "eap_ig_units", "eap_ig_mixed", "eap_ig_hybrid", "eap_ig_hybrid_heads",
+               "eap_ig_heads", "eap_heads", "mask", "graph", "random"]  # fmt: skip
     module = FaithfulnessModule(mask_run=mask, graph_run=graph, methods=methods, random_seeds=[0, 1], sizes=SIZES,
                                 attribution_prompts=8, ig_steps=3)  # fmt: skip
     dm = TaskDataModule(**DATA, tokenizer=model_dir)
@@ -77,8 +77,8 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
     assert result.random["seeds"] == 2 and result.rankings["graph"]["qk_nodes"] == 1
     assert result.rankings["eap_ig"]["prompts"] == "train[:8]"
     assert (tmp_path / "out" / "faithfulness_curves.png").is_file()
-    # 7 attribution methods x 2 rankings, mask, graph, 2 random; 2 axes; 4 sizes
-    assert len(result.table()) == (7 * 2 + 4) * 2 * len(SIZES)
+    # 9 attribution methods x 2 rankings, mask, graph, 2 random; 2 axes; 4 sizes
+    assert len(result.table()) == (9 * 2 + 4) * 2 * len(SIZES)
 
     view = module.view
     comps = universe_components(view)
@@ -101,10 +101,15 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
     }
     weights = fair_weights(universe)
     mlps = {f"L{layer}.mlp": float(v) for layer, v in enumerate(scores["eap_ig_heads"].mlps)}
+    heads = {f"L{layer}.h{h}": float(scores["eap_ig_heads"].heads[layer, h]) for layer in range(L) for h in range(H)}
     pairs = {
         "eap_ig_fair": attribution_rankings(per_weight(scores["eap_ig"], weights)),
         "eap_ig_units": unit_rankings(universe, scores["eap_ig"], weights, ("head", "kv", "mlp"), within="score"),
         "eap_ig_mixed": unit_rankings(universe, scores["eap_ig"], weights, unit_scores=mlps),
+        "eap_ig_hybrid": unit_rankings(universe, scores["eap_ig"], weights, ("head", "kv", "mlp"), mlps, "score"),
+        "eap_ig_hybrid_heads": unit_rankings(
+            universe, scores["eap_ig"], weights, ("head", "kv", "mlp"), {**mlps, **heads}, "score"
+        ),
     }
     rankings.update({f"{method}/{k}": r for method, pair in pairs.items() for k, r in pair.items()})
     for method, s in scores.items():

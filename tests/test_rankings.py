@@ -24,6 +24,7 @@ from lit_svd.analysis.rankings import (
     score_ranking,
     unit_directions,
     unit_rankings,
+    writer_unit_scores,
 )
 from lit_svd.datamodules.tasks import TaskDataModule
 from lit_svd.models import view as make_view
@@ -144,9 +145,11 @@ def test_qk_nodes_spread_over_the_q_and_k_maps_conserving_their_score():
 
 def test_planted_circuit_beats_random_and_the_reversed_ranking_loses(tokenizer):
     """On both size axes: the planted ranking, head-level EAP and direction EAP-IG beat three random rankings by more
-    than 0.2 CPR; direction EAP-IG gives every dead direction exactly 0 and ranks only live ones before them; the
-    reversed ranking (live directions last) loses to every random one."""
-    from lit_svd.analysis.direction_attribution import direction_attributions
+    than 0.2 CPR, and so do the merged unit / direction orders (whole MLPs; whole units; whole units with the MLPs
+    by head-level EAP-IG, ``eap_ig_hybrid``); direction EAP-IG gives every dead direction exactly 0 and ranks only
+    live ones before them; the reversed ranking (live directions last) and the hybrid's order reversed lose to every
+    random one."""
+    from lit_svd.analysis.direction_attribution import WRITER_KINDS, direction_attributions, unit_attributions
     from lit_svd.models.patching import CircuitPatch
 
     model = planted_llama()
@@ -164,10 +167,15 @@ def test_planted_circuit_beats_random_and_the_reversed_ranking_loses(tokenizer):
     dead = torch.ones_like(attr.heads, dtype=torch.bool)
     dead[1, 0] = False
     assert attr.heads[dead].abs().max() == 0 and attr.mlps.abs().max() == 0 and attr.heads[1, 0] != 0
-    ig = direction_attributions(CircuitPatch(view, comps), universe, batches, "ioi", steps=5).scores
+    patch = CircuitPatch(view, comps)
+    ig = direction_attributions(patch, universe, batches, "ioi", steps=5).scores
+    writers = direction_attributions(patch, universe, batches, "ioi", steps=5, kinds=WRITER_KINDS).scores
+    head_ig = unit_attributions(universe, writers, view.n_layers, view.n_heads, len(batches[0]["answer_pos"]))
+    mlp_scores = writer_unit_scores(universe, head_ig, view.n_kv_heads)
+    weights = fair_weights(universe)
+    hybrid = unit_rankings(universe, ig, weights, UNIT_TYPES, mlp_scores, "score")  # eap_ig_hybrid's order
     assert ig[~live].abs().max() == 0 and (ig[live] != 0).sum() > 24
     ig_rank = score_ranking(ig)  # signed, as CPR is scored
-    weights = fair_weights(universe)
     assert live[score_ranking(ig.abs())[: int((ig != 0).sum())]].all() and live[ig_rank[: int((ig > 0).sum())]].all()
     rankings = {
         "planted": score_ranking(planted),
@@ -176,6 +184,8 @@ def test_planted_circuit_beats_random_and_the_reversed_ranking_loses(tokenizer):
         "eap_ig": ig_rank,
         "mlps_whole": unit_rankings(universe, ig, weights)["signed"],  # eap_ig_mixed's order
         "units_whole": unit_rankings(universe, ig, weights, UNIT_TYPES, within="score")["signed"],  # eap_ig_units'
+        "hybrid": hybrid["signed"],
+        "hybrid_reversed": hybrid["signed"].flip(0),
         **{f"random_{s}": random_ranking(len(universe), s) for s in range(3)},
     }
     with torch.no_grad():
@@ -185,9 +195,10 @@ def test_planted_circuit_beats_random_and_the_reversed_ranking_loses(tokenizer):
         cpr = {name: c[axis].cpr for name, c in curves.items()}
         print(axis, {k: round(v, 3) for k, v in cpr.items()})
         randoms = [cpr[f"random_{s}"] for s in range(3)]
-        for name in ("planted", "eap_heads", "eap_ig", "mlps_whole", "units_whole"):
+        for name in ("planted", "eap_heads", "eap_ig", "mlps_whole", "units_whole", "hybrid"):
             assert cpr[name] > max(randoms) + 0.2, (axis, cpr)
-        assert cpr["reversed"] < min(randoms) - 0.05, (axis, cpr)
+        for name in ("reversed", "hybrid_reversed"):
+            assert cpr[name] < min(randoms) - 0.05, (axis, cpr)
         assert curves["reversed"][axis].values[:9] == pytest.approx([0.0] * 9, abs=1e-9)  # nothing live until 100 %
     # 10 % keeps all 48 live directions (1e-6: the kept route adds their float32-projected change to the reference)
     assert curves["planted"]["raw"].values[6:] == pytest.approx([1.0] * 4, abs=1e-6)
@@ -200,10 +211,10 @@ def _unit_of(a: Address) -> tuple[str, str]:
     return (f"L{a.layer}.kv{a.group}", "kv") if a.kind == "k" else (f"L{a.layer}.h{a.group}", "head")
 
 
-def _loop_unit_ranking(universe, scores, weights, whole, within, signed):
+def _loop_unit_ranking(universe, scores, weights, whole, within, signed, unit_scores=None):
     """The merged order written as a loop over addresses: items (whole units, single directions) sorted by their
-    score per fair weight; a whole unit expanded by singular index (eap_ranking's ``unit_directions``) or by its
-    directions' own score per weight."""
+    score (``unit_scores[unit]`` where given, else the sum of its directions') per fair weight; a whole unit expanded
+    by singular index (eap_ranking's ``unit_directions``) or by its directions' own score per weight."""
     fn = (lambda v: v) if signed else abs  # noqa: E731
     units: dict[str, list[int]] = {}
     items = []
@@ -214,8 +225,9 @@ def _loop_unit_ranking(universe, scores, weights, whole, within, signed):
             units.setdefault(unit, []).append(i)
         else:
             items.append((fn(float(scores[i] / weights[i])), [i]))
-    for flats in units.values():
-        key = fn(sum(float(scores[i]) for i in flats) / sum(float(weights[i]) for i in flats))
+    for unit, flats in units.items():
+        total = (unit_scores or {}).get(unit, sum(float(scores[i]) for i in flats))
+        key = fn(total / sum(float(weights[i]) for i in flats))
         if within == "score":
             flats = sorted(flats, key=lambda i: -fn(float(scores[i] / weights[i])))
         else:
@@ -238,6 +250,36 @@ def test_unit_rankings_equal_a_loop_over_addresses(universe, whole, within):
     for variant in ("signed", "absolute"):
         want = _loop_unit_ranking(universe, scores, weights, whole, within, variant == "signed")
         assert got[variant].tolist() == want, variant
+
+
+@pytest.mark.parametrize("writer", [("mlp",), ("head", "mlp"), UNIT_TYPES])
+def test_hybrid_ranking_equals_a_loop_with_the_writer_paths_unit_scores(universe, writer):
+    """``eap_ig_hybrid`` (``writer=("mlp",)``) and the bench's variants: every unit whole, the units of ``writer``
+    scored by head-level attribution, written out per unit (an MLP's, a head's, a KV head's as the sum of its query
+    heads': exactly these floats), the others by their directions' sum; the merged order equals the loop's, signed
+    and absolute."""
+    g = torch.Generator().manual_seed(6)
+    scores = torch.randn(len(universe), generator=g, dtype=torch.float64)
+    heads = Attributions(torch.randn(2, 4, generator=g, dtype=torch.float64), torch.randn(2, generator=g).double(), 4)
+    weights = fair_weights(universe)
+    unit_scores = writer_unit_scores(universe, heads, n_kv_heads=2, types=writer)
+    want = {}
+    for layer in (0, 1):
+        if "mlp" in writer:
+            want[f"L{layer}.mlp"] = float(heads.mlps[layer])
+        for h in range(4) if "head" in writer else ():
+            want[f"L{layer}.h{h}"] = float(heads.heads[layer, h])
+        for kv in range(2) if "kv" in writer else ():  # 4 query heads on 2 KV heads: heads 2 kv, 2 kv + 1
+            want[f"L{layer}.kv{kv}"] = float(heads.heads[layer, 2 * kv]) + float(heads.heads[layer, 2 * kv + 1])
+    assert unit_scores.keys() == want.keys()
+    assert all(unit_scores[u] == pytest.approx(v, abs=1e-15) for u, v in want.items())
+    assert all(unit_scores[u] == v for u, v in want.items() if u.endswith("mlp"))  # exactly head-level EAP-IG's
+    got = unit_rankings(universe, scores, weights, UNIT_TYPES, unit_scores, within="score")
+    for variant in ("signed", "absolute"):
+        expected = _loop_unit_ranking(universe, scores, weights, UNIT_TYPES, "score", variant == "signed", want)
+        assert got[variant].tolist() == expected, variant
+    with pytest.raises(ValueError, match="unit types are"):
+        writer_unit_scores(universe, heads, 2, ("heads",))
 
 
 def test_mixed_ranking_keeps_mlp_layers_whole_in_head_eap_order(universe):

@@ -19,6 +19,8 @@ Method = Literal[
     "eap_fair",
     "eap_ig_units",
     "eap_ig_mixed",
+    "eap_ig_hybrid",
+    "eap_ig_hybrid_heads",
     "eap_ig_heads",
     "eap_heads",
     "mask",

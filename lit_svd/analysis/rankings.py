@@ -22,6 +22,9 @@ given size keeps. Each is a permutation of the universe's flat indices, most imp
   directions; an MLP layer brings ``mlp_in``, ``mlp_gate``, ``mlp_out``. Within a unit the directions are
   interleaved by singular index (d0 of every map, then d1, ...), so a size that cuts a unit keeps its leading
   directions of every map.
+* ``unit_rankings``: one merged order per unit of fair size over whole units (query heads, KV heads, MLP layers)
+  and single directions; a unit's score is its directions' summed score or, from ``writer_unit_scores``, its
+  head-level EAP-IG (the writer path).
 """
 
 from __future__ import annotations
@@ -365,6 +368,33 @@ def unit_type(name: str) -> str:
     """``head``, ``kv`` or ``mlp``: the type of a unit named as ``direction_units`` names them."""
     tail = name.split(".", 1)[1]
     return "mlp" if tail == "mlp" else "kv" if tail.startswith("kv") else "head"
+
+
+def writer_unit_scores(
+    universe: Universe, heads: Attributions, n_kv_heads: int, types: Iterable[str] = ("mlp",)
+) -> dict[str, float]:
+    """Unit scores (``unit_rankings``' ``unit_scores``) from head-level attribution ``heads`` (head-level EAP-IG: the
+    writer path, ``ov`` and ``mlp_out`` interpolated) for the universe's units of the given ``types``: an MLP layer's
+    is ``heads.mlps[l]``, a query head's ``heads.heads[l, h]``, a KV head's the sum over the query heads that read
+    its keys."""
+    types = set(types)
+    if not types <= set(UNIT_TYPES):
+        raise ValueError(f"types={sorted(types)}: unit types are {', '.join(UNIT_TYPES)}")
+    group = heads.heads.shape[1] // n_kv_heads
+    out: dict[str, float] = {}
+    for name in direction_units(universe)[2]:
+        kind = unit_type(name)
+        if kind not in types:
+            continue
+        layer, tail = int(name.split(".")[0][1:]), name.split(".")[1]
+        if kind == "mlp":
+            out[name] = float(heads.mlps[layer])
+        elif kind == "head":
+            out[name] = float(heads.heads[layer, int(tail[1:])])
+        else:
+            g = int(tail[2:])
+            out[name] = float(heads.heads[layer, g * group : (g + 1) * group].sum())
+    return out
 
 
 def unit_rankings(

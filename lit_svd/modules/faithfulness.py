@@ -12,7 +12,9 @@ The rankings (``methods``):
   ``eap_ig_units`` and ``eap_ig_mixed`` (one merged order per unit of fair size over whole units and single
   directions, ``rankings.unit_rankings``: ``eap_ig_units`` keeps every head, KV head and MLP layer whole, by its
   summed EAP-IG, its directions by their own; ``eap_ig_mixed`` keeps MLP layers whole, by head-level EAP-IG, and
-  ranks the attention directions singly; ``eap_ig_units`` was chosen on the validation split, docs/circuits.md),
+  ranks the attention directions singly; ``eap_ig_hybrid`` is ``eap_ig_units`` with each MLP layer scored by
+  head-level EAP-IG, the writer path, ``eap_ig_hybrid_heads`` with each query head and MLP layer so scored
+  (chosen on the validation splits of SmolLM2 and Gemma-3 IOI, docs/circuits.md)),
   ``eap_ig_heads`` (head-level EAP-IG on the same code path, the head and MLP outputs interpolated; a head's
   score is the sum over its OV directions), ``eap_heads`` (head-level EAP, ``analysis.attribution``). Each is
   ranked twice, signed (``<method>/signed``: scored by CPR) and by magnitude (``<method>/absolute``: scored by
@@ -75,6 +77,7 @@ from lit_svd.analysis.rankings import (
     random_ranking,
     run_graph_ranking,
     unit_rankings,
+    writer_unit_scores,
 )
 from lit_svd.models.patching import CircuitPatch
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -84,8 +87,13 @@ from lit_svd.runs import load_run
 # direction methods: (the attribution they rank, ranked per unit of fair size)
 DIRECTION_METHODS = {"eap_ig": ("eap_ig", False), "eap": ("eap", False), "eap_ig_fair": ("eap_ig", True),
                      "eap_fair": ("eap", True)}  # fmt: skip
-MIXED_METHODS = ("eap_ig_units", "eap_ig_mixed")  # whole units and single directions (rankings.unit_rankings)
+# whole units and single directions (rankings.unit_rankings): method -> (unit types kept whole, unit types scored by
+# head-level EAP-IG's writer path rather than their directions' summed EAP-IG, order within a whole unit)
+MIXED_METHODS = {"eap_ig_units": (UNIT_TYPES, (), "score"), "eap_ig_mixed": (("mlp",), ("mlp",), "singular"),
+                 "eap_ig_hybrid": (UNIT_TYPES, ("mlp",), "score"),
+                 "eap_ig_hybrid_heads": (UNIT_TYPES, ("head", "mlp"), "score")}  # fmt: skip
 HEAD_METHODS = ("eap_ig_heads", "eap_heads")
+WRITER_METHODS = ("eap_ig_heads", *(m for m, (_, writer, _) in MIXED_METHODS.items() if writer))  # writers' pass
 ATTRIBUTION_METHODS = (*DIRECTION_METHODS, *MIXED_METHODS, *HEAD_METHODS)
 SIGNED, ABSOLUTE = "signed", "absolute"
 
@@ -126,7 +134,9 @@ class FaithfulnessModule(PretrainedLMModule):
             ``eap_fair`` (the same attributions per unit of fair size, ``rankings.per_weight``), ``eap_ig_units``
             (every head, KV head and MLP whole, by summed EAP-IG per unit of fair size, directions within by their
             own), ``eap_ig_mixed`` (whole MLP layers by head-level EAP-IG and single attention directions, in one
-            order per unit of fair size), ``eap_ig_heads``,
+            order per unit of fair size), ``eap_ig_hybrid`` (``eap_ig_units`` with each MLP layer scored by
+            head-level EAP-IG), ``eap_ig_hybrid_heads`` (``eap_ig_units`` with each query head and MLP layer scored
+            by head-level EAP-IG), ``eap_ig_heads``,
             ``eap_heads`` (head level), ``mask``, ``graph``, ``graph_mlp`` (the graph with its MLP layers' input and
             gate directions, ``analysis.rankings.mlp_input_scores``), ``random``.
         random_seeds: one random ranking per seed (``random_<seed>``).
@@ -251,7 +261,7 @@ class FaithfulnessModule(PretrainedLMModule):
                         "eap_ig",
                         universe.flatten({n: sum(p[n] for p in per_point) for n in per_point[0]}) / len(points),
                     )
-                if "eap_ig_heads" in self.methods or "eap_ig_mixed" in self.methods:
+                if any(m in self.methods for m in WRITER_METHODS):
                     per_point = batch_integrands(self.patch, batch, self.task, points, hp.ig_path, writers)
                     flat = universe.flatten(mean_over_points(per_point))
                     units = unit_attributions(universe, flat, L, H, 1)
@@ -277,14 +287,15 @@ class FaithfulnessModule(PretrainedLMModule):
         scores = self._attribution_scores()
         seconds = time.monotonic() - start
         for method in (m for m in ATTRIBUTION_METHODS if m in self.methods):
-            if method == "eap_ig_units":
-                pair = unit_rankings(self.universe, scores["eap_ig"], self.weights, UNIT_TYPES, within="score")
-                info = {"whole": list(UNIT_TYPES), "within": "score"}
-            elif method == "eap_ig_mixed":
-                mlps = scores["eap_ig_heads"][L * H :]
-                unit_scores = {f"L{c.layer}.mlp": float(mlps[c.layer]) for c in self.components if c.kind == "mlp_out"}
-                pair = unit_rankings(self.universe, scores["eap_ig"], self.weights, unit_scores=unit_scores)
-                info = {"whole": ["mlp"], "mlp_scores": "eap_ig_heads"}
+            if method in MIXED_METHODS:
+                whole, writer, within = MIXED_METHODS[method]
+                unit_scores = {}
+                if writer:
+                    s = scores["eap_ig_heads"]
+                    heads = Attributions(s[: L * H].view(L, H), s[L * H :], self.hparams.attribution_prompts)
+                    unit_scores = writer_unit_scores(self.universe, heads, self.view.n_kv_heads, writer)
+                pair = unit_rankings(self.universe, scores["eap_ig"], self.weights, whole, unit_scores, within)
+                info = {"whole": list(whole), "writer_path_units": list(writer), "within": within}
             elif method in DIRECTION_METHODS:
                 source, fair = DIRECTION_METHODS[method]
                 s = scores[source]
