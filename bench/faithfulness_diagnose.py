@@ -234,7 +234,7 @@ def main() -> None:
         where: dict = {}
 
         class PositionPatch(CircuitPatch):
-            """The same patch at the positions ``where["mask"]`` only (no MLP skipped: it acts on all positions)."""
+            """The same patch at the positions ``where["mask"]`` only, through the output routes (no module skipped)."""
 
             def _hook(self, c, p, key, reference):
                 inner = super()._hook(c, p, key, reference)
@@ -254,7 +254,7 @@ def main() -> None:
                 with hooks(*specs):
                     yield
 
-        positioned = PositionPatch(view, comps)
+        positioned = PositionPatch(view, comps, input_route=False)  # output routes: the mask picks positions
 
         def metric_at(keep, mode) -> float:
             total = 0.0
