@@ -141,10 +141,11 @@ def score_and_curve(args, out, universe, train_batches, test_batches, store, gai
     print(json.dumps(out, indent=1))
 
 
-def write(out: dict, folder: str | None) -> None:
+def write(out: dict, folder: str | None, name: str = "edge_bench.json") -> None:
+    """``out`` as ``folder/name`` (nothing without a folder); the edge benches write partial results this way."""
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / "edge_bench.json").write_text(json.dumps(out, indent=1))
+        (Path(folder) / name).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

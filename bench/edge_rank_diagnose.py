@@ -25,9 +25,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
+from edge_bench import write  # bench/edge_bench.py
 from torch import Tensor
 
 
@@ -142,7 +142,7 @@ def main() -> None:
                 "gap": gap,
             }
             say(json.dumps(out["totals"]))
-            write(out, args.out)
+            write(out, args.out, "edge_rank_diagnose.json")
 
             out["single"] = []
             for sign in (1.0, -1.0):
@@ -154,7 +154,7 @@ def main() -> None:
                            "writer": str(u.writer_address(col)), "score": s, "effect": effect}  # fmt: skip
                     out["single"].append(row)
                     say(json.dumps(row))
-            write(out, args.out)
+            write(out, args.out, "edge_rank_diagnose.json")
 
             signed = EdgeRanking(u, "directions", scores.directions)
             rankings = {
@@ -169,7 +169,7 @@ def main() -> None:
                     rows.append({"size": size, "f": f(circuit), "weighted": weight / u.n_blocks, "edges": kept})
                     say(f"{name} {rows[-1]}")
                 out["rankings"][name] = rows
-                write(out, args.out)
+                write(out, args.out, "edge_rank_diagnose.json")
 
             signed_blocks = BlockRanking(signed, units)  # the top blocks by head-level EAP-IG, whole
             cores = BlockRanking(absolute(signed), units, (args.core, 1.0))  # their top edges by |score|
@@ -186,17 +186,11 @@ def main() -> None:
                     row = {"blocks": frac, "mode": mode, "f": f(c), "weighted": weighted_count(u, c)}
                     out["blocks"].append(row)
                     say(json.dumps(row))
-                    write(out, args.out)
+                    write(out, args.out, "edge_rank_diagnose.json")
         finally:
             store.close()
             gains.close()
     print(json.dumps(out, indent=1))
-
-
-def write(out: dict, folder: str | None) -> None:
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / "edge_rank_diagnose.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
