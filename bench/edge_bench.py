@@ -12,7 +12,11 @@ configs' split), or with ``--config`` an edge-circuit config's model and data se
 ``--n-curve`` prompts if given; ``--curve-split val``: the validation split, to choose a ranking on) are curved.
 The scores and the gains (``G = Rc W^T``, read by the edge ablation) go
 to two temporary files, removed at the end, on an exception and on SIGTERM; the corrupted recordings and both ends
-of the curves are computed once for all curves.
+of the curves are computed once for all curves. ``--scores DIR`` keeps them in DIR instead (``scores.f32``,
+``gains.f32``, the head-level scores ``units.npy`` and ``scores.json``: model, task, split, training prompts,
+steps, edge counts, the units written), and a later run with the same DIR and the same options reads them back
+instead of attributing (the validation and test curves of one attribution); other options: it exits with one line
+naming what differs. Remove DIR yourself.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def main() -> None:
     p.add_argument("--curve", nargs="*", default=["directions_signed_raw"], help="curves (edge_curves.curve_specs)")
     p.add_argument("--sizes", type=float, nargs="+", default=None)
     p.add_argument("--out", default=None)
+    p.add_argument("--scores", default=None, help="keep the scores in this folder, or read them back from it")
     args = p.parse_args()
     torch.set_num_threads(1)
 
@@ -104,25 +109,75 @@ def run(args, out: dict, view, train_batches: list, test_batches: list, t0: floa
     say(f"universe {out['universe_s']:.1f} s, {out['counts']}, peak {peak_gb():.2f} GiB")
 
     t = time.monotonic()
-    store, gains = ScoreFile(universe), ScoreFile(universe, name="gains")
+    meta = score_meta(args, universe, sum(len(b["answer_pos"]) for b in train_batches))
+    saved = saved_meta(args.scores, meta)
+    keep = args.scores is not None
+    store, gains = ScoreFile(universe, args.scores, keep=keep), ScoreFile(universe, args.scores, "gains", keep=keep)
     try:
-        score_and_curve(args, out, universe, train_batches, test_batches, store, gains, t, t0, say)
+        score_and_curve(args, out, universe, train_batches, test_batches, store, gains, t, t0, say, meta, saved)
     finally:
         store.close()
         gains.close()
 
 
-def score_and_curve(args, out, universe, train_batches, test_batches, store, gains, t, t0, say) -> None:
-    """EAP-IG attribution (scores and gains to their files), then each curve, written as soon as it is done."""
+def score_meta(args, universe, prompts: int) -> dict:
+    """What the scores depend on: model, task, split, training prompts, steps, the universe's edge counts."""
+    return {"model": args.model, "task": args.task, "split": data_split(args), "n_train": args.n_train,
+            "train_prompts": prompts, "steps": args.steps, "counts": universe.counts()}  # fmt: skip
+
+
+def saved_meta(folder: str | None, meta: dict) -> dict | None:
+    """The saved scores' description in ``folder`` if there is one and it matches ``meta`` (None: attribute);
+    otherwise exit with one line naming what differs."""
+    path = None if folder is None else Path(folder) / "scores.json"
+    if path is None or not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    for key, value in meta.items():
+        if json.loads(json.dumps(value)) != saved.get(key):
+            raise SystemExit(f"--scores {folder}: saved for {key}={saved.get(key)!r}, this run has {key}={value!r}")
+    return saved
+
+
+def save_scores(folder: str, meta: dict, scores, store, gains) -> None:
+    """The head-level scores and the description next to the score files (the description last: it marks them
+    complete)."""
+    import numpy as np
+
+    np.save(Path(folder) / "units.npy", scores.units.double().cpu().numpy())
+    saved = {**meta, "prompts": scores.prompts, "written": sorted(store.written), "gains": sorted(gains.written)}
+    (Path(folder) / "scores.json").write_text(json.dumps(saved))
+
+
+def load_scores(folder: str, saved: dict, universe, store, gains):
+    """The ``EdgeScores`` of ``save_scores``: the files' units marked written, the head-level scores read back."""
+    import numpy as np
+
+    from lit_svd.analysis.edge_attribution import EdgeScores
+
+    store.written, gains.written = set(saved["written"]), set(saved["gains"])
+    units = torch.from_numpy(np.load(Path(folder) / "units.npy")).to(universe.device)
+    return EdgeScores(universe, store, units, saved["prompts"], saved["steps"])
+
+
+def score_and_curve(args, out, universe, train_batches, test_batches, store, gains, t, t0, say, meta, saved) -> None:
+    """EAP-IG attribution (scores and gains to their files; ``saved``: read back from ``--scores``), then each curve,
+    written as soon as it is done."""
     from lit_svd.analysis.edge_ablation import EdgeAblation
     from lit_svd.analysis.edge_attribution import attribute
     from lit_svd.analysis.edge_curves import MIB_SIZES, curve_specs, edge_curves
 
-    scores = attribute(universe, train_batches, args.task, steps=args.steps, store=store, gains=gains)
+    if saved is None:
+        scores = attribute(universe, train_batches, args.task, steps=args.steps, store=store, gains=gains)
+        if args.scores:
+            save_scores(args.scores, meta, scores, store, gains)
+    else:
+        scores = load_scores(args.scores, saved, universe, store, gains)
+        out["scores_read_back"] = args.scores
     out["attribution_s"], out["scores_gb"] = time.monotonic() - t, store.nbytes / 2**30
     out["gains_gb"] = gains.nbytes / 2**30
     out["peak_rss_after_attribution_gb"] = peak_gb()
-    say(f"attribution {out['attribution_s']:.1f} s, peak {peak_gb():.2f} GiB")
+    say(f"attribution {out['attribution_s']:.1f} s{' (read back)' if saved else ''}, peak {peak_gb():.2f} GiB")
     write(out, args.out)
 
     ablation = EdgeAblation(universe, args.task, gains=gains)

@@ -70,19 +70,20 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
     assert f"f = {graph['f']:.3f}" in page
 
 
-def test_block_ranking_curves_of_the_module_equal_edge_curves_own(tiny_dirs, tmp_path):
-    """A block ranking as a module option (``headblocks``, signed on the fair axis, absolute on the raw axis): its
-    curves equal ``edge_curves`` of ``curve_specs`` on the same scores and prompts, exactly (float64 model; both
-    through score and gain files)."""
-    names = ["headblocks_signed_fair", "headblocks_abs_raw", "units_signed_raw", "units_abs_raw", "random_directions_0"]
-    module = run_module(tiny_dirs["llama"], tmp_path / "out", methods=["headblocks", "units", "random"], curves=names,
-                        graph_curve="headblocks_signed_fair", graph_f=-1e9, dtype="float64")  # fmt: skip
+@pytest.mark.parametrize("order", ["headblocks", "netblocks"])
+def test_block_ranking_curves_of_the_module_equal_edge_curves_own(tiny_dirs, tmp_path, order):
+    """A block ranking as a module option (``headblocks``; ``netblocks``: scores times their block's net-over-gross
+    ratio; signed on the fair axis, absolute on the raw axis): its curves equal ``edge_curves`` of ``curve_specs`` on
+    the same scores and prompts, exactly (float64 model; both through score and gain files)."""
+    names = [f"{order}_signed_fair", f"{order}_abs_raw", "units_signed_raw", "units_abs_raw", "random_directions_0"]
+    module = run_module(tiny_dirs["llama"], tmp_path / "out", methods=[order, "units", "random"], curves=names,
+                        graph_curve=f"{order}_signed_fair", graph_f=-1e9, dtype="float64")  # fmt: skip
     result = load_result(tmp_path / "out")
     assert list(result.curves) == names and result.graph["drawn"] and result.graph["size"] == SIZES[0]
     vs = module.summary["vs_units"]
-    assert set(vs) == {"headblocks_signed_fair", "headblocks_abs_raw"}
-    assert vs["headblocks_signed_fair"]["units_cpr"] == result.curves["units_signed_raw"]["cpr"]
-    assert vs["headblocks_abs_raw"]["cmd"] == result.curves["headblocks_abs_raw"]["cmd"]
+    assert set(vs) == {f"{order}_signed_fair", f"{order}_abs_raw"}
+    assert vs[f"{order}_signed_fair"]["units_cpr"] == result.curves["units_signed_raw"]["cpr"]
+    assert vs[f"{order}_abs_raw"]["cmd"] == result.curves[f"{order}_abs_raw"]["cmd"]
 
     universe = EdgeUniverse(module.view)
     dm = TaskDataModule(**DATA, tokenizer=tiny_dirs["llama"])
@@ -95,7 +96,7 @@ def test_block_ranking_curves_of_the_module_equal_edge_curves_own(tiny_dirs, tmp
     for name, c in want.items():
         got = result.curves[name]
         assert got["n_edges"] == c.n_edges and got["metric"] == c.metric, name
-    assert want["headblocks_signed_fair"].metric != want["random_directions_0"].metric  # not one curve twice
+    assert want[f"{order}_signed_fair"].metric != want["random_directions_0"].metric  # not one curve twice
 
 
 def run_module(model_dir, out, **kwargs) -> EdgeCircuitModule:
@@ -152,6 +153,7 @@ def test_a_graph_curve_that_misses_graph_f_warns_and_never_draws_another_circuit
         ({"curves": ["headblocks_signed_fair"]}, "curves: 'headblocks_signed_fair' is not one of the options' curves"),
         ({"methods": ["headblocks"], "curves": ["headblocks_signed_fiar"]}, "curves: 'headblocks_signed_fiar' is not"),
         ({"methods": ["directions", "headblocks"], "graph_curve": "blocks_abs_fair"}, "graph_curve='blocks_abs_fair'"),
+        ({"methods": ["netblocks"], "curves": ["netblocks_abs_fiar"]}, "curves: 'netblocks_abs_fiar' is not one of"),
     ],
 )
 def test_bad_options_fail_in_one_line(kwargs, message):

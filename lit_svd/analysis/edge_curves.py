@@ -47,7 +47,7 @@ from torch import Tensor
 
 from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, NoEdges
 from lit_svd.analysis.edge_attribution import EdgeScores
-from lit_svd.analysis.edge_options import BLOCK_ORDERS
+from lit_svd.analysis.edge_options import BLOCK_ORDERS, DIRECTION_ORDERS, FACTOR_ORDERS
 from lit_svd.analysis.edges import EdgeUniverse, Level, ReaderUnit, WriterUnit
 from lit_svd.analysis.faithfulness import MIB_SIZES, check_sizes, faithfulness_of, n_kept, reference_means
 
@@ -494,17 +494,40 @@ def _keep_first(mask: Tensor, which: Tensor, w: WriterUnit, n: int) -> None:
     mask[:, cols] = block.reshape(mask[:, cols].shape)
 
 
-def block_sums(scores: EdgeScores) -> Tensor:
-    """``[n_blocks]`` float64: each block's summed direction edge scores (one pass over the scores)."""
+def block_sums(scores: EdgeScores, gross: bool = False) -> Tensor:
+    """``[n_blocks]`` float64: each block's summed direction edge scores (``gross``: ``(net, gross)``, the sums of
+    the scores and of their magnitudes), one pass over the scores."""
     u = scores.universe
-    out = torch.zeros(u.n_blocks, dtype=torch.float64)
+    net, total = torch.zeros(u.n_blocks, dtype=torch.float64), torch.zeros(u.n_blocks, dtype=torch.float64)
     for r in u.readers:
-        o = u.block_offsets
-        cols = scores.directions(r).double().sum(0).cpu()
-        out[int(o[r.index]) : int(o[r.index + 1])] = torch.zeros(r.n_up, dtype=torch.float64).index_add_(
-            0, u.col_unit[: r.n_cols].cpu(), cols
-        )
-    return out
+        part = slice(int(u.block_offsets[r.index]), int(u.block_offsets[r.index + 1]))
+        S, col = scores.directions(r).double().cpu(), u.col_unit[: r.n_cols].cpu()
+        net[part] = torch.zeros(r.n_up, dtype=torch.float64).index_add_(0, col, S.sum(0))
+        if gross:
+            total[part] = torch.zeros(r.n_up, dtype=torch.float64).index_add_(0, col, S.abs().sum(0))
+    return torch.stack([net, total]) if gross else net
+
+
+def net_over_gross(scores: EdgeScores) -> Tensor:
+    """``[n_blocks]`` float64 in [0, 1]: ``|sum_e s_e| / sum_e |s_e|`` over each block's direction edges (0 where
+    every score is 0): near 0 where the block's edges cancel."""
+    net, gross = block_sums(scores, gross=True)
+    return torch.where(gross > 0, net.abs() / gross.clamp(min=torch.finfo(torch.float64).tiny), 0.0)
+
+
+def netblock_ranking(scores: EdgeScores, sign: str, rho: Tensor | None = None) -> EdgeRanking:
+    """``netblocks``: each direction edge by its score (``abs``: ``|s_e|``) times its block's ``net_over_gross``
+    (``rho`` if given), a ``directions`` ranking: edges of blocks whose scores cancel come later."""
+    u = scores.universe
+    factor = net_over_gross(scores) if rho is None else rho
+
+    def ranked(r: ReaderUnit) -> Tensor:
+        S = scores.directions(r)
+        part = factor[int(u.block_offsets[r.index]) : int(u.block_offsets[r.index + 1])]
+        block = part[u.col_unit[: r.n_cols].cpu()].to(S.device, S.dtype)
+        return (S.abs() if sign == "abs" else S) * block
+
+    return EdgeRanking(u, "directions", ranked)
 
 
 def block_spec(ranking: BlockRanking, axis: str) -> CurveSpec:
@@ -553,7 +576,8 @@ def block_ranking(scores: EdgeScores, order: str, sign: str, sums: Tensor | None
 
 def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequence[str]) -> dict[str, CurveSpec]:
     """Curves by name: ``<level>_<signed|abs>_<raw|fair>`` (a ranking of ``scores``; level ``blocks`` /
-    ``headblocks``: a ``BlockRanking``, ``block_ranking``) or ``random_<level>_<seed>``; one-line errors for others."""
+    ``headblocks`` / ``coreblocks``: a ``BlockRanking``, ``block_ranking``; ``netblocks``: ``netblock_ranking``) or
+    ``random_<level>_<seed>``; one-line errors for others."""
     out = {}
     for name in names:
         parts = name.split("_")
@@ -564,15 +588,18 @@ def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequen
             out[name] = random_spec(universe, level, int(seed))
             continue
         level, sign, axis = "_".join(parts[:-2]), parts[-2], parts[-1]
-        if level not in LEVELS + BLOCK_ORDERS or sign not in ("signed", "abs") or axis not in ("raw", "fair"):
+        if level not in LEVELS + DIRECTION_ORDERS or sign not in ("signed", "abs") or axis not in ("raw", "fair"):
             raise ValueError(
                 f"curve {name!r}: give <level>_<signed|abs>_<raw|fair> (level one of"
-                f" {', '.join(LEVELS + BLOCK_ORDERS)}) or random_<level>_<seed>"
+                f" {', '.join(LEVELS + DIRECTION_ORDERS)}) or random_<level>_<seed>"
             )
         if scores is None:
             raise ValueError(f"curve {name!r} needs edge scores")
         if level in BLOCK_ORDERS:
             out[name] = block_spec(block_ranking(scores, level, sign), axis)
+            continue
+        if level in FACTOR_ORDERS:
+            out[name] = ranked_spec(netblock_ranking(scores, sign), axis)
             continue
         ranking = score_ranking(scores, cast(Level, level))  # one of LEVELS (checked above)
         out[name] = ranked_spec(ranking if sign == "signed" else absolute(ranking), axis)
@@ -669,18 +696,30 @@ class ScoreFile(MutableMapping):
     """Direction edge scores (or gains: ``name``) of every reader unit (``[K_u, n_cols]`` each, float32) in one file,
     as a mapping from the reader unit's index (``edge_attribution.edge_scores``'s ``store`` or ``gains``): ``store[i]
     = scores`` writes a unit's, ``store[i]`` reads it back (a fresh tensor: nothing stays in memory; the operating
-    system caches the file). The file lives in ``folder`` (default: a temporary folder) and is removed with the
-    object."""
+    system caches the file). The file lives in a temporary folder made inside ``folder`` (default: the system's)
+    and is removed with the object; ``keep``: it is ``folder/<name>.f32`` itself and stays (an existing file of the
+    right size is opened as it is: mark its units ``written`` to read them back)."""
 
-    def __init__(self, universe: EdgeUniverse, folder: str | Path | None = None, name: str = "scores"):
-        self._dir = tempfile.TemporaryDirectory(dir=folder, prefix=f"edge_{name}_")
+    def __init__(
+        self, universe: EdgeUniverse, folder: str | Path | None = None, name: str = "scores", keep: bool = False
+    ):
         sizes = [r.size * r.n_cols for r in universe.readers]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.path = Path(self._dir.name) / f"{name}.f32"
         self.shapes = {r.index: (r.size, r.n_cols) for r in universe.readers}
         self.written: set[int] = set()
+        if keep:
+            if folder is None:
+                raise ValueError("ScoreFile(keep=True) needs a folder")
+            self._dir: tempfile.TemporaryDirectory | None = None
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            self.path = Path(folder) / f"{name}.f32"
+            if self.path.exists() and self.path.stat().st_size == self.nbytes:
+                return
+        else:
+            self._dir = tempfile.TemporaryDirectory(dir=folder, prefix=f"edge_{name}_")
+            self.path = Path(self._dir.name) / f"{name}.f32"
         with open(self.path, "wb") as f:
-            f.truncate(int(self.offsets[-1]) * 4)
+            f.truncate(self.nbytes)
 
     def __setitem__(self, index: int, scores: Tensor) -> None:
         data = scores.detach().float().cpu().contiguous().numpy().reshape(-1)
@@ -702,8 +741,9 @@ class ScoreFile(MutableMapping):
         self.written.discard(index)
 
     def close(self) -> None:
-        """Remove the file and its folder now."""
-        self._dir.cleanup()
+        """Remove the file and its folder now (a kept file stays)."""
+        if self._dir is not None:
+            self._dir.cleanup()
 
     def __iter__(self) -> Iterator[int]:
         return iter(sorted(self.written))

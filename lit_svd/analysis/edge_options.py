@@ -1,15 +1,18 @@
 """The edge-circuit module's options and their one check, without torch: the module's constructor
 (``EdgeCircuitModule``) and the command line's fast check (``config_check``, before torch is imported) call
 ``check_edge_options``; ``curve_names`` names the curves the options ask for. ``BLOCK_ORDERS``: the block rankings
-of direction edges (``edge_curves.block_ranking``), methods beside the levels."""
+of direction edges (``edge_curves.block_ranking``), methods beside the levels; ``FACTOR_ORDERS``: direction edges by
+their score times a factor of their block (``edge_curves.netblock_ranking``); ``DIRECTION_ORDERS``: both."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Literal, get_args
 
-Method = Literal["directions", "writer_units", "units", "blocks", "headblocks", "coreblocks", "random"]
+Method = Literal["directions", "writer_units", "units", "blocks", "headblocks", "coreblocks", "netblocks", "random"]
 BLOCK_ORDERS = ("blocks", "headblocks", "coreblocks")  # direction edges, blocks kept together (edge_curves)
+FACTOR_ORDERS = ("netblocks",)  # direction edges by score x block factor (edge_curves.netblock_ranking)
+DIRECTION_ORDERS = BLOCK_ORDERS + FACTOR_ORDERS  # the methods that rank direction edges beside the level
 Axis = Literal["raw", "fair"]
 Unreached = Literal["skip", "best"]  # graph_unreached: what the module draws when graph_curve never reaches graph_f
 
@@ -17,7 +20,7 @@ Unreached = Literal["skip", "best"]  # graph_unreached: what the module draws wh
 def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int]) -> list[str]:
     """The curves of the options: each ranked level and block order signed and absolute on each axis (``units``: raw
     only, the same circuits on both axes), and with ``random`` one random curve per seed at each ranked level (a
-    block order ranks direction edges: its random curve is ``random_directions_<seed>``)."""
+    block order ranks direction edges: its random curve is ``random_directions_<seed>``, as a factor order's)."""
     ranked = [m for m in methods if m != "random"]
     names = []
     for level in ranked:
@@ -25,7 +28,7 @@ def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int
             for axis in ["raw"] if level == "units" else axes:
                 names.append(f"{level}_{sign}_{axis}")
     if "random" in methods:
-        levels = dict.fromkeys("directions" if m in BLOCK_ORDERS else m for m in ranked or ["directions"])
+        levels = dict.fromkeys("directions" if m in DIRECTION_ORDERS else m for m in ranked or ["directions"])
         names += [f"random_{level}_{s}" for level in levels for s in seeds]
     return names
 

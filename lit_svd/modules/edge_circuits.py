@@ -33,7 +33,7 @@ from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import STEPS, EdgeScores, attribute
 from lit_svd.analysis.edge_curves import LEVELS, ScoreFile, curve_specs, edge_curves, exit_on_sigterm
 from lit_svd.analysis.edge_graph import GRAPH_F, PAGE_BLOCKS, check_edges, choose_size, circuit_graph, top_edges
-from lit_svd.analysis.edge_options import BLOCK_ORDERS, Axis, Method, Unreached, check_edge_options, curve_names
+from lit_svd.analysis.edge_options import DIRECTION_ORDERS, Axis, Method, Unreached, check_edge_options, curve_names
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.analysis.faithfulness import MIB_SIZES, check_sizes
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -47,7 +47,9 @@ class EdgeCircuitModule(PretrainedLMModule):
             (reader direction x writer unit), units (reader unit x writer unit: MIB's head-level edges); block
             rankings of direction edges (``edge_curves.block_ranking``; curves ``<order>_<signed|abs>_<axis>``):
             blocks, headblocks (blocks by head-level EAP-IG, the signed direction curve of the shipped configs),
-            coreblocks; random: random circuits at each ranked level (direction edges for a block order).
+            coreblocks; netblocks (direction edges by score times their block's net-over-gross ratio,
+            ``edge_curves.netblock_ranking``); random: random circuits at each ranked level (direction edges for a
+            block order and for netblocks).
         axes: raw (fraction of the level's edges), fair (weighted edge count: a block counts 1).
         curves: the curves scored, a subset of the options' curves (``curve_names``; null: all of them): each
             direction curve costs minutes on SmolLM2.
@@ -257,7 +259,7 @@ def summarize(curves: dict[str, dict]) -> dict:
             vs_units[name] = {"cmd": c["cmd"], "units_cmd": units_cmd, "cmd_at_most_units": c["cmd"] <= units_cmd}
     if vs_units:
         out["vs_units"] = vs_units
-    for level in LEVELS[:2] + BLOCK_ORDERS:
+    for level in LEVELS[:2] + DIRECTION_ORDERS:
         for axis in ("fair", "raw"):
             cpr, cmd = curves.get(f"{level}_signed_{axis}"), curves.get(f"{level}_abs_{axis}")
             if cpr is None or cmd is None or units_cpr is None or units_cmd is None:

@@ -1,0 +1,61 @@
+"""bench/edge_bench.py's ``--scores``: an attribution kept in a folder (score and gain files, head-level scores and a
+description) is read back by a later run with the same options, equal to the scores attributed in memory (the files
+hold float32: equal to the in-memory float64 scores rounded to float32); other options exit with one line naming
+what differs."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lit_svd.analysis.edge_attribution import attribute
+from lit_svd.analysis.edge_curves import ScoreFile
+from lit_svd.analysis.edges import EdgeUniverse
+from lit_svd.models import view as make_view
+from tests.planted import planted_batch, planted_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("edge_bench", ROOT / "bench" / "edge_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scores_are_kept_and_read_back(bench, tmp_path):
+    model, _, _ = planted_model()
+    universe = EdgeUniverse(make_view(model))
+    batches = [planted_batch(8, seed=0)]
+    args = SimpleNamespace(model="planted", task="ioi", config=None, n_train=8, n_test=8, steps=3)
+    folder = str(tmp_path / "scores")
+    meta = bench.score_meta(args, universe, 8)
+    assert bench.saved_meta(folder, meta) is None  # nothing saved yet: attribute
+    want_gains: dict = {}
+    want = attribute(universe, batches, "ioi", steps=3, gains=want_gains)  # in memory, float64
+    store, gains = ScoreFile(universe, folder, keep=True), ScoreFile(universe, folder, "gains", keep=True)
+    scores = attribute(universe, batches, "ioi", steps=3, store=store, gains=gains)
+    bench.save_scores(folder, meta, scores, store, gains)
+    store.close()
+    gains.close()
+    assert (Path(folder) / "scores.f32").exists()  # kept
+    saved = bench.saved_meta(folder, meta)
+    store, gains = ScoreFile(universe, folder, keep=True), ScoreFile(universe, folder, "gains", keep=True)
+    back = bench.load_scores(folder, saved, universe, store, gains)
+    assert back.prompts == want.prompts and back.steps == 3
+    assert torch.equal(back.units, want.units)
+    for r in universe.readers:
+        assert torch.equal(back.directions(r), want.directions(r).float()), r
+    assert set(gains) == set(want_gains)
+    for i, g in want_gains.items():
+        assert torch.equal(gains[i], g.float())
+    for key, value in (("steps", 5), ("task", "gt"), ("n_train", 16)):
+        other = bench.score_meta(SimpleNamespace(**{**vars(args), key: value}), universe, 8)
+        with pytest.raises(SystemExit, match=f"saved for {key}="):
+            bench.saved_meta(folder, other)
