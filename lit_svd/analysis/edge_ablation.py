@@ -375,6 +375,7 @@ class EdgeAblation:
                 for r in todo:
                     delta, rho = live.corrections[r.index]
                     b = u.basis(r)
+                    assert b.read is not None  # a value reader's read map
                     own = (value[:, r.group // per_kv] - b.bias) @ b.read  # [P, K]: the live coefficients
                     change = _scatter_rows(delta + (rho - 1)[:, None] * own, live.rows, B * T).reshape(B, T, -1)
                     mixed = torch.einsum("bds,bsk->bdk", pattern[:, r.group].to(u.dtype), change).reshape(B * T, -1)
