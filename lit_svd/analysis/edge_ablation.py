@@ -514,7 +514,7 @@ def _lost_sum(live: _Live, u: EdgeUniverse, any_kept: Tensor, cols: Cols, Dp: Te
     (``any_kept`` False): summed over those columns, or over the kept ones subtracted from their units' writes
     (``Dp``), whichever are fewer."""
     idx = torch.arange(cols.start, cols.stop, device=any_kept.device) if isinstance(cols, slice) else cols
-    n_lost = len(idx) - int(any_kept.sum())
+    n_lost = len(idx) - int(any_kept.count_nonzero())
     if 2 * n_lost <= len(idx):
         lost = idx[~any_kept]
         return live.dcT[lost].T @ u.W[lost]
@@ -528,7 +528,7 @@ def _partial_sum(
     """``[K, P]``: ``Rc . D`` plus ``sum_j (1 - keep_kj) G_kj dc_j`` over the partially kept columns ``cols`` (keep
     mask ``Mp``, their units' writes ``Dp``): dense, or a sparse product over the kept (dropped) edges when few
     (``SPARSE``). ``G [K, n_cols]``: the unit's gains ``Rc W^T`` if precomputed (else formed here)."""
-    kept = int(Mp.sum())
+    kept = int(Mp.count_nonzero())
     total = Mp.numel()
     if kept <= SPARSE * total:  # r . (D + every write of the partial units) - the kept edges
         return Rc @ (D + Dp).T - _edge_sum(live, u, Rc, Mp, cols, G)
