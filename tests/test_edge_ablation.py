@@ -359,3 +359,23 @@ def test_bad_prompts_fail_in_one_line():
     batch["corrupt_ids"] = batch["corrupt_ids"][:, :-1]
     with pytest.raises(ValueError, match="same token length"):
         ablation.reference(batch)
+
+
+def test_inactive_positions_change_nothing(s, monkeypatch):
+    """Prompts whose answer comes before the last position, one padded, all with a shared prefix: the ablation over
+    the active positions only (``active_rows``) equals the same ablation computed at every position, and the active
+    positions are those from the first differing token to the answer, padding excluded."""
+    ablation = s.ablation
+    b = edge_batch(B=3, T=8)
+    b["answer_pos"] = torch.tensor([5, 6, 4])
+    b["attention_mask"][2, 5:] = 0
+    rows = edge_ablation.active_rows(b)
+    assert rows is not None
+    assert rows.tolist() == [2, 3, 4, 5, 10, 11, 12, 13, 14, 18, 19, 20]
+    ref = ablation.reference(b)
+    g = torch.Generator().manual_seed(5)
+    circuit = UnitMasks({r.index: torch.rand(r.size, r.n_cols, generator=g) < 0.4 for r in s.universe.readers[:-1]})
+    active = ablation.metric(b, circuit, ref)
+    assert (active - ablation.metric(b, AllEdges(), ref)).abs().max() > 1e-6
+    monkeypatch.setattr(edge_ablation, "active_rows", lambda batch: None)
+    close(active, ablation.metric(b, circuit, ref), "active positions vs every position")
