@@ -35,11 +35,14 @@ Elsewhere the two are the same (tested).
 writer unit's summed write ``Delta_U`` in the residual (the unit sums of every reader unit of a read point are one
 product); a block kept whole adds nothing; a partially kept block adds ``sum_j (1 - keep_kj) G_kj dc_j`` with ``G_kj
 = r_k . W_j`` (the gains, precomputed by the attribution where given: ``gains``) and ``dc_j`` the writer's
-coefficient change: one sparse (CSR) product over the kept edges (``r_k . total - sum over kept``) or the dropped
-ones where either is under ``SPARSE`` of the partial blocks' edges, else a dense product. The unit's input adds the
-writes of the partial blocks' columns that no direction keeps: summed over those columns or over the kept ones,
-whichever are fewer (``P x min x d`` multiply-adds per reader unit). A circuit of whole blocks (``block_keep``) needs
-no mask of direction edges.
+coefficient change. Where under ``SPARSE`` of the partial blocks' edges are kept: one sparse (CSR) product over them
+(``r_k . total - sum over kept``). Else a column that no direction keeps adds its write to every direction (``r_k .
+lost``, the writes of those columns summed), one that every direction keeps nothing, and only the *mixed* columns
+(kept by some directions) take a sparse product over their dropped edges (under ``SPARSE``) or a dense one. The
+unit's input adds ``lost``: summed over those columns or over the others subtracted from their units' writes,
+whichever are fewer, block by block (a block's summed write comes with the read point's unit sums), so ``P x min x
+d`` multiply-adds per partial block (``_plan``). A circuit of whole blocks (``block_keep``) needs no mask of
+direction edges; a circuit given as levels (``KeepLevels``: the sizes of one ranking) reads its mask from them.
 
 Only the *active* positions are computed (``active_rows``): from each prompt's first token where clean and corrupted
 differ up to its answer position. Before it every writer's ``corrupted - live`` is zero (the same prefix, so the

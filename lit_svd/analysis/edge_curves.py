@@ -21,7 +21,9 @@ pass: a block weighs 1.
 
 **Selection** over ~10^9 direction edges without sorting them: the scores' order-preserving integer keys are
 histogrammed on their top 16 bits (counts, or weights on the fair axis), the bucket where the target falls is read
-back edge by edge and sorted (``select``). Scores may live in a memory-mapped file (``ScoreFile``).
+back edge by edge and sorted (``select``). Scores may live in a memory-mapped file (``ScoreFile``). The cuts of a
+direction curve's sizes are nested (prefixes of one order), so one pass per reader unit gives every edge's *level*
+(how many of the cuts keep it, ``CutLevels``) and each size reads its masks from the levels, not from the scores.
 
 ``f``, CPR and CMD as ``analysis.faithfulness`` (``areas``: trapezoids over the grid's points only, ``f`` not
 clipped); ``m(full)`` every edge kept (the clean forward), ``m(empty)`` none (the corrupted forward).
