@@ -13,7 +13,7 @@ models of every architecture (RMSNorms in float64: ``exact_rms_norms``).
   dropped edges, gains formed per forward or precomputed) equals a brute-force correction that forms every writer
   direction's ``corrupted - live`` write and sums them per reader direction as the module docstring defines;
 * a head-level circuit given as whole blocks (``block_keep``) equals the same circuit given as a mask of direction
-  edges.
+  edges; a circuit given as levels (``KeepLevels``) equals the brute-force correction of its mask.
 """
 
 from __future__ import annotations
@@ -22,7 +22,15 @@ import pytest
 import torch
 
 from lit_svd.analysis import edge_ablation
-from lit_svd.analysis.edge_ablation import AllEdges, DropWriters, EdgeAblation, NoEdges, UnitKeep, UnitMasks
+from lit_svd.analysis.edge_ablation import (
+    AllEdges,
+    DropWriters,
+    EdgeAblation,
+    KeepLevels,
+    NoEdges,
+    UnitKeep,
+    UnitMasks,
+)
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.linalg import svd_factored
 from lit_svd.metrics import forward_answer_logits
@@ -282,8 +290,8 @@ def brute_correction(self, r, keep: UnitKeep, R, D, Dp, live):
     keeps, each direction adds its own dropped ones through the unit's factor."""
     u, v = self.u, self.view
     M = (
-        keep.mask
-        if keep.mask is not None
+        keep.columns()
+        if keep.any_col is not None
         else (keep.state == edge_ablation.FULL)[u.col_unit[: r.n_cols]].expand(r.size, -1)
     )
     writes = live.dcT[: r.n_cols, :, None] * u.W[: r.n_cols, None, :]  # [n_cols, P, d]
@@ -322,13 +330,32 @@ def test_every_partial_path_equals_the_brute_force_correction(s, density, whole,
     gains = {r.index: u.basis(r).Rc @ u.W[: r.n_cols].T for r in u.readers[:-1]}
     for sparse in (0.0, 0.5):
         monkeypatch.setattr(edge_ablation, "SPARSE", sparse)
-        for given in (None, gains):
+        for given, as_levels in ((None, False), (gains, False), (gains, True)):
             s.ablation.gains = given
             try:
-                got = s.run_edges(circuit)
+                got = s.run_edges(Leveled(u, masks, g) if as_levels else circuit)
             finally:
                 s.ablation.gains = None
-            close(got, brute, f"density {density}, SPARSE {sparse}, gains {'given' if given else 'formed'}, {whole=}")
+            how = f"SPARSE {sparse}, gains {'given' if given else 'formed'}, {as_levels=}"
+            close(got, brute, f"density {density}, {how}, {whole=}")
+
+
+class Leveled:
+    """``masks`` given as levels (``KeepLevels``): random levels 2-4 where kept, 0-1 where dropped, need 2."""
+
+    def __init__(self, u, masks, g):
+        self.levels_of = {}
+        for r in u.readers:
+            m = masks.get(r.index, torch.ones(r.size, r.n_cols, dtype=torch.bool))
+            level = torch.where(m, torch.randint(2, 5, m.shape, generator=g), torch.randint(0, 2, m.shape, generator=g))
+            level = level.to(torch.uint8)
+            self.levels_of[r.index] = KeepLevels(level, level.amin(0), level.amax(0), 2)
+
+    def keep(self, r):
+        raise AssertionError("a leveled circuit is read through its levels")
+
+    def levels(self, r):
+        return self.levels_of[r.index]
 
 
 def test_whole_blocks_equal_their_mask():

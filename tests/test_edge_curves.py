@@ -37,7 +37,9 @@ from lit_svd.analysis import edge_curves
 from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import attribute
 from lit_svd.analysis.edge_curves import (
+    CutLevels,
     EdgeRanking,
+    LeveledCircuit,
     RandomCircuit,
     RankedCircuit,
     ScoreFile,
@@ -130,6 +132,27 @@ def test_weighted_counts(universe):
             for r in universe.readers
         )
         assert weight == pytest.approx(cut.weight, rel=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cut_levels_give_each_cut_its_mask(universe, dtype):
+    """``CutLevels``: the mask of each cut read from the levels (``LeveledCircuit``) equals the cut's own
+    (``RankedCircuit``), with ties everywhere, targets in any order and repeated; ``ranked_spec`` gives them for
+    direction rankings."""
+    ranking = random_ranking(universe, "directions", dtype, seed=4)
+    total = float(universe.n_blocks)
+    targets = [0.3 * total, 0.0, 0.013 * total, 0.3 * total, total - 1, total, 0.7 * total]
+    cuts = select(ranking, targets, weighted=True)
+    levels = CutLevels(ranking, cuts)
+    for cut in cuts:
+        ours, theirs = LeveledCircuit(levels, levels.need(cut)), RankedCircuit(ranking, cut)
+        for r in universe.readers:
+            a, b = ours.keep(r), theirs.keep(r)
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), f"unit {r.index}, {cut.kept}"
+            L = ours.levels(r)
+            assert torch.equal(L.low, L.level.amin(0)) and torch.equal(L.high, L.level.amax(0))
+    circuits = ranked_spec(ranking, "fair").circuits([0.01, 0.3])
+    assert all(isinstance(c, LeveledCircuit) for c, _, _ in circuits)
 
 
 def test_random_circuits_are_nested_and_of_their_size(universe):

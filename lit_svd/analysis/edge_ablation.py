@@ -35,11 +35,14 @@ Elsewhere the two are the same (tested).
 writer unit's summed write ``Delta_U`` in the residual (the unit sums of every reader unit of a read point are one
 product); a block kept whole adds nothing; a partially kept block adds ``sum_j (1 - keep_kj) G_kj dc_j`` with ``G_kj
 = r_k . W_j`` (the gains, precomputed by the attribution where given: ``gains``) and ``dc_j`` the writer's
-coefficient change: one sparse (CSR) product over the kept edges (``r_k . total - sum over kept``) or the dropped
-ones where either is under ``SPARSE`` of the partial blocks' edges, else a dense product. The unit's input adds the
-writes of the partial blocks' columns that no direction keeps: summed over those columns or over the kept ones,
-whichever are fewer (``P x min x d`` multiply-adds per reader unit). A circuit of whole blocks (``block_keep``) needs
-no mask of direction edges.
+coefficient change. Where under ``SPARSE`` of the partial blocks' edges are kept: one sparse (CSR) product over them
+(``r_k . total - sum over kept``). Else a column that no direction keeps adds its write to every direction (``r_k .
+lost``, the writes of those columns summed), one that every direction keeps nothing, and only the *mixed* columns
+(kept by some directions) take a sparse product over their dropped edges (under ``SPARSE``) or a dense one. The
+unit's input adds ``lost``: summed over those columns or over the others subtracted from their units' writes,
+whichever are fewer, block by block (a block's summed write comes with the read point's unit sums), so ``P x min x
+d`` multiply-adds per partial block (``_plan``). A circuit of whole blocks (``block_keep``) needs no mask of
+direction edges; a circuit given as levels (``KeepLevels``: the sizes of one ranking) reads its mask from them.
 
 Only the *active* positions are computed (``active_rows``): from each prompt's first token where clean and corrupted
 differ up to its answer position. Before it every writer's ``corrupted - live`` is zero (the same prefix, so the
@@ -278,44 +281,44 @@ class EdgeAblation:
             if not todo:
                 return
             # every unit sum of this read point in one product: per unit the writes of its blocks dropped whole and
-            # of its partially kept blocks but the embedding's (whose write is delta[0], not dcT W)
+            # the writes its partial columns need (``_Partial.units``; the embedding's is delta[0], not dcT W)
             n_up = todo[0][0].n_up
+            plans = [_plan(u, r, keep) for r, keep in todo]
             rows = [keep.state == EMPTY for _, keep in todo]
-            at = {}  # unit -> its row of partial writes (units with a mask)
-            for r, keep in todo:
-                if keep.mask is not None:
-                    at[r.index] = len(rows)
-                    rows.append(keep.partial_units())
+            rows += [p.units for p in plans if p is not None and p.with_units]
             sums = (torch.stack(rows).to(u.dtype) @ live.delta[:n_up].reshape(n_up, -1)).reshape(len(rows), *R.shape)
-            for i, (r, keep) in enumerate(todo):
-                Dp = sums[at[r.index]] if r.index in at else None
-                live.corrections[r.index] = self.correction(r, keep, R, sums[i], Dp, live)
+            at = iter(sums[len(todo) :])
+            for i, ((r, keep), plan) in enumerate(zip(todo, plans)):
+                part = None if plan is None else (plan, next(at) if plan.with_units else None)
+                live.corrections[r.index] = self.correction(r, keep, R, sums[i], part, live)
 
         return pre
 
     def correction(
-        self, r: ReaderUnit, keep: UnitKeep, R: Tensor, D: Tensor, Dp: Tensor | None, live: _Live
+        self,
+        r: ReaderUnit,
+        keep: UnitKeep,
+        R: Tensor,
+        D: Tensor,
+        part: tuple[_Partial, Tensor | None] | None,
+        live: _Live,
     ) -> tuple[Tensor, Tensor]:
         """``(delta [P, K], rho [P])`` of reader unit ``r`` with what it keeps (``UnitKeep``): each direction's
         coefficient is ``bias + rho * (live coefficient - bias) + delta`` (module docstring). ``R``: the live
-        residual ``[P, d]``; ``D``, ``Dp``: the ``corrupted - live`` writes of the blocks dropped whole and of the
-        partially kept blocks but the embedding's, summed."""
+        residual ``[P, d]``; ``D``: the ``corrupted - live`` writes of the blocks dropped whole, summed; ``part``:
+        the plan of its partially kept columns (but the embedding's) and the summed writes of its ``units``."""
         u, v = self.u, self.view
-        Rc, n_cols = u.basis(r).Rc, r.n_cols
-        state, M = keep.state, keep.mask
+        Rc = u.basis(r).Rc
         y = R + D
-        partial = state == PARTIAL
-        cols = _span(torch.nonzero(partial[u.col_unit[1:n_cols]]).flatten() + 1)
-        if M is not None and _length(cols):
-            Mp = M[:, cols]
-            assert keep.any_col is not None and Dp is not None
-            y = y + _lost_sum(live, u, keep.any_col[cols], cols, Dp)
-            raw = _partial_sum(live, u, Rc, D, Dp, Mp, cols, None if self.gains is None else self.gains[r.index])
+        if part is not None:
+            plan, S = part
+            lost = plan.lost_sum(live, u, S)
+            y = y + lost
+            raw = _partial_sum(live, u, Rc, D, S, lost, plan, None if self.gains is None else self.gains[r.index])
         else:
             raw = Rc @ D.T  # [K, P]
-        if bool(partial[0]):  # the embedding is kept for some directions only
-            assert M is not None
-            raw += (~M[:, 0]).to(raw.dtype)[:, None] * (Rc @ live.delta[0].T)
+        if bool(keep.state[0] == PARTIAL):  # the embedding is kept for some directions only
+            raw += (~keep.columns(slice(0, 1))).to(raw.dtype) * (Rc @ live.delta[0].T)
         f = v.norm_factor(r.point, None if r.point == "final" else r.layer, y).reshape(-1)
         f_live = v.norm_factor(r.point, None if r.point == "final" else r.layer, R).reshape(-1)
         return raw.T * f[:, None], f / f_live
@@ -424,7 +427,7 @@ class EdgeAblation:
             T = reference.resid["final", None] - R
             D = _unit_sum(live.delta, empty) if int(empty.sum()) * 2 <= r.n_up else T - _unit_sum(live.delta, ~empty)
             partial = (state == PARTIAL)[u.col_unit[1 : r.n_cols]]
-            cols = torch.nonzero(partial & ~keep.mask[0, 1:]).flatten() + 1 if keep.mask is not None else partial[:0]
+            cols = torch.nonzero(partial & ~keep.any_col[1:]).flatten() + 1 if keep.any_col is not None else partial[:0]
             if len(cols):
                 D = D + live.dcT[cols].T @ u.W[cols]
             new = (R + D).to(x.dtype)
@@ -439,13 +442,36 @@ class EdgeAblation:
 
 
 @dataclass
+class KeepLevels:
+    """A reader unit's keep mask as ``level >= need`` (``level [K, n_cols]`` integer): nested circuits (the sizes of
+    one ranking) share ``level`` and differ in ``need``, so a size reads no scores. ``low`` / ``high`` ``[n_cols]``:
+    the column minima / maxima of ``level`` (a column is kept by every / by some direction where they are >=
+    ``need``)."""
+
+    level: Tensor
+    low: Tensor
+    high: Tensor
+    need: int
+
+
+@dataclass
 class UnitKeep:
-    """What a reader unit keeps: ``state [n_up]`` each block EMPTY, FULL or PARTIAL; where some block is PARTIAL the
-    keep mask ``[K, n_cols]`` and ``any_col [n_cols]`` (the columns some direction keeps), else None."""
+    """What a reader unit keeps: ``state [n_up]`` each block EMPTY, FULL or PARTIAL; where some block is PARTIAL
+    ``any_col`` / ``all_col [n_cols]`` (the columns some / every direction keeps) and the keep mask ``[K, n_cols]``
+    (``mask``, or ``levels``: ``columns`` reads either), else None."""
 
     state: Tensor
     mask: Tensor | None = None
     any_col: Tensor | None = None
+    levels: KeepLevels | None = None
+    all_col: Tensor | None = None
+
+    def columns(self, cols: Cols = slice(None)) -> Tensor:
+        """``[K, len(cols)]`` bool: the keep mask of the writer columns ``cols``."""
+        if self.levels is not None:
+            return self.levels.level[:, cols] >= self.levels.need
+        assert self.mask is not None, "a unit of whole blocks has no mask"
+        return self.mask[:, cols]
 
     def partial_units(self) -> Tensor:
         """``[n_up]``: the partially kept writer units but the embedding (whose write is not ``dcT W``)."""
@@ -457,7 +483,7 @@ class UnitKeep:
 class _LazyMasks:
     """``masks[index]``: what the circuit keeps of a reader unit (``UnitKeep``; None: every edge), computed when asked
     (each is asked once). A circuit with ``block_keep(u)`` (``[n_up]`` bool, or None) gives whole blocks without a
-    mask of direction edges."""
+    mask of direction edges; one with ``levels(u)`` (``KeepLevels``) gives its mask as levels."""
 
     def __init__(self, circuit: Circuit, universe: EdgeUniverse):
         self.circuit, self.u = circuit, universe
@@ -469,13 +495,17 @@ class _LazyMasks:
         if kept is not None:
             kept = kept.to(self.u.device)
             return None if bool(kept.all()) else UnitKeep(torch.where(kept, FULL, EMPTY), None)
-        M = self.circuit.keep(r)
-        if M is None:
+        levels = getattr(self.circuit, "levels", None)
+        L, M = (levels(r), None) if levels is not None else (None, self.circuit.keep(r))
+        if L is not None:
+            any_col, all_col = L.high >= L.need, L.low >= L.need
+        elif M is not None:
+            any_col, all_col = M.any(0), M.all(0)
+        else:
             return None
-        any_col, all_col = M.any(0), M.all(0)
         if bool(all_col.all()):
             return None
-        return UnitKeep(_block_states(self.u, r, any_col, all_col), M, any_col)
+        return UnitKeep(_block_states(self.u, r, any_col, all_col), M, any_col, L, all_col)
 
 
 def _block_states(u: EdgeUniverse, r: ReaderUnit, any_col: Tensor, all_col: Tensor) -> Tensor:
@@ -509,34 +539,91 @@ def _length(cols: Cols) -> int:
     return cols.stop - cols.start if isinstance(cols, slice) else len(cols)
 
 
-def _lost_sum(live: _Live, u: EdgeUniverse, any_kept: Tensor, cols: Cols, Dp: Tensor) -> Tensor:
-    """``[P, d]``: the ``corrupted - live`` writes of the partially kept columns ``cols`` that no direction keeps
-    (``any_kept`` False): summed over those columns, or over the kept ones subtracted from their units' writes
-    (``Dp``), whichever are fewer."""
-    idx = torch.arange(cols.start, cols.stop, device=any_kept.device) if isinstance(cols, slice) else cols
-    n_lost = len(idx) - int(any_kept.count_nonzero())
-    if 2 * n_lost <= len(idx):
-        lost = idx[~any_kept]
-        return live.dcT[lost].T @ u.W[lost]
-    kept = idx[any_kept]
-    return Dp - live.dcT[kept].T @ u.W[kept]
+@dataclass
+class _Partial:
+    """The partially kept columns ``cols`` of a reader unit (but the embedding), planned before its read point's unit
+    sums: ``mixed``, those kept by some directions but not all (keep mask ``Mm``); ``few_kept``: at most ``SPARSE``
+    of their edges kept; ``units [n_up]`` (where ``with_units``): the writer units whose summed write the unit sums
+    give (few kept: every partial unit, ``Dp``; else the partial units of more columns no direction keeps than
+    others). The columns no direction keeps sum to the writes of ``add``, plus (``subtract``) those units' writes
+    less the writes of ``sub`` (``lost_sum``)."""
+
+    keep: UnitKeep
+    cols: Cols
+    mixed: Cols
+    Mm: Tensor
+    few_kept: bool
+    units: Tensor
+    with_units: bool
+    subtract: bool
+    add: Tensor
+    sub: Tensor
+
+    def lost_sum(self, live: _Live, u: EdgeUniverse, S: Tensor | None) -> Tensor:
+        """``[P, d]``: the ``corrupted - live`` writes of the columns no direction keeps (``S``: ``units``' writes)."""
+        lost = live.dcT[self.add].T @ u.W[self.add]
+        if self.subtract:
+            assert S is not None
+            lost += S - live.dcT[self.sub].T @ u.W[self.sub]
+        return lost
+
+
+def _plan(u: EdgeUniverse, r: ReaderUnit, keep: UnitKeep) -> _Partial | None:
+    """``_Partial`` of ``r``'s partially kept columns (None where none but the embedding's). The columns no direction
+    keeps are summed over the fewer side: few kept, over them or over the others (subtracted from ``Dp``); else
+    block by block (in a block of more such columns than others, the others are subtracted from its write)."""
+    if keep.any_col is None or keep.all_col is None:
+        return None
+    partial = keep.partial_units()
+    dev = partial.device
+    cols = _span(torch.nonzero(partial[u.col_unit[1 : r.n_cols]]).flatten() + 1)
+    if not _length(cols):
+        return None
+    idx = torch.arange(cols.start, cols.stop, device=dev) if isinstance(cols, slice) else cols
+    some, every = keep.any_col[idx], keep.all_col[idx]
+    mixed = _span(idx[some & ~every])
+    Mm = keep.columns(mixed)
+    K, n = Mm.shape[0], len(idx)
+    few = K * int(every.count_nonzero()) + int(Mm.count_nonzero()) <= SPARSE * K * n
+    unit = u.col_unit[idx].to(dev)
+    if few:  # Dp is needed anyway (``_partial_sum``)
+        units, subtract = partial, 2 * int(some.count_nonzero()) < n
+        within = torch.full_like(some, subtract)
+    else:
+        kept = torch.zeros(len(partial), dtype=torch.long, device=dev).index_add_(0, unit, some.long())
+        units = partial & (2 * kept < u.writer_sizes[: len(partial)].to(dev))
+        subtract, within = bool(units.any()), units[unit]
+    add, sub = idx[~some & ~within], idx[some & within]
+    return _Partial(keep, cols, mixed, Mm, few, units, few or subtract, subtract, add, sub)
 
 
 def _partial_sum(
-    live: _Live, u: EdgeUniverse, Rc: Tensor, D: Tensor, Dp: Tensor, Mp: Tensor, cols: Cols, G: Tensor | None
+    live: _Live,
+    u: EdgeUniverse,
+    Rc: Tensor,
+    D: Tensor,
+    S: Tensor | None,
+    lost: Tensor,
+    plan: _Partial,
+    G: Tensor | None,
 ) -> Tensor:
-    """``[K, P]``: ``Rc . D`` plus ``sum_j (1 - keep_kj) G_kj dc_j`` over the partially kept columns ``cols`` (keep
-    mask ``Mp``, their units' writes ``Dp``): dense, or a sparse product over the kept (dropped) edges when few
-    (``SPARSE``). ``G [K, n_cols]``: the unit's gains ``Rc W^T`` if precomputed (else formed here)."""
-    kept = int(Mp.count_nonzero())
-    total = Mp.numel()
-    if kept <= SPARSE * total:  # r . (D + every write of the partial units) - the kept edges
-        return Rc @ (D + Dp).T - _edge_sum(live, u, Rc, Mp, cols, G)
-    raw = Rc @ D.T
-    if total - kept <= SPARSE * total:
-        return raw + _edge_sum(live, u, Rc, ~Mp, cols, G)
-    Gp = Rc @ u.W[cols].T if G is None else G[:, cols].to(Rc.dtype)
-    return raw.addmm_(torch.where(Mp, 0.0, Gp), live.dcT[cols])
+    """``[K, P]``: ``Rc . D`` plus ``sum_j (1 - keep_kj) G_kj dc_j`` over the partially kept columns (``_Partial``;
+    ``lost``: the writes of those no direction keeps). Few kept: ``r . (D + Dp)`` (``S``) less a sparse product over
+    the kept edges; else ``r . (D + lost)`` (a column no direction keeps adds its write to every direction) plus
+    the mixed columns: a sparse product over their dropped edges where few (``SPARSE``), else a dense one. ``G [K,
+    n_cols]``: the unit's gains ``Rc W^T`` if precomputed (else formed here)."""
+    if plan.few_kept:
+        assert S is not None
+        return Rc @ (D + S).T - _edge_sum(live, u, Rc, plan.keep.columns(plan.cols), plan.cols, G)
+    raw = Rc @ (D + lost).T
+    Mm, mixed = plan.Mm, plan.mixed
+    if not _length(mixed):
+        return raw
+    dropped = Mm.numel() - int(Mm.count_nonzero())
+    if dropped <= SPARSE * Rc.shape[0] * _length(plan.cols):
+        return raw + _edge_sum(live, u, Rc, ~Mm, mixed, G)
+    Gm = Rc @ u.W[mixed].T if G is None else G[:, mixed].to(Rc.dtype)
+    return raw.addmm_(torch.where(Mm, 0.0, Gm), live.dcT[mixed])
 
 
 def _edge_sum(

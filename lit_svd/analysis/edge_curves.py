@@ -21,7 +21,9 @@ pass: a block weighs 1.
 
 **Selection** over ~10^9 direction edges without sorting them: the scores' order-preserving integer keys are
 histogrammed on their top 16 bits (counts, or weights on the fair axis), the bucket where the target falls is read
-back edge by edge and sorted (``select``). Scores may live in a memory-mapped file (``ScoreFile``).
+back edge by edge and sorted (``select``). Scores may live in a memory-mapped file (``ScoreFile``). The cuts of a
+direction curve's sizes are nested (prefixes of one order), so one pass per reader unit gives every edge's *level*
+(how many of the cuts keep it, ``CutLevels``) and each size reads its masks from the levels, not from the scores.
 
 ``f``, CPR and CMD as ``analysis.faithfulness`` (``areas``: trapezoids over the grid's points only, ``f`` not
 clipped); ``m(full)`` every edge kept (the clean forward), ``m(empty)`` none (the corrupted forward).
@@ -45,7 +47,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, NoEdges
+from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, KeepLevels, NoEdges
 from lit_svd.analysis.edge_attribution import EdgeScores
 from lit_svd.analysis.edge_options import BLOCK_ORDERS, DIRECTION_ORDERS, FACTOR_ORDERS
 from lit_svd.analysis.edges import EdgeUniverse, Level, ReaderUnit, WriterUnit
@@ -268,6 +270,51 @@ class RankedCircuit:
         return self.cut.mask_of(r, self.ranking.scores(r))[0] if self.ranking.level == "units" else None
 
 
+class CutLevels:
+    """Nested cuts of one directions ranking (the sizes of a curve) as levels: per reader unit ``level [K_u, n_cols]``
+    (uint8), how many of the cuts keep each edge, computed once (one comparison per cut, the unit's scores read
+    once for every size) and kept. A cut keeping ``n`` edges keeps those of level >= the number of cuts keeping at
+    least ``n`` (``need``), because cuts are prefixes of one order."""
+
+    def __init__(self, ranking: EdgeRanking, cuts: Sequence[Cut]):
+        if len(cuts) > 255:
+            raise ValueError(f"CutLevels: {len(cuts)} cuts, at most 255 (uint8 levels)")
+        self.ranking, self.cuts, self.total = ranking, list(cuts), ranking.count()
+        self._units: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+
+    def need(self, cut: Cut) -> int:
+        return sum(c.kept >= cut.kept for c in self.cuts)
+
+    def of(self, r: ReaderUnit, need: int) -> KeepLevels:
+        if r.index not in self._units:
+            S = self.ranking.scores(r)
+            level = torch.zeros(S.shape, dtype=torch.uint8)
+            for cut in self.cuts:
+                if cut.kept == self.total:  # every edge (no score compared)
+                    level += 1
+                else:
+                    level += cut.mask_of(r, S).view(torch.uint8)
+            level = level.to(self.ranking.universe.device)
+            self._units[r.index] = level, level.amin(0), level.amax(0)
+        return KeepLevels(*self._units[r.index], need)
+
+
+@dataclass
+class LeveledCircuit:
+    """One cut of ``CutLevels`` (the edges of level >= ``need``): ``RankedCircuit``'s circuit, its mask read from the
+    levels (``levels``, ``edge_ablation.KeepLevels``) instead of the scores."""
+
+    cuts: CutLevels
+    need: int
+
+    def levels(self, r: ReaderUnit) -> KeepLevels:
+        return self.cuts.of(r, self.need)
+
+    def keep(self, r: ReaderUnit) -> Tensor | None:
+        L = self.levels(r)
+        return None if bool((L.low >= self.need).all()) else L.level >= self.need
+
+
 def _none(r: ReaderUnit) -> Tensor:
     raise AssertionError("a shape-only ranking has no scores")
 
@@ -342,7 +389,10 @@ def ranked_spec(ranking: EdgeRanking, axis: str) -> CurveSpec:
         else:
             targets = [s * u.n_blocks for s in sizes]
         cuts = select(ranking, targets, weighted=axis == "fair")
-        return [(RankedCircuit(ranking, c), c.kept, c.weight) for c in cuts]
+        if ranking.level != "directions":
+            return [(RankedCircuit(ranking, c), c.kept, c.weight) for c in cuts]
+        levels = CutLevels(ranking, cuts)
+        return [(LeveledCircuit(levels, levels.need(c)), c.kept, c.weight) for c in cuts]
 
     return CurveSpec(circuits)
 
@@ -695,10 +745,11 @@ def exit_on_sigterm() -> Iterator[None]:
 class ScoreFile(MutableMapping):
     """Direction edge scores (or gains: ``name``) of every reader unit (``[K_u, n_cols]`` each, float32) in one file,
     as a mapping from the reader unit's index (``edge_attribution.edge_scores``'s ``store`` or ``gains``): ``store[i]
-    = scores`` writes a unit's, ``store[i]`` reads it back (a fresh tensor: nothing stays in memory; the operating
-    system caches the file). The file lives in a temporary folder made inside ``folder`` (default: the system's)
-    and is removed with the object; ``keep``: it is ``folder/<name>.f32`` itself and stays (an existing file of the
-    right size is opened as it is: mark its units ``written`` to read them back)."""
+    = scores`` writes a unit's, ``store[i]`` reads it back (a copy-on-write map of the file: only the pages used are
+    read, nothing stays in memory; the operating system caches the file). The file lives in a temporary folder made
+    inside ``folder`` (default: the system's) and is removed with the object; ``keep``: it is ``folder/<name>.f32``
+    itself and stays (an existing file of the right size is opened as it is: mark its units ``written`` to read them
+    back)."""
 
     def __init__(
         self, universe: EdgeUniverse, folder: str | Path | None = None, name: str = "scores", keep: bool = False
@@ -734,7 +785,7 @@ class ScoreFile(MutableMapping):
         if index not in self.written:
             raise KeyError(index)
         count = int(self.offsets[index + 1] - self.offsets[index])
-        data = np.fromfile(self.path, dtype=np.float32, count=count, offset=int(self.offsets[index]) * 4)
+        data = np.memmap(self.path, np.float32, "c", int(self.offsets[index]) * 4, (count,))
         return torch.from_numpy(data).reshape(self.shapes[index])
 
     def __delitem__(self, index: int) -> None:
