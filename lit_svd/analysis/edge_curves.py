@@ -558,10 +558,11 @@ def block_sums(scores: EdgeScores, gross: bool = False) -> Tensor:
     return torch.stack([net, total]) if gross else net
 
 
-def net_over_gross(scores: EdgeScores) -> Tensor:
+def net_over_gross(scores: EdgeScores, sums: Tensor | None = None) -> Tensor:
     """``[n_blocks]`` float64 in [0, 1]: ``|sum_e s_e| / sum_e |s_e|`` over each block's direction edges (0 where
-    every score is 0): near 0 where the block's edges cancel."""
-    net, gross = block_sums(scores, gross=True)
+    every score is 0): near 0 where the block's edges cancel. ``sums``: ``block_sums(scores, gross=True)`` if
+    already computed."""
+    net, gross = block_sums(scores, gross=True) if sums is None else sums
     return torch.where(gross > 0, net.abs() / gross.clamp(min=torch.finfo(torch.float64).tiny), 0.0)
 
 
@@ -627,8 +628,10 @@ def block_ranking(scores: EdgeScores, order: str, sign: str, sums: Tensor | None
 def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequence[str]) -> dict[str, CurveSpec]:
     """Curves by name: ``<level>_<signed|abs>_<raw|fair>`` (a ranking of ``scores``; level ``blocks`` /
     ``headblocks`` / ``coreblocks``: a ``BlockRanking``, ``block_ranking``; ``netblocks``: ``netblock_ranking``) or
-    ``random_<level>_<seed>``; one-line errors for others."""
+    ``random_<level>_<seed>``; one-line errors for others. The block sums (``blocks``, ``netblocks``) are computed
+    once for every curve that needs them."""
     out = {}
+    sums: Tensor | None = None
     for name in names:
         parts = name.split("_")
         if parts[0] == "random":
@@ -645,11 +648,14 @@ def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequen
             )
         if scores is None:
             raise ValueError(f"curve {name!r} needs edge scores")
+        if level in ("blocks", *FACTOR_ORDERS) and sums is None:  # one pass over the scores for all such curves
+            sums = block_sums(scores, gross=True)
         if level in BLOCK_ORDERS:
-            out[name] = block_spec(block_ranking(scores, level, sign), axis)
+            net = sums[0] if level == "blocks" and sums is not None else None
+            out[name] = block_spec(block_ranking(scores, level, sign, net), axis)
             continue
         if level in FACTOR_ORDERS:
-            out[name] = ranked_spec(netblock_ranking(scores, sign), axis)
+            out[name] = ranked_spec(netblock_ranking(scores, sign, net_over_gross(scores, sums)), axis)
             continue
         ranking = score_ranking(scores, cast(Level, level))  # one of LEVELS (checked above)
         out[name] = ranked_spec(ranking if sign == "signed" else absolute(ranking), axis)
