@@ -1,7 +1,8 @@
 """Cost of edge circuits on a real model (issue 33 item 5): the edge universe (SVDs), EAP-IG edge attribution over
 training prompts and one edge curve over test prompts, on one thread; prints one JSON object with the seconds,
-the seconds of each curve point, the edge counts and the peak memory (``ru_maxrss``), and, with ``--out``, writes
-it there (after the attribution and after each curve: the curves are scored one at a time).
+the seconds of each curve point, the edge counts and the peak memory (``ru_maxrss``), each curve's CPR / CMD with
+its bootstrap interval over the prompts and the paired intervals against the head-level curves (``summary``), and,
+with ``--out``, writes it there (after the attribution and after each curve: the curves are scored one at a time).
 
     OMP_NUM_THREADS=1 python bench/edge_bench.py --task ioi --n-train 64 --n-test 64 --curve directions_signed_raw
 
@@ -166,6 +167,7 @@ def score_and_curve(args, out, universe, train_batches, test_batches, store, gai
     from lit_svd.analysis.edge_ablation import EdgeAblation
     from lit_svd.analysis.edge_attribution import attribute
     from lit_svd.analysis.edge_curves import MIB_SIZES, curve_specs, edge_curves
+    from lit_svd.modules.edge_circuits import summarize
 
     if saved is None:
         scores = attribute(universe, train_batches, args.task, steps=args.steps, store=store, gains=gains)
@@ -191,7 +193,9 @@ def score_and_curve(args, out, universe, train_batches, test_batches, store, gai
         out["info"] = info
         out["peak_rss_gb"] = peak_gb()
         out["wall_s"] = time.monotonic() - t0
-        say(f"{name}: CPR {curves[name].cpr:.3f} CMD {curves[name].cmd:.3f}, {curves[name].seconds:.0f} s")
+        out["summary"] = summarize(out["curves"], info)  # with the paired intervals against head-level edges
+        c = curves[name]
+        say(f"{name}: CPR {c.cpr:.3f} {c.cpr_ci} CMD {c.cmd:.3f} {c.cmd_ci}, {c.seconds:.0f} s")
         write(out, args.out)
     print(json.dumps(out, indent=1))
 

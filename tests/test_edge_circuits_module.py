@@ -10,6 +10,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+import torch
 
 from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import attribute
@@ -84,6 +85,12 @@ def test_block_ranking_curves_of_the_module_equal_edge_curves_own(tiny_dirs, tmp
     assert set(vs) == {f"{order}_signed_fair", f"{order}_abs_raw"}
     assert vs[f"{order}_signed_fair"]["units_cpr"] == result.curves["units_signed_raw"]["cpr"]
     assert vs[f"{order}_abs_raw"]["cmd"] == result.curves[f"{order}_abs_raw"]["cmd"]
+    for name, c in result.curves.items():  # the per-prompt metrics average to the curve's; intervals around it
+        per_prompt = torch.tensor(c["prompt_metric"], dtype=torch.float64)
+        assert per_prompt.mean(1).tolist() == pytest.approx(c["metric"], abs=1e-12), name
+        assert c["cpr_ci"][0] <= c["cpr_ci"][1] and c["cmd_ci"][0] <= c["cmd_ci"][1], name
+    lo, hi = vs[f"{order}_signed_fair"]["cpr_diff_ci"]
+    assert lo <= hi and vs[f"{order}_abs_raw"]["cmd_diff_ci"][0] <= vs[f"{order}_abs_raw"]["cmd_diff_ci"][1]
 
     universe = EdgeUniverse(module.view)
     dm = TaskDataModule(**DATA, tokenizer=tiny_dirs["llama"])

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lit_svd.analysis.area_intervals import area_intervals
 from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, KeepLevels, NoEdges
 from lit_svd.analysis.edge_attribution import EdgeScores
 from lit_svd.analysis.edge_options import BLOCK_ORDERS, DIRECTION_ORDERS, FACTOR_ORDERS
@@ -355,7 +356,8 @@ class RandomCircuit:
 @dataclass
 class EdgeCurve:
     """One curve: per size the edges kept at its level (``n_edges``), the weighted count as a fraction of the
-    blocks (``weighted``), ``f`` (``values``) and the mean metric; CPR / CMD over ``sizes``; seconds."""
+    blocks (``weighted``), ``f`` (``values``) and the mean metric; CPR / CMD over ``sizes``; seconds; the 95 %
+    bootstrap intervals of CPR / CMD over the prompts (``area_intervals``); the metric per size and prompt."""
 
     sizes: list[float]
     n_edges: list[int]
@@ -365,6 +367,9 @@ class EdgeCurve:
     cpr: float
     cmd: float
     seconds: float = 0.0
+    cpr_ci: list[float] | None = None
+    cmd_ci: list[float] | None = None
+    prompt_metric: list[list[float]] = field(default_factory=list)
 
     def row(self) -> dict:
         return asdict(self)
@@ -664,13 +669,17 @@ def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequen
 
 @dataclass
 class EdgeCurveSums:
-    """Metric sums over prompts: ``full``, ``empty``, per curve ``[n_sizes]``; prompts; seconds per curve."""
+    """Per-prompt metrics (prompts in batch order): ``full`` / ``empty`` ``[P]``, per curve ``[n_sizes, P]``;
+    seconds per curve."""
 
-    full: float = 0.0
-    empty: float = 0.0
+    full: Tensor
+    empty: Tensor
     curves: dict[str, Tensor] = field(default_factory=dict)
-    prompts: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def prompts(self) -> int:
+        return len(self.full)
 
 
 @torch.no_grad()
@@ -683,8 +692,9 @@ def edge_curves(
     ends: dict | None = None,
 ) -> tuple[dict[str, EdgeCurve], dict]:
     """The curve of every spec on the same prompts (``batches``) and sizes. Returns ``(curves, info)``; ``info``:
-    ``m_full``, ``m_empty``, ``n_prompts``, ``n_blocks``, ``wall_s``. ``ends``: a dict that keeps the corrupted
-    recordings and the metric sums of the two ends across calls on the same batches (filled by the first)."""
+    ``m_full``, ``m_empty``, ``n_prompts``, ``prompt_full``, ``prompt_empty``, ``n_blocks``, ``wall_s``. ``ends``: a
+    dict that keeps the corrupted recordings and the per-prompt metrics of the two ends across calls on the same
+    batches (filled by the first)."""
     sizes = check_sizes(sizes)
     u = ablation.u
     start = time.monotonic()
@@ -692,22 +702,21 @@ def edge_curves(
     ends = {} if ends is None else ends
     if "refs" not in ends:
         ends["refs"] = refs = [ablation.reference(b) for b in batches]
-        ends["full"] = sum(float(ablation.metric(b, AllEdges(), ref).sum()) for b, ref in zip(batches, refs))
-        ends["empty"] = sum(float(ablation.metric(b, NoEdges(u), ref).sum()) for b, ref in zip(batches, refs))
+        ends["full"] = _per_prompt(ablation, batches, refs, AllEdges())
+        ends["empty"] = _per_prompt(ablation, batches, refs, NoEdges(u))
     refs = ends["refs"]
-    sums = EdgeCurveSums(ends["full"], ends["empty"], prompts=sum(len(b["answer_pos"]) for b in batches))
+    sums = EdgeCurveSums(ends["full"], ends["empty"])
     counts: dict[str, tuple[list[int], list[float]]] = {}
     for name, spec in specs.items():
         t0 = time.monotonic()
         circuits = spec.circuits(sizes)
         counts[name] = ([c[1] for c in circuits], [c[2] / u.n_blocks for c in circuits])
-        total = torch.zeros(len(sizes), dtype=torch.float64)
+        rows = []
         for i, (circuit, _, _) in enumerate(circuits):
-            for b, ref in zip(batches, refs):
-                total[i] += float(ablation.metric(b, circuit, ref).sum())
+            rows.append(_per_prompt(ablation, batches, refs, circuit))
             if progress:
                 progress(f"{name} {sizes[i]:g}")
-        sums.curves[name] = total
+        sums.curves[name] = torch.stack(rows)
         sums.seconds[name] = time.monotonic() - t0
     curves, info = curves_of(sums, sizes, counts)
     info["n_blocks"] = u.n_blocks
@@ -715,18 +724,32 @@ def edge_curves(
     return curves, info
 
 
+def _per_prompt(ablation: EdgeAblation, batches: Sequence[dict], refs: Sequence, circuit: Circuit) -> Tensor:
+    """``[P]`` float64: the metric of every prompt with ``circuit`` kept, in batch order."""
+    return torch.cat([ablation.metric(b, circuit, ref).double().cpu() for b, ref in zip(batches, refs)])
+
+
 def curves_of(
     sums: EdgeCurveSums, sizes: Sequence[float], counts: Mapping[str, tuple[list[int], list[float]]]
 ) -> tuple[dict[str, EdgeCurve], dict]:
-    """Curves from the reduced sums: ``f`` as a ratio of means, CPR / CMD (``faithfulness.faithfulness_of``)."""
-    full, empty = reference_means(sums.full, sums.empty, sums.prompts, "edge curves")
+    """Curves from the per-prompt metrics: ``f`` as a ratio of means, CPR / CMD (``faithfulness.faithfulness_of``)
+    with their bootstrap intervals over the prompts (``area_intervals``; none for a single prompt). ``info``:
+    ``m_full``, ``m_empty``, ``n_prompts``, ``prompt_full`` / ``prompt_empty`` (the per-prompt ends, for intervals
+    of differences between curves scored on the same prompts)."""
+    full, empty = reference_means(float(sums.full.sum()), float(sums.empty.sum()), sums.prompts, "edge curves")
+    ci = area_intervals(sizes, sums.curves, sums.full, sums.empty) if sums.prompts > 1 else None
     out = {}
-    for name, total in sums.curves.items():
-        metric = (total / sums.prompts).tolist()
+    for name, per_prompt in sums.curves.items():
+        metric = per_prompt.mean(1).tolist()
         values, cpr, cmd = faithfulness_of(sizes, metric, full, empty)
         n_edges, weighted = counts[name]
-        out[name] = EdgeCurve(list(sizes), n_edges, weighted, values, metric, cpr, cmd, sums.seconds.get(name, 0.0))
-    return out, {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts}
+        row = EdgeCurve(list(sizes), n_edges, weighted, values, metric, cpr, cmd, sums.seconds.get(name, 0.0))
+        row.prompt_metric = per_prompt.tolist()
+        if ci:
+            row.cpr_ci, row.cmd_ci = ci["curves"][name]["cpr"], ci["curves"][name]["cmd"]
+        out[name] = row
+    info = {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts}
+    return out, info | {"prompt_full": sums.full.tolist(), "prompt_empty": sums.empty.tolist()}
 
 
 @contextmanager

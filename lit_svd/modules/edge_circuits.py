@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from lit_svd.analysis.area_intervals import area_intervals
 from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import STEPS, EdgeScores, attribute
 from lit_svd.analysis.edge_curves import LEVELS, ScoreFile, curve_specs, edge_curves, exit_on_sigterm
@@ -180,7 +181,7 @@ class EdgeCircuitModule(PretrainedLMModule):
         curves, info = edge_curves(ablation, self.kept, specs, self.sizes)
         self.timing["curves_s"] = time.monotonic() - start
         self.curves = {name: c.row() for name, c in curves.items()}
-        self.summary = summarize(self.curves)
+        self.summary = summarize(self.curves, info)
         self.top = top_edges(self.scores, hp.top_edges)
         if hp.graph_curve is not None:
             start = time.monotonic()
@@ -241,22 +242,27 @@ class EdgeCircuitModule(PretrainedLMModule):
         return graph
 
 
-def summarize(curves: dict[str, dict]) -> dict:
+def summarize(curves: dict[str, dict], info: dict | None = None) -> dict:
     """Per curve CPR and CMD; per ranked level or block order against the head-level edges (``cpr``: signed,
     ``cmd``: absolute); ``vs_units``: every signed curve's CPR and every absolute curve's CMD against the head-level
     edges' own (the configs' signed and absolute direction curves are of different orders); the random curves'
-    mean."""
+    mean. With ``info`` (``edge_curves``' per-prompt ends) every comparison carries the 95 % bootstrap interval of
+    its difference, paired over the prompts (``cpr_diff_ci``: the curve's minus the head-level edges'; likewise
+    ``cmd_diff_ci``)."""
     out: dict = {"curves": {n: {"cpr": c["cpr"], "cmd": c["cmd"]} for n, c in curves.items()}}
     units_cpr = curves.get("units_signed_raw", {}).get("cpr")
     units_cmd = curves.get("units_abs_raw", {}).get("cmd")
+    diff = _differences(curves, info)
     vs_units = {}
     for name, c in curves.items():
         if name.startswith(("units_", "random_")):
             continue
         if "_signed_" in name and units_cpr is not None:
             vs_units[name] = {"cpr": c["cpr"], "units_cpr": units_cpr, "cpr_at_least_units": c["cpr"] >= units_cpr}
+            vs_units[name] |= diff(name, "units_signed_raw", "cpr")
         if "_abs_" in name and units_cmd is not None:
             vs_units[name] = {"cmd": c["cmd"], "units_cmd": units_cmd, "cmd_at_most_units": c["cmd"] <= units_cmd}
+            vs_units[name] |= diff(name, "units_abs_raw", "cmd")
     if vs_units:
         out["vs_units"] = vs_units
     for level in LEVELS[:2] + DIRECTION_ORDERS:
@@ -268,6 +274,8 @@ def summarize(curves: dict[str, dict]) -> dict:
                 "cpr": cpr["cpr"], "units_cpr": units_cpr, "cpr_at_least_units": cpr["cpr"] >= units_cpr,
                 "cmd": cmd["cmd"], "units_cmd": units_cmd, "cmd_at_most_units": cmd["cmd"] <= units_cmd,
             }  # fmt: skip
+            out[f"{level}_vs_units_{axis}"] |= diff(f"{level}_signed_{axis}", "units_signed_raw", "cpr")
+            out[f"{level}_vs_units_{axis}"] |= diff(f"{level}_abs_{axis}", "units_abs_raw", "cmd")
     for level in LEVELS:
         rows = [c for n, c in curves.items() if n.startswith(f"random_{level}_")]
         if rows:
@@ -277,3 +285,18 @@ def summarize(curves: dict[str, dict]) -> dict:
                 "seeds": len(rows),
             }
     return out
+
+
+def _differences(curves: dict[str, dict], info: dict | None) -> Callable[[str, str, str], dict]:
+    """``diff(a, b, area) -> {area + "_diff_ci": [lo, hi]}``: the bootstrap interval of curve ``a``'s area minus
+    ``b``'s, paired over the prompts (``area_intervals``); ``{}`` without per-prompt metrics or with one prompt."""
+    if info is None or len(info.get("prompt_full", ())) < 2:
+        return lambda a, b, area: {}
+    full, empty = (torch.tensor(info[k], dtype=torch.float64) for k in ("prompt_full", "prompt_empty"))
+
+    def diff(a: str, b: str, area: str) -> dict:
+        metrics = {n: torch.tensor(curves[n]["prompt_metric"], dtype=torch.float64) for n in (a, b)}
+        pair = area_intervals(curves[a]["sizes"], metrics, full, empty, [(a, b)])["pairs"][f"{a} - {b}"]
+        return {f"{area}_diff_ci": pair[area]}
+
+    return diff

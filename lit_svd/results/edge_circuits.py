@@ -32,12 +32,14 @@ class EdgeCircuitResult(CurvesResult):
         "per curve <level or block order>_<signed|abs>_<raw|fair> or random_<level>_<seed>: sizes [n] (fractions of"
         " the edges of the level (raw) or of the weighted edge count (fair)), n_edges [n] (edges kept at the level),"
         " weighted [n] (weighted edge count / blocks), values [n] ((m(C) - m(empty)) / (m(full) - m(empty))),"
-        " metric [n], cpr (area of values: signed rankings), cmd (area of |1 - values|: absolute rankings), seconds"
+        " metric [n], cpr (area of values: signed rankings), cmd (area of |1 - values|: absolute rankings), seconds,"
+        " cpr_ci / cmd_ci (95 % bootstrap intervals over the test prompts), prompt_metric [n][prompts]"
     )
     comparison: dict = doc_field(
         "per curve: cpr, cmd; comparisons: direction vs head-level edges per level or block order and axis (cpr:"
         " signed, cmd: absolute), vs_units (every signed curve's cpr, every absolute curve's cmd against the"
-        " head-level edges') and the random curves' mean"
+        " head-level edges') and the random curves' mean; cpr_diff_ci / cmd_diff_ci: the 95 % bootstrap interval of"
+        " the difference to the head-level edges, paired over the test prompts (0 inside: not resolved)"
     )
     top_edges: list[dict] = doc_field(
         "the strongest direction edges by |score|: writer, reader (addresses), reader_unit, score"
