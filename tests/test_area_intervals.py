@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_svd.analysis.area_intervals import area_intervals, area_samples, resample_weights
+from lit_svd.analysis.area_intervals import area_intervals, area_samples, f_samples, resample_weights
 from lit_svd.analysis.faithfulness import MIB_SIZES, faithfulness_of
 
 S, P = len(MIB_SIZES), 64
@@ -28,7 +28,7 @@ def test_every_prompt_once_gives_the_point_estimate():
     metric, full, empty = curve(0)
     _, cpr, cmd = faithfulness_of(MIB_SIZES, metric.mean(1).tolist(), float(full.mean()), float(empty.mean()))
     once = torch.full((1, P), 1.0 / P, dtype=torch.float64)
-    got_cpr, got_cmd = area_samples(MIB_SIZES, metric, full, empty, once)
+    got_cpr, got_cmd = area_samples(MIB_SIZES, f_samples(metric, full, empty, once))
     assert float(got_cpr[0]) == pytest.approx(cpr, abs=1e-12) and float(got_cmd[0]) == pytest.approx(cmd, abs=1e-12)
 
 
@@ -36,14 +36,16 @@ def test_resamples_equal_the_curves_of_the_drawn_prompts():
     """Each resample's areas equal ``faithfulness_of`` on the prompts it draws (with repeats), listed one by one."""
     metric, full, empty = curve(1)
     weights = resample_weights(P, 5, seed=3)
-    cpr, cmd = area_samples(MIB_SIZES, metric, full, empty, weights)
+    f = f_samples(metric, full, empty, weights)
+    cpr, cmd = area_samples(MIB_SIZES, f)
     assert torch.allclose(weights.sum(1), torch.ones(5, dtype=torch.float64))
     for r in range(5):
         drawn = torch.repeat_interleave(torch.arange(P), (weights[r] * P).round().long())
         assert len(drawn) == P
-        _, want_cpr, want_cmd = faithfulness_of(
+        want_f, want_cpr, want_cmd = faithfulness_of(
             MIB_SIZES, metric[:, drawn].mean(1).tolist(), float(full[drawn].mean()), float(empty[drawn].mean())
         )
+        assert f[:, r].tolist() == pytest.approx(want_f, abs=1e-12)
         assert float(cpr[r]) == pytest.approx(want_cpr, abs=1e-12)
         assert float(cmd[r]) == pytest.approx(want_cmd, abs=1e-12)
 
@@ -55,6 +57,9 @@ def test_intervals_hold_the_estimate_and_a_curve_against_itself_is_zero():
     lo, hi = out["curves"]["a"]["cpr"]
     assert lo < cpr < hi and hi - lo > 0.01  # prompt noise gives the interval a width
     assert out["curves"]["a"]["cmd"][0] < cmd < out["curves"]["a"]["cmd"][1]
+    f_lo, f_hi = out["curves"]["a"]["f"]
+    point = ((metric.mean(1) - empty.mean()) / (full.mean() - empty.mean())).tolist()
+    assert all(lo < v < hi for lo, v, hi in zip(f_lo, point, f_hi))
     assert out["pairs"]["a - b"] == {"cpr": [0.0, 0.0], "cmd": [0.0, 0.0]}
 
 

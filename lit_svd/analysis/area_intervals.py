@@ -30,14 +30,17 @@ def resample_weights(n_prompts: int, n_resamples: int = RESAMPLES, seed: int = 0
     return counts / n_prompts
 
 
-def area_samples(
-    sizes: Sequence[float], metric: Tensor, full: Tensor, empty: Tensor, weights: Tensor
-) -> tuple[Tensor, Tensor]:
-    """``(cpr, cmd)``, each ``[R]``: the areas of the curve whose per-prompt metric is ``metric`` ``[S, P]`` (one row
-    per size) with the ends ``full`` / ``empty`` ``[P]``, for each resample of ``weights`` ``[R, P]``: ``f`` from
-    the weighted means (a ratio of means), trapezoids over ``sizes`` (``faithfulness.areas``)."""
-    m, f_full, f_empty = metric.double() @ weights.T, weights @ full.double(), weights @ empty.double()
-    f = (m - f_empty) / (f_full - f_empty)  # [S, R]
+def f_samples(metric: Tensor, full: Tensor, empty: Tensor, weights: Tensor) -> Tensor:
+    """``[S, R]``: ``f`` at each size of the curve whose per-prompt metric is ``metric`` ``[S, P]`` (one row per
+    size) with the ends ``full`` / ``empty`` ``[P]``, for each resample of ``weights`` ``[R, P]``: a ratio of the
+    weighted means."""
+    m, m_full, m_empty = metric.double() @ weights.T, weights @ full.double(), weights @ empty.double()
+    return (m - m_empty) / (m_full - m_empty)
+
+
+def area_samples(sizes: Sequence[float], f: Tensor) -> tuple[Tensor, Tensor]:
+    """``(cpr, cmd)``, each ``[R]``: the trapezoid areas over ``sizes`` (``faithfulness.areas``) of each column of
+    ``f`` ``[S, R]``."""
     dx = torch.tensor(sizes, dtype=torch.float64).diff()[:, None]
     cpr = (dx * (f[:-1] + f[1:]) / 2).sum(0)
     gap = (1 - f).abs()
@@ -63,17 +66,21 @@ def area_intervals(
 ) -> dict:
     """Percentile intervals over resampled prompts. ``metrics``: per curve its per-prompt metric ``[S, P]``;
     ``full`` / ``empty``: the ends' ``[P]`` (all on the same prompts, in the same order). Returns ``{"curves":
-    {name: {"cpr": [lo, hi], "cmd": [lo, hi]}}, "pairs": {"a - b": {"cpr": [lo, hi], "cmd": [lo, hi]}}, "level",
-    "resamples", "prompts"}`` (a pair's interval is of ``a``'s area minus ``b``'s, on the same draws)."""
+    {name: {"cpr": [lo, hi], "cmd": [lo, hi], "f": [[lo per size], [hi per size]]}}, "pairs": {"a - b": {"cpr":
+    [lo, hi], "cmd": [lo, hi]}}, "level", "resamples", "prompts"}`` (a pair's interval is of ``a``'s area minus
+    ``b``'s, on the same draws)."""
     n = len(full)
     for name, m in metrics.items():
         if m.shape != (len(sizes), n):
             raise ValueError(f"curve {name!r}: per-prompt metric of shape {tuple(m.shape)}, want {(len(sizes), n)}")
     weights = resample_weights(n, n_resamples, seed)
-    samples = {name: area_samples(sizes, m, full, empty, weights) for name, m in metrics.items()}
     out: dict = {"level": level, "resamples": n_resamples, "prompts": n, "curves": {}, "pairs": {}}
-    for name, (cpr, cmd) in samples.items():
-        out["curves"][name] = {"cpr": interval(cpr, level), "cmd": interval(cmd, level)}
+    samples = {}
+    for name, m in metrics.items():
+        f = f_samples(m, full, empty, weights)
+        samples[name] = cpr, cmd = area_samples(sizes, f)
+        f_lo, f_hi = (torch.quantile(f, q, dim=1).tolist() for q in ((1 - level) / 2, (1 + level) / 2))
+        out["curves"][name] = {"cpr": interval(cpr, level), "cmd": interval(cmd, level), "f": [f_lo, f_hi]}
     for a, b in pairs:
         missing = [x for x in (a, b) if x not in samples]
         if missing:

@@ -357,7 +357,8 @@ class RandomCircuit:
 class EdgeCurve:
     """One curve: per size the edges kept at its level (``n_edges``), the weighted count as a fraction of the
     blocks (``weighted``), ``f`` (``values``) and the mean metric; CPR / CMD over ``sizes``; seconds; the 95 %
-    bootstrap intervals of CPR / CMD over the prompts (``area_intervals``); the metric per size and prompt."""
+    bootstrap intervals of CPR / CMD and of ``f`` at each size (``[lo, hi]`` lists) over the prompts
+    (``area_intervals``); the metric per size and prompt."""
 
     sizes: list[float]
     n_edges: list[int]
@@ -369,6 +370,7 @@ class EdgeCurve:
     seconds: float = 0.0
     cpr_ci: list[float] | None = None
     cmd_ci: list[float] | None = None
+    values_ci: list[list[float]] | None = None
     prompt_metric: list[list[float]] = field(default_factory=list)
 
     def row(self) -> dict:
@@ -746,7 +748,7 @@ def curves_of(
         row = EdgeCurve(list(sizes), n_edges, weighted, values, metric, cpr, cmd, sums.seconds.get(name, 0.0))
         row.prompt_metric = per_prompt.tolist()
         if ci:
-            row.cpr_ci, row.cmd_ci = ci["curves"][name]["cpr"], ci["curves"][name]["cmd"]
+            row.cpr_ci, row.cmd_ci, row.values_ci = (ci["curves"][name][k] for k in ("cpr", "cmd", "f"))
         out[name] = row
     info = {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts}
     return out, info | {"prompt_full": sums.full.tolist(), "prompt_empty": sums.empty.tolist()}

@@ -1,6 +1,7 @@
 """Figures of an ``EdgeCircuitResult``: ``edge_curves.png``, two panels of faithfulness against the circuit's size,
 the raw axis (fraction of the edges of each curve's own level) and the fair axis (weighted edge count as a
-fraction of the blocks); head-level curves are the same circuits on both; random curves grey and dashed."""
+fraction of the blocks); head-level curves are the same circuits on both; random curves grey and dashed; each
+ranked curve with its 95 % bootstrap band over the test prompts (``values_ci``) where it has one."""
 
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ def curves_figure(curves: dict, title: str):
             if name.startswith("random"):
                 ax.plot(x, array(c["values"]), color="0.55", ls="--", marker=".", label=label)
             else:
-                ax.plot(x, array(c["values"]), color=palette[i % len(palette)], marker="o", ms=3, label=label)
+                color = palette[i % len(palette)]
+                ax.plot(x, array(c["values"]), color=color, marker="o", ms=3, label=label)
+                if c.get("values_ci"):  # the 95 % bootstrap band over the test prompts
+                    ax.fill_between(x, *(array(v) for v in c["values_ci"]), color=color, alpha=0.15, lw=0)
         ax.axhline(1.0, color="k", lw=0.6, ls=":")
         ax.axhline(0.0, color="k", lw=0.6, ls=":")
         ax.set_xscale("log")

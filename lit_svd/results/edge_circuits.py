@@ -33,7 +33,8 @@ class EdgeCircuitResult(CurvesResult):
         " the edges of the level (raw) or of the weighted edge count (fair)), n_edges [n] (edges kept at the level),"
         " weighted [n] (weighted edge count / blocks), values [n] ((m(C) - m(empty)) / (m(full) - m(empty))),"
         " metric [n], cpr (area of values: signed rankings), cmd (area of |1 - values|: absolute rankings), seconds,"
-        " cpr_ci / cmd_ci (95 % bootstrap intervals over the test prompts), prompt_metric [n][prompts]"
+        " cpr_ci / cmd_ci / values_ci ([lo, hi]; values_ci: [[lo per size], [hi per size]]: 95 % bootstrap"
+        " intervals over the test prompts), prompt_metric [n][prompts]"
     )
     comparison: dict = doc_field(
         "per curve: cpr, cmd; comparisons: direction vs head-level edges per level or block order and axis (cpr:"
