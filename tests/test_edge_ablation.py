@@ -307,7 +307,8 @@ def test_every_partial_path_equals_the_brute_force_correction(s, density, whole,
     """Random direction circuits with whole blocks kept and dropped beside partial ones (``whole``; else every block
     partial: the partial columns are one run, read as a slice), a few reader units kept whole: the dense path, the
     sparse paths over the kept and the dropped edges, with gains formed per forward and precomputed
-    (``EdgeAblation(gains=...)``), all equal the brute-force correction (1e-9 of the largest logit)."""
+    (``EdgeAblation(gains=...)``), the dense products per unit and per read point (``GATHER``), all equal the
+    brute-force correction (1e-9 of the largest logit)."""
     u = s.universe
     g = torch.Generator().manual_seed(2)
     masks = {}
@@ -328,15 +329,16 @@ def test_every_partial_path_equals_the_brute_force_correction(s, density, whole,
     monkeypatch.undo()
     assert (brute - s.clean).abs().max() > 1e-6 and (brute - s.corrupt).abs().max() > 1e-6
     gains = {r.index: u.basis(r).Rc @ u.W[: r.n_cols].T for r in u.readers[:-1]}
-    for sparse in (0.0, 0.5):
+    for sparse, gather in ((0.0, 0), (0.0, 10**9), (0.5, edge_ablation.GATHER)):
         monkeypatch.setattr(edge_ablation, "SPARSE", sparse)
+        monkeypatch.setattr(edge_ablation, "GATHER", gather)  # the dense products per unit / per read point
         for given, as_levels in ((None, False), (gains, False), (gains, True)):
             s.ablation.gains = given
             try:
                 got = s.run_edges(Leveled(u, masks, g) if as_levels else circuit)
             finally:
                 s.ablation.gains = None
-            how = f"SPARSE {sparse}, gains {'given' if given else 'formed'}, {as_levels=}"
+            how = f"SPARSE {sparse}, GATHER {gather}, gains {'given' if given else 'formed'}, {as_levels=}"
             close(got, brute, f"density {density}, {how}, {whole=}")
 
 

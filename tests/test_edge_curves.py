@@ -37,13 +37,13 @@ from lit_svd.analysis import edge_curves
 from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import attribute
 from lit_svd.analysis.edge_curves import (
-    CutLevels,
     EdgeRanking,
     LeveledCircuit,
     RandomCircuit,
     RankedCircuit,
     ScoreFile,
     absolute,
+    cut_levels,
     exit_on_sigterm,
     keys,
     random_spec,
@@ -135,15 +135,18 @@ def test_weighted_counts(universe):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cut_levels_give_each_cut_its_mask(universe, dtype):
-    """``CutLevels``: the mask of each cut read from the levels (``LeveledCircuit``) equals the cut's own
-    (``RankedCircuit``), with ties everywhere, targets in any order and repeated; ``ranked_spec`` gives them for
-    direction rankings."""
+@pytest.mark.parametrize("bits", [16, 4])
+def test_cut_levels_give_each_cut_its_mask(universe, dtype, bits, monkeypatch):
+    """``cut_levels``: its cuts are ``select``'s, and the mask of each cut read from the levels (``LeveledCircuit``)
+    equals the cut's own (``RankedCircuit``), with ties everywhere, targets in any order and repeated (``bits`` 4:
+    several cuts end in one bucket); ``ranked_spec`` gives them for direction rankings."""
+    monkeypatch.setattr(edge_curves, "BUCKET_BITS", bits)
     ranking = random_ranking(universe, "directions", dtype, seed=4)
     total = float(universe.n_blocks)
-    targets = [0.3 * total, 0.0, 0.013 * total, 0.3 * total, total - 1, total, 0.7 * total]
-    cuts = select(ranking, targets, weighted=True)
-    levels = CutLevels(ranking, cuts)
+    targets = [0.3 * total, 0.0, 0.013 * total, 0.3 * total, total - 1, total, 0.7 * total, 0.31 * total]
+    levels = cut_levels(ranking, targets, weighted=True)
+    cuts = levels.cuts
+    assert cuts == select(ranking, targets, weighted=True)
     for cut in cuts:
         ours, theirs = LeveledCircuit(levels, levels.need(cut)), RankedCircuit(ranking, cut)
         for r in universe.readers:

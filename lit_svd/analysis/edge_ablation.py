@@ -38,7 +38,10 @@ product); a block kept whole adds nothing; a partially kept block adds ``sum_j (
 coefficient change. Where under ``SPARSE`` of the partial blocks' edges are kept: one sparse (CSR) product over them
 (``r_k . total - sum over kept``). Else a column that no direction keeps adds its write to every direction (``r_k .
 lost``, the writes of those columns summed), one that every direction keeps nothing, and only the *mixed* columns
-(kept by some directions) take a sparse product over their dropped edges (under ``SPARSE``) or a dense one. The
+(kept by some directions) take a sparse product over their dropped edges (under ``SPARSE``) or a dense one; the
+dense ones of a read point's units are one product over the union of their mixed columns where that costs less than
+one per unit (``_mixed_sums``: ``K x columns`` multiply-adds per position, each gathered column of ``dc`` costing
+about ``GATHER`` more; a run of columns is read in place, the columns between masked to zero). The
 unit's input adds ``lost``: summed over those columns or over the others subtracted from their units' writes,
 whichever are fewer, block by block (a block's summed write comes with the read point's unit sums), so ``P x min x
 d`` multiply-adds per partial block (``_plan``). A circuit of whole blocks (``block_keep``) needs no mask of
@@ -66,7 +69,8 @@ from lit_svd.models.base import ModelView
 from lit_svd.models.hooks import Hook, first_input, hooks, output_tensor
 from lit_svd.models.points import eager_attention
 
-SPARSE = 0.05  # a partially kept region of a unit is summed edge by edge when under this fraction is kept (dropped)
+SPARSE = 0.02  # a partially kept region of a unit is summed edge by edge when under this fraction is kept (dropped)
+GATHER = 200  # gathering one writer column's dc (P values) costs about this many directions' dense product with it
 EMPTY, FULL, PARTIAL = 0, 1, 2
 
 
@@ -287,6 +291,7 @@ class EdgeAblation:
             rows = [keep.state == EMPTY for _, keep in todo]
             rows += [p.units for p in plans if p is not None and p.with_units]
             sums = (torch.stack(rows).to(u.dtype) @ live.delta[:n_up].reshape(n_up, -1)).reshape(len(rows), *R.shape)
+            _mixed_sums(live, u, [(r, p) for (r, _), p in zip(todo, plans) if p is not None and p.dense], self.gains)
             at = iter(sums[len(todo) :])
             for i, ((r, keep), plan) in enumerate(zip(todo, plans)):
                 part = None if plan is None else (plan, next(at) if plan.with_units else None)
@@ -469,15 +474,30 @@ class UnitKeep:
     def columns(self, cols: Cols = slice(None)) -> Tensor:
         """``[K, len(cols)]`` bool: the keep mask of the writer columns ``cols``."""
         if self.levels is not None:
-            return self.levels.level[:, cols] >= self.levels.need
+            level = self.levels.level[:, cols]
+            return level >= _row(self.levels.need, level.shape[1], level.device)
         assert self.mask is not None, "a unit of whole blocks has no mask"
         return self.mask[:, cols]
+
+    def dropped(self, cols: Cols, within: Tensor) -> Tensor:
+        """``[K, len(cols)]`` bool: the dropped edges of the writer columns ``cols`` where ``within [len(cols)]``,
+        none elsewhere."""
+        if self.levels is None:
+            return ~self.columns(cols) & within
+        level = self.levels.level[:, cols]
+        return level < torch.where(within, _row(self.levels.need, level.shape[1], level.device), 0)
 
     def partial_units(self) -> Tensor:
         """``[n_up]``: the partially kept writer units but the embedding (whose write is not ``dcT W``)."""
         out = self.state == PARTIAL
         out[0] = False
         return out
+
+
+def _row(value: int, n: int, device: torch.device) -> Tensor:
+    """``[n]`` uint8 of ``value``: levels compared with a row of their own dtype, not a Python scalar (several times
+    faster on the CPU)."""
+    return torch.full((n,), value, dtype=torch.uint8, device=device)
 
 
 class _LazyMasks:
@@ -546,7 +566,8 @@ class _Partial:
     of their edges kept; ``units [n_up]`` (where ``with_units``): the writer units whose summed write the unit sums
     give (few kept: every partial unit, ``Dp``; else the partial units of more columns no direction keeps than
     others). The columns no direction keeps sum to the writes of ``add``, plus (``subtract``) those units' writes
-    less the writes of ``sub`` (``lost_sum``)."""
+    less the writes of ``sub`` (``lost_sum``). ``dense``: the mixed columns' dropped edges take a dense product
+    (more than ``SPARSE`` of the partial edges dropped there), ``mixed_sum [K, P]`` (``_mixed_sums``)."""
 
     keep: UnitKeep
     cols: Cols
@@ -558,6 +579,8 @@ class _Partial:
     subtract: bool
     add: Tensor
     sub: Tensor
+    dense: bool
+    mixed_sum: Tensor | None = None
 
     def lost_sum(self, live: _Live, u: EdgeUniverse, S: Tensor | None) -> Tensor:
         """``[P, d]``: the ``corrupted - live`` writes of the columns no direction keeps (``S``: ``units``' writes)."""
@@ -579,12 +602,12 @@ def _plan(u: EdgeUniverse, r: ReaderUnit, keep: UnitKeep) -> _Partial | None:
     cols = _span(torch.nonzero(partial[u.col_unit[1 : r.n_cols]]).flatten() + 1)
     if not _length(cols):
         return None
-    idx = torch.arange(cols.start, cols.stop, device=dev) if isinstance(cols, slice) else cols
+    idx = _index(cols, dev)
     some, every = keep.any_col[idx], keep.all_col[idx]
     mixed = _span(idx[some & ~every])
     Mm = keep.columns(mixed)
-    K, n = Mm.shape[0], len(idx)
-    few = K * int(every.count_nonzero()) + int(Mm.count_nonzero()) <= SPARSE * K * n
+    K, n, kept_mixed = Mm.shape[0], len(idx), int(Mm.count_nonzero())
+    few = K * int(every.count_nonzero()) + kept_mixed <= SPARSE * K * n
     unit = u.col_unit[idx].to(dev)
     if few:  # Dp is needed anyway (``_partial_sum``)
         units, subtract = partial, 2 * int(some.count_nonzero()) < n
@@ -594,7 +617,8 @@ def _plan(u: EdgeUniverse, r: ReaderUnit, keep: UnitKeep) -> _Partial | None:
         units = partial & (2 * kept < u.writer_sizes[: len(partial)].to(dev))
         subtract, within = bool(units.any()), units[unit]
     add, sub = idx[~some & ~within], idx[some & within]
-    return _Partial(keep, cols, mixed, Mm, few, units, few or subtract, subtract, add, sub)
+    dense = not few and _length(mixed) > 0 and Mm.numel() - kept_mixed > SPARSE * K * n
+    return _Partial(keep, cols, mixed, Mm, few, units, few or subtract, subtract, add, sub, dense)
 
 
 def _partial_sum(
@@ -616,14 +640,74 @@ def _partial_sum(
         assert S is not None
         return Rc @ (D + S).T - _edge_sum(live, u, Rc, plan.keep.columns(plan.cols), plan.cols, G)
     raw = Rc @ (D + lost).T
-    Mm, mixed = plan.Mm, plan.mixed
-    if not _length(mixed):
+    if plan.dense:
+        assert plan.mixed_sum is not None
+        return raw.add_(plan.mixed_sum)
+    if not _length(plan.mixed):
         return raw
-    dropped = Mm.numel() - int(Mm.count_nonzero())
-    if dropped <= SPARSE * Rc.shape[0] * _length(plan.cols):
-        return raw + _edge_sum(live, u, Rc, ~Mm, mixed, G)
-    Gm = Rc @ u.W[mixed].T if G is None else G[:, mixed].to(Rc.dtype)
-    return raw.addmm_(torch.where(Mm, 0.0, Gm), live.dcT[mixed])
+    return raw + _edge_sum(live, u, Rc, ~plan.Mm, plan.mixed, G)
+
+
+def _mixed_sums(
+    live: _Live, u: EdgeUniverse, units: list[tuple[ReaderUnit, _Partial]], gains: Mapping[int, Tensor] | None
+) -> None:
+    """Set ``mixed_sum [K, P]``, ``sum_j (1 - keep_kj) G_kj dc_j`` over the mixed columns, of the dense ``units`` of one
+    read point: one product over the union of their mixed columns where that costs less than one product per unit,
+    each over its columns gathered or over their span (``_columns``)."""
+    if not units:
+        return
+    mixed = [_index(p.mixed, live.dcT.device) for _, p in units]
+    K = [r.size for r, _ in units]
+    union = torch.unique(torch.cat(mixed)) if len(units) > 1 else mixed[0]
+    cost, cols = _columns(sum(K), union)
+    if len(units) > 1 and cost > sum(_columns(k, m)[0] for k, m in zip(K, mixed)):
+        for unit in units:
+            _mixed_sums(live, u, [unit], gains)
+        return
+    A = torch.empty(sum(K), _length(cols), dtype=live.dcT.dtype, device=live.dcT.device)
+    at = 0
+    for (r, plan), m in zip(units, mixed):
+        G = _gains(u, r, cols) if gains is None else _take(gains[r.index], cols, 1)
+        torch.mul(G.to(A.dtype), _dropped(plan, cols, m), out=A[at : at + r.size])
+        at += r.size
+    for (_, plan), part in zip(units, (A @ _take(live.dcT, cols, 0)).split(K)):
+        plan.mixed_sum = part
+
+
+def _columns(K: int, cols: Tensor) -> tuple[float, Cols]:
+    """The writer columns of a dense product of ``K`` directions over the columns ``cols`` (ascending) and its cost
+    in columns x directions: their span (no copies, the columns between them zero) or themselves gathered (each
+    costing ``GATHER``, and a quarter for its gains)."""
+    n, span = len(cols), int(cols[-1]) - int(cols[0]) + 1
+    gathered = n * (K + K / 4 + GATHER)
+    return (K * span, slice(int(cols[0]), int(cols[-1]) + 1)) if K * span <= gathered else (gathered, cols)
+
+
+def _take(x: Tensor, cols: Cols, dim: int) -> Tensor:
+    """``x``'s columns (``dim`` 1) or rows (``dim`` 0) ``cols``."""
+    if isinstance(cols, slice):
+        return x[:, cols] if dim else x[cols]
+    return x.index_select(dim, cols)
+
+
+def _dropped(plan: _Partial, cols: Cols, mixed: Tensor) -> Tensor:
+    """``[K, len(cols)]`` bool: the dropped edges of the mixed columns ``mixed`` among the columns ``cols``."""
+    if _length(cols) == len(mixed):  # the mixed columns themselves
+        return ~plan.Mm
+    idx = _index(cols, mixed.device)
+    on = torch.zeros(int(idx[-1]) + 1, dtype=torch.bool, device=mixed.device)
+    on[mixed] = True
+    return plan.keep.dropped(cols, on[idx])
+
+
+def _gains(u: EdgeUniverse, r: ReaderUnit, cols: Cols) -> Tensor:
+    """``[K, len(cols)]``: reader unit ``r``'s gains ``G = Rc W^T`` of the writer columns ``cols``."""
+    return u.basis(r).Rc @ u.W[cols].T
+
+
+def _index(cols: Cols, device: torch.device) -> Tensor:
+    """``cols`` as an index tensor."""
+    return torch.arange(cols.start, cols.stop, device=device) if isinstance(cols, slice) else cols
 
 
 def _edge_sum(
@@ -640,7 +724,7 @@ def _edge_sum(
         g = torch.cat(parts) if parts else Rc.new_zeros(0)
     n = (cols.stop if isinstance(cols, slice) else int(cols.max()) + 1) if len(col) else 1
     crow = torch.zeros(which.shape[0] + 1, dtype=torch.int64, device=which.device)
-    crow[1:] = which.sum(1).cumsum(0)
+    crow[1:] = torch.bincount(k, minlength=which.shape[0]).cumsum(0)
     S = torch.sparse_csr_tensor(crow, col, g, (which.shape[0], n), check_invariants=False)
     return S @ live.dcT[:n]
 

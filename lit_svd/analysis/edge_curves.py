@@ -22,8 +22,10 @@ pass: a block weighs 1.
 **Selection** over ~10^9 direction edges without sorting them: the scores' order-preserving integer keys are
 histogrammed on their top 16 bits (counts, or weights on the fair axis), the bucket where the target falls is read
 back edge by edge and sorted (``select``). Scores may live in a memory-mapped file (``ScoreFile``). The cuts of a
-direction curve's sizes are nested (prefixes of one order), so one pass per reader unit gives every edge's *level*
-(how many of the cuts keep it, ``CutLevels``) and each size reads its masks from the levels, not from the scores.
+direction curve's sizes are nested (prefixes of one order), so the selection's second pass also gives every edge's
+*level* (how many of the cuts keep it, ``cut_levels``: the cuts ending in a lower bucket, plus, for the edges of the
+cuts' own buckets, those whose prefix holds them) and each size reads its masks from the levels, not from the
+scores.
 
 ``f``, CPR and CMD as ``analysis.faithfulness`` (``areas``: trapezoids over the grid's points only, ``f`` not
 clipped); ``m(full)`` every edge kept (the clean forward), ``m(empty)`` none (the corrupted forward).
@@ -155,6 +157,24 @@ class Cut:
 def select(ranking: EdgeRanking, targets: Sequence[float], weighted: bool) -> list[Cut]:
     """For each target, the cut keeping the longest prefix of the ranking whose edge count (``weighted``: weighted
     count) is at most the target (module docstring): two passes over the scores whatever the number of targets."""
+    return _select(ranking, targets, weighted, False)[0]
+
+
+def cut_levels(ranking: EdgeRanking, targets: Sequence[float], weighted: bool) -> CutLevels:
+    """``select``'s cuts and every edge's level (``CutLevels``) from the same two passes: the second gives each
+    edge the number of cuts ending in a lower bucket (which keep its whole bucket), then the edges of the cuts' own
+    buckets (read back anyway) add the cuts whose prefix of their bucket holds them."""
+    cuts, levels = _select(ranking, targets, weighted, True)
+    assert levels is not None
+    return CutLevels(ranking, cuts, levels)
+
+
+def _select(
+    ranking: EdgeRanking, targets: Sequence[float], weighted: bool, with_levels: bool
+) -> tuple[list[Cut], _Levels | None]:
+    """``select``'s cuts, and with ``with_levels`` each reader unit's levels (``cut_levels``)."""
+    if with_levels and len(targets) > 255:
+        raise ValueError(f"cut_levels: {len(targets)} cuts, at most 255 (uint8 levels)")
     u = ranking.universe
     n_buckets = 1 << BUCKET_BITS
     counts = torch.zeros(n_buckets, dtype=torch.float64)
@@ -170,28 +190,59 @@ def select(ranking: EdgeRanking, targets: Sequence[float], weighted: bool) -> li
     total = float(hist.sum())
     found: dict[int, list[int]] = {}
     out: list[Cut | None] = [None] * len(targets)
+    below = torch.zeros(n_buckets, dtype=torch.uint8)  # per bucket: the cuts that keep it whole
     for i, t in enumerate(targets):
         if t < 0:
             raise ValueError(f"select: target {t} < 0")
         if t >= total - _eps(t):
             out[i] = Cut(-(2**63), len(u.readers), 0, int(counts.sum()), float(weights.sum()))
+            below += 1
             continue
         level = t + _eps(t)
         bucket = int(torch.nonzero((above <= level) & (above + hist > level)).flatten()[0])
         found.setdefault(bucket, []).append(i)
-    cands = _candidates(ranking, list(found))
+        below[bucket + 1 :] += 1
+    cands, levels = _candidates(ranking, list(found), below if with_levels else None)
     for bucket, which in found.items():
         c = cands[bucket]
         w = c["weight"] if weighted else torch.ones(len(c["key"]), dtype=torch.float64)
         cum = float(above[bucket]) + w.cumsum(0)
+        ends = torch.zeros(len(cum) + 1, dtype=torch.long)  # how many cuts end after each edge of this bucket
         for i in which:
             n = int((cum <= targets[i] + _eps(targets[i])).sum())
+            ends[0] += 1
+            ends[n] -= 1
             kept, weight = int(above_n[bucket]) + n, float(above_w[bucket]) + float(c["weight"][:n].sum())
             if n == 0:  # the prefix ends above this bucket: keep the keys above its largest
                 out[i] = Cut(int(c["key"][0]), -1, -1, kept, weight)
             else:
                 out[i] = Cut(int(c["key"][n - 1]), int(c["unit"][n - 1]), int(c["index"][n - 1]), kept, weight)
-    return [c for c in out if c is not None]
+        if levels is not None:
+            levels.add(c["unit"], c["index"], ends.cumsum(0)[:-1].to(torch.uint8))
+    return [c for c in out if c is not None], levels
+
+
+@dataclass
+class _Levels:
+    """Every reader unit's levels (uint8) in one buffer: unit ``i``'s are ``flat[offsets[i] : offsets[i + 1]]``."""
+
+    flat: Tensor
+    offsets: Tensor
+    shapes: list[tuple[int, int]]
+
+    @classmethod
+    def empty(cls, ranking: EdgeRanking) -> _Levels:
+        shapes = [ranking_shape(ranking, r) for r in ranking.universe.readers]
+        offsets = torch.tensor([0] + [a * b for a, b in shapes]).cumsum(0)
+        return cls(torch.empty(int(offsets[-1]), dtype=torch.uint8), offsets, shapes)
+
+    def unit(self, i: int) -> Tensor:
+        return self.flat[int(self.offsets[i]) : int(self.offsets[i + 1])].view(self.shapes[i])
+
+    def add(self, unit: Tensor, index: Tensor, add: Tensor) -> None:
+        """Add ``add`` to the levels of the edges ``(unit, flat index)`` (each edge once)."""
+        at = self.offsets[unit] + index
+        self.flat[at] += add
 
 
 def ranking_shape(ranking: EdgeRanking, r: ReaderUnit) -> tuple[int, int]:
@@ -231,16 +282,22 @@ def _bucket(k: Tensor) -> Tensor:
     return ((k >> (width - BUCKET_BITS)) + (1 << (BUCKET_BITS - 1))).reshape(-1).long()
 
 
-def _candidates(ranking: EdgeRanking, buckets: Sequence[int]) -> dict[int, dict[str, Tensor]]:
+def _candidates(
+    ranking: EdgeRanking, buckets: Sequence[int], below: Tensor | None = None
+) -> tuple[dict[int, dict[str, Tensor]], _Levels | None]:
     """Every edge of each bucket: keys, reader unit, flat index, weight, in rank order (key descending, then unit,
-    then index)."""
+    then index); with ``below`` (``[n_buckets]`` uint8) also every edge's ``below[bucket]`` (``_Levels``)."""
     wanted = torch.zeros(1 << BUCKET_BITS, dtype=torch.bool)
     wanted[list(buckets)] = True
+    levels = None if below is None else _Levels.empty(ranking)
     parts: dict[str, list[Tensor]] = {"bucket": [], "key": [], "unit": [], "index": [], "weight": []}
     for r in ranking.universe.readers:
         cols = ranking.weights(r)
+        flat = None if levels is None else levels.unit(r.index).view(-1)
         for start, k in _key_rows(ranking, r):
             b = _bucket(k)
+            if flat is not None and below is not None:
+                flat[start : start + len(b)] = below[b]
             idx = torch.nonzero(wanted[b]).flatten()
             if not len(idx):
                 continue
@@ -249,10 +306,12 @@ def _candidates(ranking: EdgeRanking, buckets: Sequence[int]) -> dict[int, dict[
             parts["unit"].append(torch.full((len(idx),), r.index, dtype=torch.long))
             parts["index"].append(idx + start)
             parts["weight"].append(cols[idx % len(cols)])
+    if not parts["key"]:
+        return {}, levels
     got = {name: torch.cat(t) for name, t in parts.items()}
     order = torch.argsort(got["key"], descending=True, stable=True)  # units and indices came in ascending order
     got = {name: t[order] for name, t in got.items()}
-    return {b: {name: t[got["bucket"] == b] for name, t in got.items()} for b in buckets}
+    return {b: {name: t[got["bucket"] == b] for name, t in got.items()} for b in buckets}, levels
 
 
 @dataclass
@@ -273,14 +332,12 @@ class RankedCircuit:
 
 class CutLevels:
     """Nested cuts of one directions ranking (the sizes of a curve) as levels: per reader unit ``level [K_u, n_cols]``
-    (uint8), how many of the cuts keep each edge, computed once (one comparison per cut, the unit's scores read
-    once for every size) and kept. A cut keeping ``n`` edges keeps those of level >= the number of cuts keeping at
-    least ``n`` (``need``), because cuts are prefixes of one order."""
+    (uint8), how many of the cuts keep each edge (``cut_levels``: from the selection's passes), and its column
+    minima / maxima (computed when first asked). A cut keeping ``n`` edges keeps those of level >= the number of
+    cuts keeping at least ``n`` (``need``), because cuts are prefixes of one order."""
 
-    def __init__(self, ranking: EdgeRanking, cuts: Sequence[Cut]):
-        if len(cuts) > 255:
-            raise ValueError(f"CutLevels: {len(cuts)} cuts, at most 255 (uint8 levels)")
-        self.ranking, self.cuts, self.total = ranking, list(cuts), ranking.count()
+    def __init__(self, ranking: EdgeRanking, cuts: Sequence[Cut], levels: _Levels):
+        self.ranking, self.cuts, self.levels = ranking, list(cuts), levels
         self._units: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
 
     def need(self, cut: Cut) -> int:
@@ -288,14 +345,7 @@ class CutLevels:
 
     def of(self, r: ReaderUnit, need: int) -> KeepLevels:
         if r.index not in self._units:
-            S = self.ranking.scores(r)
-            level = torch.zeros(S.shape, dtype=torch.uint8)
-            for cut in self.cuts:
-                if cut.kept == self.total:  # every edge (no score compared)
-                    level += 1
-                else:
-                    level += cut.mask_of(r, S).view(torch.uint8)
-            level = level.to(self.ranking.universe.device)
+            level = self.levels.unit(r.index).to(self.ranking.universe.device)
             self._units[r.index] = level, level.amin(0), level.amax(0)
         return KeepLevels(*self._units[r.index], need)
 
@@ -395,11 +445,11 @@ def ranked_spec(ranking: EdgeRanking, axis: str) -> CurveSpec:
             targets = [float(n_kept(s, ranking.count())) for s in sizes]
         else:
             targets = [s * u.n_blocks for s in sizes]
-        cuts = select(ranking, targets, weighted=axis == "fair")
         if ranking.level != "directions":
+            cuts = select(ranking, targets, weighted=axis == "fair")
             return [(RankedCircuit(ranking, c), c.kept, c.weight) for c in cuts]
-        levels = CutLevels(ranking, cuts)
-        return [(LeveledCircuit(levels, levels.need(c)), c.kept, c.weight) for c in cuts]
+        levels = cut_levels(ranking, targets, weighted=axis == "fair")
+        return [(LeveledCircuit(levels, levels.need(c)), c.kept, c.weight) for c in levels.cuts]
 
     return CurveSpec(circuits)
 
