@@ -795,11 +795,11 @@ def curves_of(
         metric = per_prompt.mean(1).tolist()
         values, cpr, cmd = faithfulness_of(sizes, metric, full, empty)
         n_edges, weighted = counts[name]
-        row = EdgeCurve(list(sizes), n_edges, weighted, values, metric, cpr, cmd, sums.seconds.get(name, 0.0))
-        row.prompt_metric = per_prompt.tolist()
-        if ci:
-            row.cpr_ci, row.cmd_ci, row.values_ci = (ci["curves"][name][k] for k in ("cpr", "cmd", "f"))
-        out[name] = row
+        own = ci["curves"][name] if ci else {}
+        out[name] = EdgeCurve(
+            list(sizes), n_edges, weighted, values, metric, cpr, cmd, sums.seconds.get(name, 0.0),
+            cpr_ci=own.get("cpr"), cmd_ci=own.get("cmd"), values_ci=own.get("f"), prompt_metric=per_prompt.tolist(),
+        )  # fmt: skip
     info = {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts}
     return out, info | {"prompt_full": sums.full.tolist(), "prompt_empty": sums.empty.tolist()}
 

@@ -21,6 +21,7 @@ module refuses to run.
 
 from __future__ import annotations
 
+import functools
 import resource
 import time
 from collections.abc import Callable, Sequence
@@ -294,9 +295,12 @@ def _differences(curves: dict[str, dict], info: dict | None) -> Callable[[str, s
         return lambda a, b, area: {}
     full, empty = (torch.tensor(info[k], dtype=torch.float64) for k in ("prompt_full", "prompt_empty"))
 
-    def diff(a: str, b: str, area: str) -> dict:
+    @functools.cache  # a pair is asked for by vs_units and by its level's comparison
+    def pair(a: str, b: str) -> dict:
         metrics = {n: torch.tensor(curves[n]["prompt_metric"], dtype=torch.float64) for n in (a, b)}
-        pair = area_intervals(curves[a]["sizes"], metrics, full, empty, [(a, b)])["pairs"][f"{a} - {b}"]
-        return {f"{area}_diff_ci": pair[area]}
+        return area_intervals(curves[a]["sizes"], metrics, full, empty, [(a, b)])["pairs"][f"{a} - {b}"]
+
+    def diff(a: str, b: str, area: str) -> dict:
+        return {f"{area}_diff_ci": pair(a, b)[area]}
 
     return diff
