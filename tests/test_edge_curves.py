@@ -216,6 +216,8 @@ def test_planted_curve_beats_random(planted):
     curves, info = curves_of_specs(ablation, [test], specs)
     cpr = {n: round(c.cpr, 3) for n, c in curves.items()}
     assert info["m_full"] - info["m_empty"] > 1.0
+    assert info["intervals"]["method"] == "BCa" and info["intervals"]["percentile_fallback"] == []  # 16 prompts
+    assert all(c.cpr_ci[0] <= c.cpr <= c.cpr_ci[1] for c in curves.values()), [c.cpr_ci for c in curves.values()]
     for c in curves.values():
         assert c.values[-1] == pytest.approx(1.0, abs=1e-9)
     assert curves["absolute"].cpr > curves["random"].cpr + 0.3, cpr

@@ -744,9 +744,9 @@ def edge_curves(
     ends: dict | None = None,
 ) -> tuple[dict[str, EdgeCurve], dict]:
     """The curve of every spec on the same prompts (``batches``) and sizes. Returns ``(curves, info)``; ``info``:
-    ``m_full``, ``m_empty``, ``n_prompts``, ``prompt_full``, ``prompt_empty``, ``n_blocks``, ``wall_s``. ``ends``: a
-    dict that keeps the corrupted recordings and the per-prompt metrics of the two ends across calls on the same
-    batches (filled by the first)."""
+    ``m_full``, ``m_empty``, ``n_prompts``, ``prompt_full``, ``prompt_empty``, ``intervals``, ``n_blocks``,
+    ``wall_s``. ``ends``: a dict that keeps the corrupted recordings and the per-prompt metrics of the two ends across
+    calls on the same batches (filled by the first)."""
     sizes = check_sizes(sizes)
     u = ablation.u
     start = time.monotonic()
@@ -787,7 +787,8 @@ def curves_of(
     """Curves from the per-prompt metrics: ``f`` as a ratio of means, CPR / CMD (``faithfulness.faithfulness_of``)
     with their bootstrap intervals over the prompts (``area_intervals``; none for a single prompt). ``info``:
     ``m_full``, ``m_empty``, ``n_prompts``, ``prompt_full`` / ``prompt_empty`` (the per-prompt ends, for intervals
-    of differences between curves scored on the same prompts)."""
+    of differences between curves scored on the same prompts), ``intervals`` (their method, level, resamples and the
+    outputs where BCa fell back to percentiles)."""
     full, empty = reference_means(float(sums.full.sum()), float(sums.empty.sum()), sums.prompts, "edge curves")
     ci = area_intervals(sizes, sums.curves, sums.full, sums.empty) if sums.prompts > 1 else None
     out = {}
@@ -800,7 +801,9 @@ def curves_of(
             list(sizes), n_edges, weighted, values, metric, cpr, cmd, sums.seconds.get(name, 0.0),
             cpr_ci=own.get("cpr"), cmd_ci=own.get("cmd"), values_ci=own.get("f"), prompt_metric=per_prompt.tolist(),
         )  # fmt: skip
-    info = {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts}
+    info: dict = {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts}
+    if ci:
+        info["intervals"] = {k: ci[k] for k in ("method", "level", "resamples", "percentile_fallback")}
     return out, info | {"prompt_full": sums.full.tolist(), "prompt_empty": sums.empty.tolist()}
 
 

@@ -33,13 +33,13 @@ class EdgeCircuitResult(CurvesResult):
         " the edges of the level (raw) or of the weighted edge count (fair)), n_edges [n] (edges kept at the level),"
         " weighted [n] (weighted edge count / blocks), values [n] ((m(C) - m(empty)) / (m(full) - m(empty))),"
         " metric [n], cpr (area of values: signed rankings), cmd (area of |1 - values|: absolute rankings), seconds,"
-        " cpr_ci / cmd_ci / values_ci ([lo, hi]; values_ci: [[lo per size], [hi per size]]: 95 % bootstrap"
+        " cpr_ci / cmd_ci / values_ci ([lo, hi]; values_ci: [[lo per size], [hi per size]]: 95 % BCa bootstrap"
         " intervals over the test prompts), prompt_metric [n][prompts]"
     )
     comparison: dict = doc_field(
         "per curve: cpr, cmd; comparisons: direction vs head-level edges per level or block order and axis (cpr:"
         " signed, cmd: absolute), vs_units (every signed curve's cpr, every absolute curve's cmd against the"
-        " head-level edges') and the random curves' mean; cpr_diff_ci / cmd_diff_ci: the 95 % bootstrap interval of"
+        " head-level edges') and the random curves' mean; cpr_diff_ci / cmd_diff_ci: the 95 % BCa bootstrap interval of"
         " the difference to the head-level edges, paired over the test prompts (0 inside: not resolved)"
     )
     top_edges: list[dict] = doc_field(
