@@ -284,7 +284,7 @@ def test_sparse_and_dense_partial_sums_agree(s, density, monkeypatch):
     close(sparse, dense, f"density {density}: sparse vs dense")
 
 
-def brute_correction(self, r, keep: UnitKeep, R, D, Dp, live):
+def brute_correction(self, r, keep: UnitKeep, R, D, Dr, plan, live):
     """The correction of reader unit ``r`` from its definition: every upstream writer direction's ``corrupted -
     live`` write formed on its own (the embedding: its whole write); the unit's input adds those that no direction
     keeps, each direction adds its own dropped ones through the unit's factor."""
@@ -358,6 +358,32 @@ class Leveled:
 
     def levels(self, r):
         return self.levels_of[r.index]
+
+
+@pytest.mark.parametrize("as_levels", [False, True])
+def test_kept_edges_of_the_mixed_columns(as_levels):
+    """``_kept`` (the plan's count of kept edges in the mixed columns, over their span where it is narrow) equals the
+    count of their mask, for mixed columns in one run, close together and spread out."""
+    g = torch.Generator().manual_seed(4)
+    K, n = 6, 400
+    kind = torch.randint(0, 3, (n,), generator=g)  # 0: no direction keeps the column, 1: every one, 2: mixed
+    kind[100:200] = torch.where(torch.arange(100) % 5 == 0, torch.arange(100) % 2, 2)  # mostly mixed
+    mask = torch.where(kind[None] == 2, torch.rand(K, n, generator=g) < 0.4, (kind == 1)[None].expand(K, n))
+    mask[0, kind == 2], mask[1, kind == 2] = True, False  # really mixed
+    if as_levels:
+        high, low = torch.randint(2, 5, mask.shape, generator=g), torch.randint(0, 2, mask.shape, generator=g)
+        level = torch.where(mask, high, low)
+        L = KeepLevels(level.to(torch.uint8), level.amin(0).to(torch.uint8), level.amax(0).to(torch.uint8), 2)
+        keep = UnitKeep(torch.zeros(1), None, L.high >= 2, L, L.low >= 2)
+    else:
+        keep = UnitKeep(torch.zeros(1), mask, mask.any(0), None, mask.all(0))
+    mixed = torch.nonzero(kind == 2).flatten()
+    near, spread = mixed[(mixed >= 100) & (mixed < 200)], mixed[::7]
+    assert len(near) * 2 >= int(near[-1] - near[0]) + 1 and len(spread) * 2 < int(spread[-1] - spread[0]) + 1
+    for cols in (near, spread, slice(100, 104), mixed[:0]):
+        want = int(keep.columns(cols).count_nonzero())
+        assert want > 0 or not edge_ablation._length(cols)
+        assert edge_ablation._kept(keep, cols, K) == want
 
 
 def test_whole_blocks_equal_their_mask():

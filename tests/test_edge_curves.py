@@ -104,7 +104,7 @@ def kept_set(ranking, cut):
 def test_select_is_the_prefix_of_a_full_sort(universe, level, dtype, bits, monkeypatch):
     monkeypatch.setattr(edge_curves, "BUCKET_BITS", bits)
     if bits == 4:  # also read the scores in chunks of a few rows
-        monkeypatch.setattr(edge_curves, "_key_rows", functools.partial(edge_curves._key_rows, elements=200))
+        monkeypatch.setattr(edge_curves, "_score_rows", functools.partial(edge_curves._score_rows, elements=200))
     ranking = random_ranking(universe, level, dtype)
     n = ranking.count()
     for weighted in (False, True):
@@ -238,12 +238,26 @@ def test_keys_keep_the_order_of_the_floats(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bits", [16, 4])
+def test_buckets_are_the_top_bits_of_the_keys(dtype, bits, monkeypatch):
+    """``_bucket`` reads the floats' bits: the top ``BUCKET_BITS`` of their keys, offset to be non-negative."""
+    monkeypatch.setattr(edge_curves, "BUCKET_BITS", bits)
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(1000, generator=g, dtype=dtype) * 10.0 ** torch.randint(-30, 30, (1000,), generator=g),
+                   torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-45, -1e-45], dtype=dtype)])  # fmt: skip
+    want = (keys(x) >> (64 - bits)) + (1 << (bits - 1))
+    got = edge_curves._bucket(x.reshape(2, -1))
+    assert got.dtype == torch.int32 and got.shape == (2, len(x) // 2)
+    assert torch.equal(got.reshape(-1).long(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_scores_spread_over_the_buckets(dtype):
     """Scores of one sign and a few orders of magnitude fall into many buckets of ``select`` (not into the two of
     the key's sign bits): the buckets are what keeps the candidate read small."""
     g = torch.Generator().manual_seed(0)
     x = torch.rand(100_000, generator=g, dtype=torch.float64).to(dtype) * 1e-3
-    assert len(edge_curves._bucket(keys(x)).unique()) > 100
+    assert len(edge_curves._bucket(x).unique()) > 100
 
 
 def test_sigterm_unwinds_and_the_score_file_goes(universe, tmp_path):

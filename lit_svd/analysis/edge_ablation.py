@@ -32,20 +32,23 @@ exact). Dropping a writer's edges to every reader then differs from replacing th
 Elsewhere the two are the same (tested).
 
 **Cost.** Per reader unit the edges split into blocks (writer unit x reader unit): a block dropped whole adds its
-writer unit's summed write ``Delta_U`` in the residual (the unit sums of every reader unit of a read point are one
-product); a block kept whole adds nothing; a partially kept block adds ``sum_j (1 - keep_kj) G_kj dc_j`` with ``G_kj
-= r_k . W_j`` (the gains, precomputed by the attribution where given: ``gains``) and ``dc_j`` the writer's
-coefficient change. Where under ``SPARSE`` of the partial blocks' edges are kept: one sparse (CSR) product over them
-(``r_k . total - sum over kept``). Else a column that no direction keeps adds its write to every direction (``r_k .
-lost``, the writes of those columns summed), one that every direction keeps nothing, and only the *mixed* columns
-(kept by some directions) take a sparse product over their dropped edges (under ``SPARSE``) or a dense one; the
-dense ones of a read point's units are one product over the union of their mixed columns where that costs less than
-one per unit (``_mixed_sums``: ``K x columns`` multiply-adds per position, each gathered column of ``dc`` costing
-about ``GATHER`` more; a run of columns is read in place, the columns between masked to zero). The
+writer unit's summed write ``Delta_U`` in the residual (per reader unit one sum of writer units' writes, with those
+its partial columns need: ``_sum_units``; the distinct sums of a read point's units are one product, ``_unit_sums``:
+many units drop the same blocks); a block kept whole adds nothing; a partially kept block adds ``sum_j (1 - keep_kj)
+G_kj dc_j`` with ``G_kj = r_k . W_j`` (the gains, precomputed by the attribution where given: ``gains``) and
+``dc_j`` the writer's coefficient change. Where under ``SPARSE`` of the partial blocks' edges are kept: one sparse
+(CSR) product over them (``r_k . total - sum over kept``). Else a column that no direction keeps adds its write to
+every direction (``r_k . lost``, the writes of those columns summed), one that every direction keeps nothing, and
+only the *mixed* columns (kept by some directions) take a sparse product over their dropped edges (under ``SPARSE``)
+or a dense one; the dense ones of a read point's units are one product over the union of their mixed columns where
+that costs less than one per unit (``_mixed_sums``: ``K x columns`` multiply-adds per position, each gathered column
+of ``dc`` costing about ``GATHER`` more; a run of columns is read in place, the columns between masked to zero; the
+mask is written as floats by the levels' comparison and multiplies the gains in place, ``UnitKeep.dropped``). The
 unit's input adds ``lost``: summed over those columns or over the others subtracted from their units' writes,
 whichever are fewer, block by block (a block's summed write comes with the read point's unit sums), so ``P x min x
-d`` multiply-adds per partial block (``_plan``). A circuit of whole blocks (``block_keep``) needs no mask of
-direction edges; a circuit given as levels (``KeepLevels``: the sizes of one ranking) reads its mask from them.
+d`` multiply-adds per partial block (``_plan``, which counts the kept edges of the mixed columns over their span
+where it is narrow: ``_kept``). A circuit of whole blocks (``block_keep``) needs no mask of direction edges; a
+circuit given as levels (``KeepLevels``: the sizes of one ranking) reads its mask from them.
 
 Only the *active* positions are computed (``active_rows``): from each prompt's first token where clean and corrupted
 differ up to its answer position. Before it every writer's ``corrupted - live`` is zero (the same prefix, so the
@@ -58,6 +61,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -284,18 +288,11 @@ class EdgeAblation:
             todo = [(r, keep) for r in u.reader_units(point, layer) if (keep := masks[r.index]) is not None]
             if not todo:
                 return
-            # every unit sum of this read point in one product: per unit the writes of its blocks dropped whole and
-            # the writes its partial columns need (``_Partial.units``; the embedding's is delta[0], not dcT W)
-            n_up = todo[0][0].n_up
             plans = [_plan(u, r, keep) for r, keep in todo]
-            rows = [keep.state == EMPTY for _, keep in todo]
-            rows += [p.units for p in plans if p is not None and p.with_units]
-            sums = (torch.stack(rows).to(u.dtype) @ live.delta[:n_up].reshape(n_up, -1)).reshape(len(rows), *R.shape)
+            sums = _unit_sums(live.delta, [_sum_units(keep, plan) for (_, keep), plan in zip(todo, plans)])
             _mixed_sums(live, u, [(r, p) for (r, _), p in zip(todo, plans) if p is not None and p.dense], self.gains)
-            at = iter(sums[len(todo) :])
-            for i, ((r, keep), plan) in enumerate(zip(todo, plans)):
-                part = None if plan is None else (plan, next(at) if plan.with_units else None)
-                live.corrections[r.index] = self.correction(r, keep, R, sums[i], part, live)
+            for (r, keep), plan, (D, Dr) in zip(todo, plans, sums):
+                live.corrections[r.index] = self.correction(r, keep, R, D, Dr, plan, live)
 
         return pre
 
@@ -305,21 +302,21 @@ class EdgeAblation:
         keep: UnitKeep,
         R: Tensor,
         D: Tensor,
-        part: tuple[_Partial, Tensor | None] | None,
+        Dr: Tensor,
+        plan: _Partial | None,
         live: _Live,
     ) -> tuple[Tensor, Tensor]:
         """``(delta [P, K], rho [P])`` of reader unit ``r`` with what it keeps (``UnitKeep``): each direction's
         coefficient is ``bias + rho * (live coefficient - bias) + delta`` (module docstring). ``R``: the live
-        residual ``[P, d]``; ``D``: the ``corrupted - live`` writes of the blocks dropped whole, summed; ``part``:
-        the plan of its partially kept columns (but the embedding's) and the summed writes of its ``units``."""
+        residual ``[P, d]``; ``D``, ``Dr``: the summed ``corrupted - live`` writes of the unit's input and of its
+        directions' reading (``_sum_units``); ``plan``: its partially kept columns but the embedding's."""
         u, v = self.u, self.view
         Rc = u.basis(r).Rc
         y = R + D
-        if part is not None:
-            plan, S = part
-            lost = plan.lost_sum(live, u, S)
+        if plan is not None:
+            lost = plan.lost_sum(live, u)
             y = y + lost
-            raw = _partial_sum(live, u, Rc, D, S, lost, plan, None if self.gains is None else self.gains[r.index])
+            raw = _partial_sum(live, u, Rc, D, Dr, lost, plan, None if self.gains is None else self.gains[r.index])
         else:
             raw = Rc @ D.T  # [K, P]
         if bool(keep.state[0] == PARTIAL):  # the embedding is kept for some directions only
@@ -479,13 +476,15 @@ class UnitKeep:
         assert self.mask is not None, "a unit of whole blocks has no mask"
         return self.mask[:, cols]
 
-    def dropped(self, cols: Cols, within: Tensor) -> Tensor:
-        """``[K, len(cols)]`` bool: the dropped edges of the writer columns ``cols`` where ``within [len(cols)]``,
-        none elsewhere."""
+    def dropped(self, cols: Cols, within: Tensor, out: Tensor) -> Tensor:
+        """``out [K, len(cols)]`` (float): 1 at the dropped edges of the writer columns ``cols`` where ``within
+        [len(cols)]``, 0 elsewhere (a comparison writing floats: several times faster than a bool mask's
+        conversion)."""
         if self.levels is None:
-            return ~self.columns(cols) & within
+            assert self.mask is not None, "a unit of whole blocks has no mask"
+            return torch.lt(self.mask[:, cols], within, out=out)  # not kept, and within
         level = self.levels.level[:, cols]
-        return level < torch.where(within, _row(self.levels.need, level.shape[1], level.device), 0)
+        return torch.lt(level, torch.where(within, _row(self.levels.need, level.shape[1], level.device), 0), out=out)
 
     def partial_units(self) -> Tensor:
         """``[n_up]``: the partially kept writer units but the embedding (whose write is not ``dcT W``)."""
@@ -538,6 +537,28 @@ def _block_states(u: EdgeUniverse, r: ReaderUnit, any_col: Tensor, all_col: Tens
     return torch.where(some == 0, EMPTY, torch.where(every == size, FULL, PARTIAL))
 
 
+def _sum_units(keep: UnitKeep, plan: _Partial | None) -> tuple[Tensor, Tensor]:
+    """``[n_up]`` bool twice: the writer units whose writes a reader unit's input adds in full (its blocks dropped
+    whole, and where ``plan.subtract`` the partial ones its lost columns are summed from), and those whose sum its
+    directions read (the same, but few kept: every partial unit, ``Dp``)."""
+    empty = keep.state == EMPTY
+    if plan is None or not plan.with_units:
+        return empty, empty
+    read = empty | plan.units
+    return (read if plan.subtract else empty), read
+
+
+def _unit_sums(delta: Tensor, which: list[tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:
+    """Every ``_sum_units`` sum of one read point's reader units (``[P, d]`` each) as one product over the distinct
+    sets of writer units (many units drop the same blocks)."""
+    rows = torch.stack([row for pair in which for row in pair])
+    n = rows.shape[1]
+    distinct, at = torch.unique(rows, dim=0, return_inverse=True)
+    sums = (distinct.to(delta.dtype) @ delta[:n].reshape(n, -1)).reshape(len(distinct), *delta.shape[1:])
+    at = at.tolist()
+    return [(sums[at[2 * i]], sums[at[2 * i + 1]]) for i in range(len(which))]
+
+
 def _unit_sum(delta: Tensor, which: Tensor) -> Tensor:
     """``[P, d]``: the sum of the writer units' writes ``delta[U]`` over ``which [n_up]`` (bool)."""
     n = len(which)
@@ -566,13 +587,13 @@ class _Partial:
     of their edges kept; ``units [n_up]`` (where ``with_units``): the writer units whose summed write the unit sums
     give (few kept: every partial unit, ``Dp``; else the partial units of more columns no direction keeps than
     others). The columns no direction keeps sum to the writes of ``add``, plus (``subtract``) those units' writes
-    less the writes of ``sub`` (``lost_sum``). ``dense``: the mixed columns' dropped edges take a dense product
-    (more than ``SPARSE`` of the partial edges dropped there), ``mixed_sum [K, P]`` (``_mixed_sums``)."""
+    (added with the blocks dropped whole: ``_sum_units``) less the writes of ``sub`` (``lost_sum``). ``dense``: the
+    mixed columns' dropped edges take a dense product (more than ``SPARSE`` of the partial edges dropped there),
+    ``mixed_sum [K, P]`` (``_mixed_sums``)."""
 
     keep: UnitKeep
     cols: Cols
     mixed: Cols
-    Mm: Tensor
     few_kept: bool
     units: Tensor
     with_units: bool
@@ -582,12 +603,17 @@ class _Partial:
     dense: bool
     mixed_sum: Tensor | None = None
 
-    def lost_sum(self, live: _Live, u: EdgeUniverse, S: Tensor | None) -> Tensor:
-        """``[P, d]``: the ``corrupted - live`` writes of the columns no direction keeps (``S``: ``units``' writes)."""
+    @cached_property
+    def Mm(self) -> Tensor:
+        """``[K, len(mixed)]`` bool: the keep mask of the mixed columns (formed where a path reads it)."""
+        return self.keep.columns(self.mixed)
+
+    def lost_sum(self, live: _Live, u: EdgeUniverse) -> Tensor:
+        """``[P, d]``: the ``corrupted - live`` writes of the columns no direction keeps, but (``subtract``) the
+        ``units``' writes, which come with the unit sums (``_sum_units``)."""
         lost = live.dcT[self.add].T @ u.W[self.add]
         if self.subtract:
-            assert S is not None
-            lost += S - live.dcT[self.sub].T @ u.W[self.sub]
+            lost -= live.dcT[self.sub].T @ u.W[self.sub]
         return lost
 
 
@@ -605,8 +631,7 @@ def _plan(u: EdgeUniverse, r: ReaderUnit, keep: UnitKeep) -> _Partial | None:
     idx = _index(cols, dev)
     some, every = keep.any_col[idx], keep.all_col[idx]
     mixed = _span(idx[some & ~every])
-    Mm = keep.columns(mixed)
-    K, n, kept_mixed = Mm.shape[0], len(idx), int(Mm.count_nonzero())
+    K, n, kept_mixed = r.size, len(idx), _kept(keep, mixed, r.size)
     few = K * int(every.count_nonzero()) + kept_mixed <= SPARSE * K * n
     unit = u.col_unit[idx].to(dev)
     if few:  # Dp is needed anyway (``_partial_sum``)
@@ -617,8 +642,19 @@ def _plan(u: EdgeUniverse, r: ReaderUnit, keep: UnitKeep) -> _Partial | None:
         units = partial & (2 * kept < u.writer_sizes[: len(partial)].to(dev))
         subtract, within = bool(units.any()), units[unit]
     add, sub = idx[~some & ~within], idx[some & within]
-    dense = not few and _length(mixed) > 0 and Mm.numel() - kept_mixed > SPARSE * K * n
-    return _Partial(keep, cols, mixed, Mm, few, units, few or subtract, subtract, add, sub, dense)
+    dense = not few and _length(mixed) > 0 and K * _length(mixed) - kept_mixed > SPARSE * K * n
+    return _Partial(keep, cols, mixed, few, units, few or subtract, subtract, add, sub, dense)
+
+
+def _kept(keep: UnitKeep, mixed: Cols, K: int) -> int:
+    """The kept edges of the mixed columns: counted over their span where it is at most twice as wide (the mask of a
+    slice: no gathered columns, about a third of the cost), less ``K`` for each column there that every direction
+    keeps (the others there keep none)."""
+    if isinstance(mixed, slice) or not len(mixed) or int(mixed[-1]) - int(mixed[0]) + 1 > 2 * len(mixed):
+        return int(keep.columns(mixed).count_nonzero())
+    span = slice(int(mixed[0]), int(mixed[-1]) + 1)
+    assert keep.all_col is not None
+    return int(keep.columns(span).count_nonzero()) - K * int(keep.all_col[span].count_nonzero())
 
 
 def _partial_sum(
@@ -626,19 +662,19 @@ def _partial_sum(
     u: EdgeUniverse,
     Rc: Tensor,
     D: Tensor,
-    S: Tensor | None,
+    Dr: Tensor,
     lost: Tensor,
     plan: _Partial,
     G: Tensor | None,
 ) -> Tensor:
     """``[K, P]``: ``Rc . D`` plus ``sum_j (1 - keep_kj) G_kj dc_j`` over the partially kept columns (``_Partial``;
-    ``lost``: the writes of those no direction keeps). Few kept: ``r . (D + Dp)`` (``S``) less a sparse product over
-    the kept edges; else ``r . (D + lost)`` (a column no direction keeps adds its write to every direction) plus
-    the mixed columns: a sparse product over their dropped edges where few (``SPARSE``), else a dense one. ``G [K,
-    n_cols]``: the unit's gains ``Rc W^T`` if precomputed (else formed here)."""
+    ``D + lost``: the writes of the blocks and columns no direction keeps, ``Dr``: ``_sum_units``'s read sum). Few
+    kept: ``r . Dr`` (with ``Dp``) less a sparse product over the kept edges; else ``r . (D + lost)`` (a column no
+    direction keeps adds its write to every direction) plus the mixed columns: a sparse product over their dropped
+    edges where few (``SPARSE``), else a dense one. ``G [K, n_cols]``: the unit's gains ``Rc W^T`` if precomputed
+    (else formed here)."""
     if plan.few_kept:
-        assert S is not None
-        return Rc @ (D + S).T - _edge_sum(live, u, Rc, plan.keep.columns(plan.cols), plan.cols, G)
+        return Rc @ Dr.T - _edge_sum(live, u, Rc, plan.keep.columns(plan.cols), plan.cols, G)
     raw = Rc @ (D + lost).T
     if plan.dense:
         assert plan.mixed_sum is not None
@@ -668,7 +704,7 @@ def _mixed_sums(
     at = 0
     for (r, plan), m in zip(units, mixed):
         G = _gains(u, r, cols) if gains is None else _take(gains[r.index], cols, 1)
-        torch.mul(G.to(A.dtype), _dropped(plan, cols, m), out=A[at : at + r.size])
+        _dropped(plan, cols, m, A[at : at + r.size]).mul_(G)
         at += r.size
     for (_, plan), part in zip(units, (A @ _take(live.dcT, cols, 0)).split(K)):
         plan.mixed_sum = part
@@ -690,14 +726,15 @@ def _take(x: Tensor, cols: Cols, dim: int) -> Tensor:
     return x.index_select(dim, cols)
 
 
-def _dropped(plan: _Partial, cols: Cols, mixed: Tensor) -> Tensor:
-    """``[K, len(cols)]`` bool: the dropped edges of the mixed columns ``mixed`` among the columns ``cols``."""
+def _dropped(plan: _Partial, cols: Cols, mixed: Tensor, out: Tensor) -> Tensor:
+    """``out [K, len(cols)]`` (float): 1 at the dropped edges of the mixed columns ``mixed`` among the columns
+    ``cols``, 0 elsewhere."""
     if _length(cols) == len(mixed):  # the mixed columns themselves
-        return ~plan.Mm
+        return torch.logical_not(plan.Mm, out=out)
     idx = _index(cols, mixed.device)
     on = torch.zeros(int(idx[-1]) + 1, dtype=torch.bool, device=mixed.device)
     on[mixed] = True
-    return plan.keep.dropped(cols, on[idx])
+    return plan.keep.dropped(cols, on[idx], out)
 
 
 def _gains(u: EdgeUniverse, r: ReaderUnit, cols: Cols) -> Tensor:

@@ -21,7 +21,9 @@ pass: a block weighs 1.
 
 **Selection** over ~10^9 direction edges without sorting them: the scores' order-preserving integer keys are
 histogrammed on their top 16 bits (counts, or weights on the fair axis), the bucket where the target falls is read
-back edge by edge and sorted (``select``). Scores may live in a memory-mapped file (``ScoreFile``). The cuts of a
+back edge by edge and sorted (``select``). The buckets are read off the floats' bits (``_bucket``: int32, no keys
+formed but the candidates'), and the weighted histogram is integer counts per (edge weight, bucket), a reader unit's
+edges having a few distinct weights. Scores may live in a memory-mapped file (``ScoreFile``). The cuts of a
 direction curve's sizes are nested (prefixes of one order), so the selection's second pass also gives every edge's
 *level* (how many of the cuts keep it, ``cut_levels``: the cuts ending in a lower bucket, plus, for the edges of the
 cuts' own buckets, those whose prefix holds them) and each size reads its masks from the levels, not from the
@@ -177,14 +179,18 @@ def _select(
         raise ValueError(f"cut_levels: {len(targets)} cuts, at most 255 (uint8 levels)")
     u = ranking.universe
     n_buckets = 1 << BUCKET_BITS
-    counts = torch.zeros(n_buckets, dtype=torch.float64)
+    counts = torch.zeros(n_buckets, dtype=torch.long)
     weights = torch.zeros(n_buckets, dtype=torch.float64)
     for r in u.readers:
-        cols = ranking.weights(r)
-        for _, k in _key_rows(ranking, r):
-            ids = _bucket(k)
-            counts += torch.bincount(ids, minlength=n_buckets).double()
-            weights += torch.bincount(ids, cols.repeat(len(ids) // len(cols)), n_buckets)
+        values, kind = torch.unique(ranking.weights(r), return_inverse=True)  # a few distinct edge weights
+        offset = (kind * n_buckets).to(torch.int32)
+        per_kind = torch.zeros(len(values) * n_buckets, dtype=torch.long)
+        for _, x in _score_rows(ranking, r):  # each edge counted in its (weight, bucket) bin
+            per_kind += torch.bincount((_bucket(x) + offset).reshape(-1), minlength=len(per_kind))
+        per_kind = per_kind.reshape(len(values), n_buckets)
+        counts += per_kind.sum(0)
+        weights += values @ per_kind.double()
+    counts = counts.double()
     hist = weights if weighted else counts
     above, above_n, above_w = (_above(h) for h in (hist, counts, weights))
     total = float(hist.sum())
@@ -260,26 +266,27 @@ def _eps(t: float) -> float:
     return 1e-9 * max(1.0, abs(t))
 
 
-def _key_rows(ranking: EdgeRanking, r: ReaderUnit, elements: int = 1 << 22) -> Iterator[tuple[int, Tensor]]:
-    """``r``'s keys, flat, in chunks of whole rows (at most ``elements`` each but one row): ``(flat start, keys)``;
-    float32 scores give their 32-bit keys (``_full_keys`` widens them)."""
+def _score_rows(ranking: EdgeRanking, r: ReaderUnit, elements: int = 1 << 22) -> Iterator[tuple[int, Tensor]]:
+    """``r``'s scores in chunks of whole rows (at most ``elements`` each but one row): ``(flat start, scores [rows,
+    cols])``, on the CPU, float32 or float64."""
     S = ranking.scores(r)
     rows = max(1, elements // max(1, S.shape[1]))
     for i in range(0, S.shape[0], rows):
-        part = S[i : i + rows]
-        yield i * S.shape[1], (_keys32(part) if part.dtype == torch.float32 else keys(part)).reshape(-1).cpu()
+        part = S[i : i + rows].cpu()
+        yield i * S.shape[1], part if part.dtype == torch.float64 else part.float()
 
 
-def _full_keys(k: Tensor) -> Tensor:
-    """``_key_rows``'s keys as ``keys`` gives them (int64)."""
-    return k.long() << 32 if k.dtype == torch.int32 else k
-
-
-def _bucket(k: Tensor) -> Tensor:
-    """The top ``BUCKET_BITS`` of the keys (int64, or a float32's int32) as a bucket index ``0 .. 2^BUCKET_BITS -
-    1`` (key order)."""
-    width = 32 if k.dtype == torch.int32 else 64
-    return ((k >> (width - BUCKET_BITS)) + (1 << (BUCKET_BITS - 1))).reshape(-1).long()
+def _bucket(x: Tensor) -> Tensor:
+    """int32 buckets of the scores ``x`` (float32 or float64, any shape): the top ``BUCKET_BITS`` of their keys
+    (``keys``) plus ``2^(BUCKET_BITS - 1)``, so ``0 .. 2^BUCKET_BITS - 1`` in key order, read off the float's bits
+    (a key flips a negative float's bits but the sign: so do its top bits) without forming the keys."""
+    width = 64 if x.dtype == torch.float64 else 32
+    bits = x.contiguous().view(torch.int64 if width == 64 else torch.int32)
+    half = 1 << (BUCKET_BITS - 1)
+    top = bits >> (width - BUCKET_BITS)
+    top ^= (bits >> (width - 1)) & (half - 1)
+    top += half
+    return top.to(torch.int32)
 
 
 def _candidates(
@@ -294,15 +301,15 @@ def _candidates(
     for r in ranking.universe.readers:
         cols = ranking.weights(r)
         flat = None if levels is None else levels.unit(r.index).view(-1)
-        for start, k in _key_rows(ranking, r):
-            b = _bucket(k)
+        for start, x in _score_rows(ranking, r):
+            b = _bucket(x).reshape(-1)  # int32: index_select reads a table with it far faster than indexing
             if flat is not None and below is not None:
-                flat[start : start + len(b)] = below[b]
-            idx = torch.nonzero(wanted[b]).flatten()
+                flat[start : start + len(b)] = below.index_select(0, b)
+            idx = torch.nonzero(wanted.index_select(0, b)).flatten()
             if not len(idx):
                 continue
-            parts["bucket"].append(b[idx])
-            parts["key"].append(_full_keys(k[idx]))
+            parts["bucket"].append(b[idx].long())
+            parts["key"].append(keys(x.reshape(-1)[idx]))
             parts["unit"].append(torch.full((len(idx),), r.index, dtype=torch.long))
             parts["index"].append(idx + start)
             parts["weight"].append(cols[idx % len(cols)])
