@@ -114,6 +114,76 @@ def test_patching_one_heads_directions_equals_patching_its_mixed_value(tokenizer
 
 
 @torch.no_grad()
+def test_per_prompt_metrics_average_to_the_sums_and_give_the_intervals(tokenizer, llama64):
+    """The curves keep every prompt's metric: their means equal the old per-batch sums over the prompts (a separate
+    loop over ``circuit_metric``, summed batch by batch; 1e-12), the intervals equal ``area_intervals`` on those
+    per-prompt metrics, and the prompts are listed in their split order whatever the order of the batches (the
+    batches reversed give the same intervals; the reversed arrival order would give others)."""
+    from lit_svd.analysis.area_intervals import area_intervals, paired_differences
+    from lit_svd.analysis.faithfulness import circuit_metric, corrupted_reference, fair_weights, kept_counts
+    from lit_svd.models.patching import CircuitPatch
+
+    view = make_view(llama64)
+    comps = universe_components(view)
+    universe = Universe(comps)
+    n = len(universe)
+    rank = {"a": random_ranking(n, 0), "b": score_ranking(torch.linspace(1, 0, n))}
+    sizes = [0.05, 0.2, 0.5, 1.0]
+    batches = ioi_batches(tokenizer, 8, 3)
+    weights = fair_weights(universe)
+    task = task_scorer("ioi")
+    with exact_rms_norms(llama64):
+        curves, info = faithfulness_curves(view, comps, batches, rank, "ioi", sizes)
+        back, back_info = faithfulness_curves(view, comps, batches[::-1], rank, "ioi", sizes)
+        patch = CircuitPatch(view, comps)
+        sums: dict = {}
+        per_prompt: dict = {}
+        for b in batches:
+            ref = corrupted_reference(patch, b)
+            for key, keep in (("full", torch.ones(n, dtype=torch.bool)), ("empty", torch.zeros(n, dtype=torch.bool))):
+                m = circuit_metric(patch, universe, b, keep, ref, task)
+                sums[key] = sums.get(key, 0.0) + float(m.sum())
+                per_prompt.setdefault(key, []).append(m)
+            for name, r in rank.items():
+                for axis in ("raw", "fair"):
+                    rows = []
+                    for k in kept_counts(r, sizes, axis, weights):
+                        keep = torch.zeros(n, dtype=torch.bool)
+                        keep[r[:k]] = True
+                        rows.append(circuit_metric(patch, universe, b, keep, ref, task))
+                    t = torch.stack(rows)
+                    key = f"{name}@{axis}"
+                    sums[key] = sums.get(key, 0.0) + t.sum(1)
+                    per_prompt.setdefault(key, []).append(t)
+    P = 8
+    assert info["n_prompts"] == P and info["prompt_index"] == list(range(P)) == back_info["prompt_index"]
+    scale = abs(sums["full"] / P)
+    assert abs(info["m_full"] - sums["full"] / P) <= 1e-12 * scale
+    assert abs(info["m_empty"] - sums["empty"] / P) <= 1e-12 * scale
+    full, empty = torch.cat(per_prompt["full"]), torch.cat(per_prompt["empty"])
+    metrics = {key: torch.cat(per_prompt[key], 1) for key in sums if "@" in key}
+    want = area_intervals(sizes, metrics, full, empty, [("a@fair", "b@fair")])
+    for key, t in metrics.items():
+        name, axis = key.split("@")
+        c = curves[name][axis]
+        assert max(abs(a - b) for a, b in zip(c.metric, (sums[key] / P).tolist())) <= 1e-12 * scale, key
+        assert (torch.tensor(c.prompt_metric, dtype=torch.float64) - t).abs().max() <= 1e-12 * scale
+        w = want["curves"][key]
+        for got, exp in ((c.cpr_ci, w["cpr"]), (c.cmd_ci, w["cmd"]), *zip(c.values_ci, w["f"])):
+            assert max(abs(a - b) for a, b in zip(got, exp)) <= 1e-9, (key, got, exp)
+        other = back[name][axis]
+        assert max(abs(a - b) for a, b in zip(other.cpr_ci + other.cmd_ci, c.cpr_ci + c.cmd_ci)) <= 1e-9
+        assert c.cpr_ci[0] <= c.cpr <= c.cpr_ci[1]
+    rows = {f"{name}@{axis}": c.row() for name, by_axis in curves.items() for axis, c in by_axis.items()}
+    diff = paired_differences(rows, info)
+    assert diff("a@fair", "b@fair", "cpr")["cpr_diff_ci"] == want["pairs"]["a@fair - b@fair"]["cpr"]
+    # the arrival order of the reversed batches, not sorted back, draws other prompts: other intervals
+    arrival = torch.cat([torch.arange(6, 8), torch.arange(3, 6), torch.arange(0, 3)])
+    shuffled = area_intervals(sizes, {"a@raw": metrics["a@raw"][:, arrival]}, full[arrival], empty[arrival])
+    assert shuffled["curves"]["a@raw"]["cpr"] != want["curves"]["a@raw"]["cpr"]
+
+
+@torch.no_grad()
 def test_ratio_of_means_does_not_depend_on_batching(tokenizer, llama64):
     view = make_view(llama64)
     comps = universe_components(view)

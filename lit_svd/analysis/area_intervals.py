@@ -18,6 +18,7 @@ is named in ``percentile_fallback``; an output that no draw moves (a curve again
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
@@ -146,3 +147,38 @@ def area_intervals(
     for a, b in pairs:
         out["pairs"][f"{a} - {b}"] = {x: ci[f"{a} - {b}/{x}"] for x in ("cpr", "cmd")}
     return out
+
+
+def curve_intervals(
+    sizes: Sequence[float], metrics: Mapping[str, Tensor], full: Tensor, empty: Tensor
+) -> tuple[dict[str, dict], dict | None]:
+    """``(rows, about)``: per curve of ``metrics`` (``area_intervals``' arguments) the fields a curve row carries,
+    ``cpr_ci``, ``cmd_ci`` (``[lo, hi]``) and ``values_ci`` (``[[lo per size], [hi per size]]``), and what the
+    intervals are (``method``, ``level``, ``resamples``, ``percentile_fallback``); ``({name: {}}, None)`` for fewer
+    than 2 prompts (no interval)."""
+    if len(full) < 2:
+        return {name: {} for name in metrics}, None
+    ci = area_intervals(sizes, metrics, full, empty)
+    rows = {name: {"cpr_ci": c["cpr"], "cmd_ci": c["cmd"], "values_ci": c["f"]} for name, c in ci["curves"].items()}
+    return rows, {k: ci[k] for k in ("method", "level", "resamples", "percentile_fallback")}
+
+
+def paired_differences(curves: Mapping[str, Mapping], info: Mapping | None) -> Callable[[str, str, str], dict]:
+    """``diff(a, b, area) -> {area + "_diff_ci": [lo, hi]}``: the bootstrap interval of curve ``a``'s area
+    (``"cpr"`` or ``"cmd"``) minus ``b``'s, paired over the prompts (``area_intervals`` on the two curves' rows:
+    ``sizes``, ``prompt_metric [n][prompts]``; the ends from ``info``'s ``prompt_full`` / ``prompt_empty``, the
+    same prompts in the same order); ``{}`` without per-prompt metrics or with one prompt. Each pair is drawn once
+    whatever areas are asked of it."""
+    if info is None or len(info.get("prompt_full") or ()) < 2:
+        return lambda a, b, area: {}
+    full, empty = (torch.tensor(info[k], dtype=torch.float64) for k in ("prompt_full", "prompt_empty"))
+
+    @functools.cache
+    def pair(a: str, b: str) -> dict:
+        metrics = {n: torch.tensor(curves[n]["prompt_metric"], dtype=torch.float64) for n in (a, b)}
+        return area_intervals(curves[a]["sizes"], metrics, full, empty, [(a, b)])["pairs"][f"{a} - {b}"]
+
+    def diff(a: str, b: str, area: str) -> dict:
+        return {f"{area}_diff_ci": pair(a, b)[area]}
+
+    return diff

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lit_svd.analysis.area_intervals import area_intervals
+from lit_svd.analysis.area_intervals import curve_intervals
 from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, KeepLevels, NoEdges
 from lit_svd.analysis.edge_attribution import EdgeScores
 from lit_svd.analysis.edge_options import BLOCK_ORDERS, DIRECTION_ORDERS, FACTOR_ORDERS
@@ -797,20 +797,19 @@ def curves_of(
     of differences between curves scored on the same prompts), ``intervals`` (their method, level, resamples and the
     outputs where BCa fell back to percentiles)."""
     full, empty = reference_means(float(sums.full.sum()), float(sums.empty.sum()), sums.prompts, "edge curves")
-    ci = area_intervals(sizes, sums.curves, sums.full, sums.empty) if sums.prompts > 1 else None
+    ci, about = curve_intervals(sizes, sums.curves, sums.full, sums.empty)
     out = {}
     for name, per_prompt in sums.curves.items():
         metric = per_prompt.mean(1).tolist()
         values, cpr, cmd = faithfulness_of(sizes, metric, full, empty)
         n_edges, weighted = counts[name]
-        own = ci["curves"][name] if ci else {}
         out[name] = EdgeCurve(
-            list(sizes), n_edges, weighted, values, metric, cpr, cmd, sums.seconds.get(name, 0.0),
-            cpr_ci=own.get("cpr"), cmd_ci=own.get("cmd"), values_ci=own.get("f"), prompt_metric=per_prompt.tolist(),
+            list(sizes), n_edges, weighted, values, metric, cpr, cmd, sums.seconds.get(name, 0.0), **ci[name],
+            prompt_metric=per_prompt.tolist(),
         )  # fmt: skip
     info: dict = {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts}
-    if ci:
-        info["intervals"] = {k: ci[k] for k in ("method", "level", "resamples", "percentile_fallback")}
+    if about:
+        info["intervals"] = about
     return out, info | {"prompt_full": sums.full.tolist(), "prompt_empty": sums.empty.tolist()}
 
 

@@ -42,6 +42,14 @@ A perfect curve has CPR 0.999 (the grid starts at 0.001) and CMD 0. **Every meth
 its *absolute* ranking (largest magnitude first); a method with one ranking (random, mask, graph) uses it for
 both (``method_scores``).
 
+**Intervals over the test prompts** (as the edge curves', ``area_intervals``): every prompt's metric is kept
+(``CurveSums``: the full and empty circuits' and every planned circuit's, per prompt), the prompts put in the order
+of their index in the split (``index``; the same order under any batching or number of DDP ranks), and each curve
+carries the 95 % BCa bootstrap intervals of its CPR, CMD and ``f`` at each size (``cpr_ci``, ``cmd_ci``,
+``values_ci``) and its per-prompt metric (``prompt_metric``), from which the interval of the difference of two
+curves, paired over the same prompts, is drawn (``area_intervals.paired_differences``). The point values are the
+ratio of the means, as before.
+
 Deviation from MIB: MIB scores *edge* circuits (an edge ablated is the writer's contribution to one reader
 patched); these are *node* circuits over directions (a direction ablated is patched for all its readers).
 """
@@ -58,6 +66,7 @@ import torch
 from torch import Tensor
 
 from lit_svd.addresses import Address
+from lit_svd.analysis.area_intervals import curve_intervals
 from lit_svd.analysis.faithfulness_options import MIB_SIZES, check_sizes
 from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
 from lit_svd.models.base import ModelView
@@ -317,7 +326,10 @@ def kept_counts(ranking: Tensor, sizes: Sequence[float], axis: Axis, weights: Te
 @dataclass
 class Curve:
     """One ranking's faithfulness curve on one axis: per size the kept count, ``f``, ``m`` (the mean metric), and
-    the kept prefix's raw fraction and fair size (``fair_size``: None without weights)."""
+    the kept prefix's raw fraction and fair size (``fair_size``: None without weights); the 95 % bootstrap intervals
+    over the prompts of CPR / CMD and of ``f`` at each size (``[lo, hi]``; ``values_ci``: ``[[lo per size], [hi per
+    size]]``; None for one prompt) and the metric per size and prompt (``prompt_metric``, prompts in ``CurveSums``'
+    order)."""
 
     sizes: list[float]
     n_kept: list[int]
@@ -328,6 +340,10 @@ class Curve:
     cpr: float
     cmd: float
     seconds: float
+    cpr_ci: list[float] | None = None
+    cmd_ci: list[float] | None = None
+    values_ci: list[list[float]] | None = None
+    prompt_metric: list[list[float]] = field(default_factory=list)
 
     def row(self) -> dict:
         """The curve as the results hold it."""
@@ -364,42 +380,78 @@ def plan_curves(
     return CurvePlan(sizes, rankings, counts, n, weights)
 
 
+def _empty() -> Tensor:
+    return torch.zeros(0, dtype=torch.float64)
+
+
 @dataclass
 class CurveSums:
-    """Per-prompt metric sums of one evaluation (what a module reduces over batches and DDP ranks):
-    ``full``, ``empty`` and ``circuits[name]: [len(plan.circuits(name))]``, and the number of prompts."""
+    """The per-prompt metrics of one evaluation (the terms of the sums the means are; what a module gathers over
+    batches and DDP ranks): ``full`` and ``empty`` ``[P]``, ``circuits[name]: [len(plan.circuits(name)), P]``
+    (float64), ``index`` ``[P]``: each prompt's index in its split (the batches' ``index``; -1 where a batch has
+    none), and the seconds of each ranking's forwards."""
 
-    full: float = 0.0
-    empty: float = 0.0
+    full: Tensor = field(default_factory=_empty)
+    empty: Tensor = field(default_factory=_empty)
     circuits: dict[str, Tensor] = field(default_factory=dict)
-    prompts: int = 0
+    index: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     seconds: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def prompts(self) -> int:
+        return len(self.full)
+
     def add(self, other: CurveSums) -> None:
-        self.full += other.full
-        self.empty += other.empty
-        self.prompts += other.prompts
+        """Append ``other``'s prompts (after this one's)."""
+        self.full = torch.cat([self.full, other.full.double().cpu()])
+        self.empty = torch.cat([self.empty, other.empty.double().cpu()])
+        self.index = torch.cat([self.index, other.index.long().cpu()])
         for name, value in other.circuits.items():
-            self.circuits[name] = self.circuits.get(name, torch.zeros_like(value)) + value
+            before = self.circuits.get(name, torch.zeros((len(value), 0), dtype=torch.float64))
+            self.circuits[name] = torch.cat([before, value.double().cpu()], 1)
         for name, secs in other.seconds.items():
             self.seconds[name] = self.seconds.get(name, 0.0) + secs
 
+    def in_index_order(self) -> CurveSums:
+        """The same prompts ordered by ``index`` (stable: prompts without one keep their order), so that any batching
+        or sharding of one split lists them alike."""
+        order = torch.sort(self.index, stable=True).indices
+        circuits = {name: t[:, order] for name, t in self.circuits.items()}
+        return CurveSums(self.full[order], self.empty[order], circuits, self.index[order], dict(self.seconds))
+
 
 def curves_from_sums(sums: CurveSums, plan: CurvePlan) -> tuple[dict[str, dict[Axis, Curve]], dict]:
-    """Curves ``{name: {axis: Curve}}`` from reduced sums: ratio of means (the means over all prompts first)."""
-    full, empty = reference_means(sums.full, sums.empty, sums.prompts, "faithfulness")
+    """Curves ``{name: {axis: Curve}}`` from the per-prompt metrics (put in ``index`` order): ratio of means (the
+    means over all prompts first), with their bootstrap intervals over the prompts (``area_intervals``, every curve
+    on the same draws; none for a single prompt). ``info``: ``m_full``, ``m_empty``, ``n_prompts``,
+    ``n_directions``, ``prompt_full`` / ``prompt_empty`` / ``prompt_index`` (the ends per prompt and the prompts'
+    indices, in the curves' order), ``intervals`` (their method, level, resamples, percentile fallbacks)."""
+    sums = sums.in_index_order()
+    P = sums.prompts
+    full, empty = reference_means(float(sums.full.sum()), float(sums.empty.sum()), P, "faithfulness")
+    per_prompt: dict[str, dict[Axis, Tensor]] = {}
+    for name, rows in sums.circuits.items():
+        at = dict(zip(plan.circuits(name), rows.double()))
+        per_prompt[name] = {axis: torch.stack([at[k] for k in counts]) for axis, counts in plan.counts[name].items()}
+    flat = {f"{name}@{axis}": t for name, by_axis in per_prompt.items() for axis, t in by_axis.items()}
+    ci, about = curve_intervals(plan.sizes, flat, sums.full, sums.empty)
     curves: dict[str, dict[Axis, Curve]] = {}
-    for name, total in sums.circuits.items():
-        at = dict(zip(plan.circuits(name), (total.double() / sums.prompts).tolist()))
+    for name, by_axis in per_prompt.items():
         prefix = None if plan.weights is None else torch.cumsum(plan.weights[plan.rankings[name]], 0)
         curves[name] = {}
-        for axis, counts in plan.counts[name].items():
-            metric = [at[k] for k in counts]
+        for axis, t in by_axis.items():
+            counts = plan.counts[name][axis]
+            metric = (t.sum(1) / P).tolist()
             values, cpr, cmd = faithfulness_of(plan.sizes, metric, full, empty)
             fair = None if prefix is None else [float(prefix[k - 1]) if k else 0.0 for k in counts]
             curves[name][axis] = Curve(list(plan.sizes), counts, [k / plan.n for k in counts], fair, values, metric,
-                                       cpr, cmd, sums.seconds.get(name, 0.0))  # fmt: skip
-    return curves, {"m_full": full, "m_empty": empty, "n_prompts": sums.prompts, "n_directions": plan.n}
+                                       cpr, cmd, sums.seconds.get(name, 0.0), **ci[f"{name}@{axis}"],
+                                       prompt_metric=t.tolist())  # fmt: skip
+    info: dict = {"m_full": full, "m_empty": empty, "n_prompts": P, "n_directions": plan.n}
+    if about:
+        info["intervals"] = about
+    ends = {"prompt_full": sums.full.tolist(), "prompt_empty": sums.empty.tolist()}
+    return curves, info | ends | {"prompt_index": sums.index.tolist()}
 
 
 def method_scores(curves: Mapping[str, Mapping[Axis, Curve]], signed: str, absolute: str) -> dict[str, dict]:
@@ -438,15 +490,17 @@ def batch_sums(
     task: str | TaskScorer,
     progress: Callable[[int], None] | None = None,
 ) -> CurveSums:
-    """One batch's ``CurveSums``: ``m(full)``, ``m(empty)`` and every planned circuit, one forward each on the same
-    corrupted reference (recorded once; the empty and full circuits are not run twice)."""
+    """One batch's ``CurveSums``: every prompt's ``m(full)``, ``m(empty)`` and metric of every planned circuit, one
+    forward each on the same corrupted reference (recorded once; the empty and full circuits are not run twice)."""
     check_same_length(batch)
     task = task_scorer(task)
     n = len(universe)
     reference = corrupted_reference(patch, batch)
-    out = CurveSums(prompts=len(batch["answer_pos"]))
-    out.full = float(circuit_metric(patch, universe, batch, torch.ones(n, dtype=torch.bool), reference, task).sum())
-    out.empty = float(circuit_metric(patch, universe, batch, torch.zeros(n, dtype=torch.bool), reference, task).sum())
+    B = len(batch["answer_pos"])
+    index = batch.get("index")
+    out = CurveSums(index=torch.full((B,), -1, dtype=torch.long) if index is None else index.long().cpu())
+    out.full = circuit_metric(patch, universe, batch, torch.ones(n, dtype=torch.bool), reference, task).cpu()
+    out.empty = circuit_metric(patch, universe, batch, torch.zeros(n, dtype=torch.bool), reference, task).cpu()
     for name, ranking in plan.rankings.items():
         start = time.monotonic()
         values = []
@@ -456,10 +510,10 @@ def batch_sums(
                 continue
             keep = torch.zeros(n, dtype=torch.bool)
             keep[ranking[:count]] = True
-            values.append(float(circuit_metric(patch, universe, batch, keep, reference, task).sum()))
+            values.append(circuit_metric(patch, universe, batch, keep, reference, task).cpu())
             if progress:
                 progress(1)
-        out.circuits[name] = torch.tensor(values, dtype=torch.float64)
+        out.circuits[name] = torch.stack(values)
         out.seconds[name] = time.monotonic() - start
     return out
 
@@ -476,7 +530,8 @@ def faithfulness_curves(
 ) -> tuple[dict[str, dict[Axis, Curve]], dict]:
     """The faithfulness curves ``{name: {axis: Curve}}`` of every ranking (``{name: [N] long}``: the universe's
     flat indices, most important first; ``lit_svd.analysis.rankings``) on the same prompts, sizes and ablation.
-    Returns ``(curves, info)``, ``info``: ``m_full``, ``m_empty``, ``n_prompts``, ``n_directions``, ``wall_s``.
+    Returns ``(curves, info)``, ``info``: ``curves_from_sums``' (the means, the per-prompt ends, the intervals) and
+    ``wall_s``.
     ``Curve.seconds``: the time of that ranking's forwards (the shared reference, full and empty runs not
     included). The caller's batches are kept (the Lightning module sums the same ones); ``by_length`` regroups them
     with less padding, at the price of other float rounding."""

@@ -29,6 +29,8 @@ class FaithfulnessReport(Callback):
             m_empty=s["m_empty"],
             faithfulness=module.faithfulness,
             random=s.get("random"),
+            vs_heads=s.get("vs_heads"),
+            intervals=intervals(s),
             rankings=s["rankings"],
             mask_run=hp.mask_run,
             graph_run=hp.graph_run,
@@ -38,3 +40,11 @@ class FaithfulnessReport(Callback):
         write_result(trainer, result)
         if trainer.is_global_zero:
             save_figures(trainer, figures(result))
+
+
+def intervals(summary: dict) -> dict | None:
+    """What the bootstrap intervals are, with the per-prompt ends and the prompts' order (None: no intervals)."""
+    about = summary.get("intervals")
+    if about is None:
+        return None
+    return {**about, **{k: summary[k] for k in ("prompt_full", "prompt_empty", "prompt_index") if k in summary}}

@@ -1,7 +1,8 @@
 """Figures of a ``FaithfulnessResult``: ``faithfulness_curves.png``, every method's curves against the size kept
 (log x) in four panels: columns the raw axis (fraction of directions) and the fair axis (mean kept fraction of the
 units); rows the signed rankings (their CPR in the legend) and the absolute ones (their CMD). The random rankings
-grey and dashed."""
+grey and dashed; each ranked curve with its 95 % bootstrap band over the test prompts (``values_ci``) where it has
+one."""
 
 from __future__ import annotations
 
@@ -35,8 +36,12 @@ def curves_figure(faithfulness: dict, title: str):
                     continue
                 text = f"{method} ({score.upper()} {entry[score][axis]:.3f})"
                 random = method.startswith("random")
-                ax.plot(array(c["sizes"]), array(c["values"]), color="0.55" if random else palette[i % len(palette)],
-                        ls="--" if random else "-", marker="." if random else "o", ms=3, label=text)  # fmt: skip
+                color = "0.55" if random else palette[i % len(palette)]
+                x = array(c["sizes"])
+                ax.plot(x, array(c["values"]), color=color, ls="--" if random else "-", marker="." if random else "o",
+                        ms=3, label=text)  # fmt: skip
+                if not random and c.get("values_ci"):  # the 95 % bootstrap band over the test prompts
+                    ax.fill_between(x, *(array(v) for v in c["values_ci"]), color=color, alpha=0.15, lw=0)
             ax.axhline(1.0, color="k", lw=0.6, ls=":")
             ax.axhline(0.0, color="k", lw=0.6, ls=":")
             ax.set_xscale("log")

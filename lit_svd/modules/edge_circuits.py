@@ -21,16 +21,15 @@ module refuses to run.
 
 from __future__ import annotations
 
-import functools
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from lit_svd.analysis.area_intervals import area_intervals
+from lit_svd.analysis.area_intervals import paired_differences
 from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import STEPS, EdgeScores, attribute
 from lit_svd.analysis.edge_curves import LEVELS, ScoreFile, curve_specs, edge_curves, exit_on_sigterm
@@ -253,7 +252,7 @@ def summarize(curves: dict[str, dict], info: dict | None = None) -> dict:
     out: dict = {"curves": {n: {"cpr": c["cpr"], "cmd": c["cmd"]} for n, c in curves.items()}}
     units_cpr = curves.get("units_signed_raw", {}).get("cpr")
     units_cmd = curves.get("units_abs_raw", {}).get("cmd")
-    diff = _differences(curves, info)
+    diff = paired_differences(curves, info)
     vs_units = {}
     for name, c in curves.items():
         if name.startswith(("units_", "random_")):
@@ -286,21 +285,3 @@ def summarize(curves: dict[str, dict], info: dict | None = None) -> dict:
                 "seeds": len(rows),
             }
     return out
-
-
-def _differences(curves: dict[str, dict], info: dict | None) -> Callable[[str, str, str], dict]:
-    """``diff(a, b, area) -> {area + "_diff_ci": [lo, hi]}``: the bootstrap interval of curve ``a``'s area minus
-    ``b``'s, paired over the prompts (``area_intervals``); ``{}`` without per-prompt metrics or with one prompt."""
-    if info is None or len(info.get("prompt_full", ())) < 2:
-        return lambda a, b, area: {}
-    full, empty = (torch.tensor(info[k], dtype=torch.float64) for k in ("prompt_full", "prompt_empty"))
-
-    @functools.cache  # a pair is asked for by vs_units and by its level's comparison
-    def pair(a: str, b: str) -> dict:
-        metrics = {n: torch.tensor(curves[n]["prompt_metric"], dtype=torch.float64) for n in (a, b)}
-        return area_intervals(curves[a]["sizes"], metrics, full, empty, [(a, b)])["pairs"][f"{a} - {b}"]
-
-    def diff(a: str, b: str, area: str) -> dict:
-        return {f"{area}_diff_ci": pair(a, b)[area]}
-
-    return diff

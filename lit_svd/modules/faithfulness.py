@@ -24,9 +24,13 @@ The rankings (``methods``):
 
 Every ranking is scored on both size axes (``raw``: fraction of directions; ``fair``: mean fraction of each
 unit's directions). Every batch records the corrupted reference once and runs one patched forward per distinct
-(ranking, kept count) plus the full and the empty circuit; the metric sums are torchmetrics states summed over
-batches and DDP ranks, the curves ratios of means at the end of the epoch (``faithfulness``: per method
-``{"rankings": {ranking: {axis: curve row}}, "cpr": {axis: ...}, "cmd": {axis: ...}}``, ``summary``).
+(ranking, kept count) plus the full and the empty circuit; every prompt's metrics are torchmetrics list states
+gathered over batches and DDP ranks (each prompt with its index in the test split, so that the curves list the
+prompts in one order whatever the ranks), the curves ratios of means at the end of the epoch with their bootstrap
+intervals over the prompts (``faithfulness``: per method ``{"rankings": {ranking: {axis: curve row}}, "cpr": {axis:
+...}, "cmd": {axis: ...}}``, ``summary``). With ``eap_ig_heads`` among the methods, ``summary["vs_heads"]`` holds
+every other method's CPR (signed) and CMD (absolute) against head EAP-IG's on the same axis, with the interval of
+each difference paired over the prompts (``heads_comparison``).
 ``callbacks.faithfulness.FaithfulnessReport`` writes them.
 """
 
@@ -39,7 +43,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
+from lit_svd.analysis.area_intervals import paired_differences
 from lit_svd.analysis.attribution import Attributions, batch_attributions
 from lit_svd.analysis.direction_attribution import (
     WRITER_KINDS,
@@ -99,25 +105,30 @@ SIGNED, ABSOLUTE = "signed", "absolute"
 
 
 class CurveStates(Metric):
-    """Sums over prompts of the metric of the full and empty circuits and of every planned circuit (flat)."""
+    """Every prompt's metric of the full and empty circuits and of every planned circuit (``circuits``: ``[P,
+    n_circuits]``, the rankings' circuits one after the other) and its index in the split: list states concatenated
+    over batches and, under DDP, over ranks (rank by rank, every state alike, so a prompt's entries stay paired)."""
 
     full_state_update = False
 
     def __init__(self, n_circuits: int):
         super().__init__()
-        self.add_state("full", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("empty", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("circuits", torch.zeros(n_circuits, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("prompts", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.n_circuits = n_circuits
+        for name in ("full", "empty", "circuits", "index"):
+            self.add_state(name, [], dist_reduce_fx="cat")
 
     def update(self, sums: CurveSums, names: Sequence[str]) -> None:
-        self.full += sums.full
-        self.empty += sums.empty
-        self.prompts += sums.prompts
-        self.circuits += torch.cat([sums.circuits[n] for n in names]).to(self.circuits)
+        self.full.append(sums.full.to(self.device, torch.float64))
+        self.empty.append(sums.empty.to(self.device, torch.float64))
+        self.circuits.append(torch.cat([sums.circuits[n] for n in names]).T.to(self.device, torch.float64))
+        self.index.append(sums.index.to(self.device, torch.long))
 
     def compute(self) -> dict[str, Tensor]:
-        return {"full": self.full, "empty": self.empty, "circuits": self.circuits, "prompts": self.prompts}
+        if not len(self.full):  # no prompt on any rank
+            return {"full": torch.zeros(0, dtype=torch.float64), "empty": torch.zeros(0, dtype=torch.float64),
+                    "circuits": torch.zeros((0, self.n_circuits), dtype=torch.float64),
+                    "index": torch.zeros(0, dtype=torch.long)}  # fmt: skip
+        return {name: dim_zero_cat(getattr(self, name)) for name in ("full", "empty", "circuits", "index")}
 
 
 class FaithfulnessModule(PretrainedLMModule):
@@ -333,16 +344,17 @@ class FaithfulnessModule(PretrainedLMModule):
 
     def on_test_epoch_end(self) -> None:
         assert self.plan is not None and self.states is not None
-        got = self.states.compute()
+        got = {name: t.cpu() for name, t in self.states.compute().items()}
         circuits, start = {}, 0
         for name in self.plan.rankings:
             width = len(self.plan.circuits(name))
-            circuits[name] = got["circuits"][start : start + width].cpu()
+            circuits[name] = got["circuits"][:, start : start + width].T
             start += width
-        sums = CurveSums(float(got["full"]), float(got["empty"]), circuits, int(got["prompts"]), self._seconds)
+        sums = CurveSums(got["full"], got["empty"], circuits, got["index"], self._seconds)
         curves, info = curves_from_sums(sums, self.plan)
         self.faithfulness = method_results(curves)
         info["random"] = random_summary(self.faithfulness)
+        info["vs_heads"] = heads_comparison(self.faithfulness, info)
         info["wall_s"] = time.monotonic() - self._start
         info["rankings"] = self.ranking_info
         self.summary = info
@@ -364,6 +376,45 @@ def method_results(curves: dict) -> dict[str, dict]:
         absolute = f"{method}/{ABSOLUTE}" if ABSOLUTE in variants else method
         entry.update(method_scores(curves, signed, absolute))
     return out
+
+
+ANCHOR = "eap_ig_heads"  # the head-level method every other one is compared with (docs/circuits.md)
+
+
+def heads_comparison(faithfulness: dict, info: dict, anchor: str = ANCHOR) -> dict | None:
+    """Per method other than ``anchor`` and per axis: its CPR (signed ranking) and CMD (absolute ranking) against
+    ``anchor``'s on the same axis, as the docs' tables compare them, and the 95 % bootstrap interval of each
+    difference, paired over the prompts (``cpr_diff_ci``: the method's CPR minus the anchor's; ``cmd_diff_ci``
+    likewise; 0 inside: these prompts do not tell the two apart; ``area_intervals.paired_differences``). None
+    without the anchor among the methods."""
+    if anchor not in faithfulness:
+        return None
+    rows = {}  # (method, variant, axis) -> curve row, for the pairs
+    for method, entry in faithfulness.items():
+        for variant, axes in entry["rankings"].items():
+            rows.update({f"{method}/{variant}@{axis}": c for axis, c in axes.items()})
+    diff = paired_differences(rows, info)
+
+    def curve(method: str, variant: str, axis: str) -> str:
+        have = faithfulness[method]["rankings"]
+        return f"{method}/{variant if variant in have else 'ranking'}@{axis}"
+
+    out: dict = {}
+    for method, entry in faithfulness.items():
+        if method == anchor:
+            continue
+        out[method] = {}
+        for axis in entry["cpr"]:
+            if axis not in faithfulness[anchor]["cpr"]:
+                continue
+            cpr, cmd = entry["cpr"][axis], entry["cmd"][axis]
+            heads_cpr, heads_cmd = faithfulness[anchor]["cpr"][axis], faithfulness[anchor]["cmd"][axis]
+            row = {"cpr": cpr, "heads_cpr": heads_cpr, "cpr_diff": cpr - heads_cpr,
+                   "cmd": cmd, "heads_cmd": heads_cmd, "cmd_diff": cmd - heads_cmd}  # fmt: skip
+            row |= diff(curve(method, SIGNED, axis), curve(anchor, SIGNED, axis), "cpr")
+            row |= diff(curve(method, ABSOLUTE, axis), curve(anchor, ABSOLUTE, axis), "cmd")
+            out[method][axis] = row
+    return {"anchor": anchor, "methods": out}
 
 
 def random_summary(faithfulness: dict) -> dict | None:

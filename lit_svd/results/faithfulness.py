@@ -51,8 +51,22 @@ class FaithfulnessResult(CurvesResult):
         " (attribution methods) or ranking: {raw, fair: {sizes [n], n_kept [n], raw_size [n] (fraction of the"
         " directions kept), fair_size [n] (mean kept fraction of the units), values [n] ((m(C) - m(empty)) /"
         " (m(full) - m(empty)), ratio of means, not clipped), metric [n] (m(C)), cpr, cmd (trapezoid areas of"
-        " values and |1 - values| over sizes), seconds}}}, cpr {raw, fair} (of the signed ranking), cmd {raw, fair}"
-        " (of the absolute ranking)"
+        " values and |1 - values| over sizes), seconds, cpr_ci / cmd_ci / values_ci ([lo, hi]; values_ci: [[lo per"
+        " size], [hi per size]]: 95 % BCa bootstrap intervals over the test prompts; null for one prompt),"
+        " prompt_metric [n][prompts] (m(C) per prompt, in the order of intervals.prompt_index)}}}, cpr {raw, fair}"
+        " (of the signed ranking), cmd {raw, fair} (of the absolute ranking)"
+    )
+    vs_heads: dict | None = optional(
+        "with eap_ig_heads among the methods: anchor (eap_ig_heads), methods {method: {raw, fair: {cpr (signed"
+        " ranking), heads_cpr, cpr_diff, cpr_diff_ci, cmd (absolute ranking), heads_cmd, cmd_diff, cmd_diff_ci}}}:"
+        " every other method against head-level EAP-IG on the same axis; *_diff_ci: the 95 % BCa bootstrap interval"
+        " of the method's area minus head EAP-IG's, paired over the test prompts (0 inside: not resolved)"
+    )
+    intervals: dict | None = optional(
+        "the bootstrap over the test prompts (analysis.area_intervals): method (BCa), level, resamples,"
+        " percentile_fallback (outputs whose BCa interval was undefined), prompt_full / prompt_empty [prompts]"
+        " (m(full), m(empty) per prompt), prompt_index [prompts] (each prompt's index in the test split: the order"
+        " of every prompt_metric)"
     )
     random: dict | None = optional(
         "the random rankings: cpr_<axis>_mean, cpr_<axis>_std, cmd_<axis>_mean, cmd_<axis>_std (axis raw, fair), seeds"
