@@ -53,6 +53,15 @@ def main() -> None:
     p.add_argument("--sizes", type=float, nargs="+", default=None)
     p.add_argument("--out", default=None)
     p.add_argument("--scores", default=None, help="keep the scores in this folder, or read them back from it")
+    p.add_argument(
+        "--prune", nargs="*", default=[], choices=["faithful", "metric"],
+        help="edge pruning from the head-level scores (edge_pruning): faithful -> curve pruned_abs_raw, metric ->"
+        " pruned_signed_raw",
+    )  # fmt: skip
+    p.add_argument("--prune-n", type=int, default=16, help="edge pruning: the first N training prompts, one batch")
+    p.add_argument("--prune-steps", type=int, default=40)
+    p.add_argument("--prune-lr", type=float, default=0.05)
+    p.add_argument("--prune-keep", type=float, default=0.2, help="edge pruning: the fraction of blocks trained")
     args = p.parse_args()
     torch.set_num_threads(1)
 
@@ -185,6 +194,7 @@ def score_and_curve(args, out, universe, train_batches, test_batches, store, gai
     ablation = EdgeAblation(universe, args.task, gains=gains)
     sizes = args.sizes or MIB_SIZES
     specs = curve_specs(universe, scores, args.curve)
+    specs |= pruned_specs(args, out, ablation, train_batches, scores.units, say)
     out["curves"] = {}
     ends: dict = {}  # the corrupted recordings and both ends, computed once for every curve
     for name, spec in specs.items():  # one curve at a time, each written as soon as it is done
@@ -198,6 +208,41 @@ def score_and_curve(args, out, universe, train_batches, test_batches, store, gai
         say(f"{name}: CPR {c.cpr:.3f} {c.cpr_ci} CMD {c.cmd:.3f} {c.cmd_ci}, {c.seconds:.0f} s")
         write(out, args.out)
     print(json.dumps(out, indent=1))
+
+
+def pruned_specs(args, out: dict, ablation, train_batches: list, units, say) -> dict:
+    """Edge pruning (``--prune``) on the first ``--prune-n`` training prompts from the head-level scores ``units``:
+    the curve of each learned ranking (``pruned_abs_raw``: faithful, ``pruned_signed_raw``: metric); the runs'
+    options, seconds, peak memory and objective per step in ``out["pruning"]``."""
+    from lit_svd.analysis.edge_ablation import AllEdges, NoEdges
+    from lit_svd.analysis.edge_curves import ranked_spec
+    from lit_svd.analysis.edge_pruning import PruneOptions, prune_blocks, pruned_ranking
+
+    if not args.prune:
+        return {}
+    batch = train_batches[0]
+    if len(batch["answer_pos"]) < args.prune_n:
+        raise SystemExit(f"--prune-n {args.prune_n}: needs --batch-size and --n-train of at least that")
+    batch = {k: v[: args.prune_n] for k, v in batch.items()}  # the first prompts (padding kept: masked)
+    ref = ablation.reference(batch)
+    full, empty = ablation.metric(batch, AllEdges(), ref), ablation.metric(batch, NoEdges(ablation.u), ref)
+    specs, out["pruning"] = {}, {}
+    for objective in args.prune:
+        opts = PruneOptions(objective, args.prune_steps, args.prune_lr, args.prune_keep)
+        t = time.monotonic()
+        logits, log = prune_blocks(
+            ablation, [batch], [ref], [full], [empty], units.cpu(), opts,
+            progress=lambda step, value: say(f"prune {objective} step {step}: objective {value:.4f}"),
+        )  # fmt: skip
+        name = "pruned_abs_raw" if objective == "faithful" else "pruned_signed_raw"
+        specs[name] = ranked_spec(pruned_ranking(ablation.u, logits), "raw")
+        out["pruning"][name] = {
+            "objective": objective, "steps": opts.steps, "lr": opts.lr, "keep": opts.keep, "prompts": args.prune_n,
+            "seconds": time.monotonic() - t, "peak_rss_gb": peak_gb(), "per_step": log.objective,
+            "swapped": log.swapped,
+        }  # fmt: skip
+        write(out, args.out)
+    return specs
 
 
 def write(out: dict, folder: str | None, name: str = "edge_bench.json") -> None:

@@ -50,6 +50,11 @@ d`` multiply-adds per partial block (``_plan``, which counts the kept edges of t
 where it is narrow: ``_kept``). A circuit of whole blocks (``block_keep``) needs no mask of direction edges; a
 circuit given as levels (``KeepLevels``: the sizes of one ranking) reads its mask from them.
 
+**Soft blocks** (edge pruning, ``analysis.edge_pruning``): a circuit with ``block_weights(u)`` (``[n_up]``, each block's
+keep weight in [0, 1]) adds ``(1 - w) Delta_U`` of each writer unit, differentiably in ``w``: the writes are kept
+one tensor per writer unit (``_Live.writes``) and summed by ``_WeightedSum``, which saves them as they are (no
+stacked copy per read point for the backward). Weights of 0 / 1 give the circuit of those whole blocks.
+
 Only the *active* positions are computed (``active_rows``): from each prompt's first token where clean and corrupted
 differ up to its answer position. Before it every writer's ``corrupted - live`` is zero (the same prefix, so the
 same forward: nothing to add); after the answer position (and at padding) nothing reaches the metric (causal
@@ -62,12 +67,12 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit, WriterUnit
+from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit, ReadPoint, WriterUnit
 from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
 from lit_svd.models.base import ModelView
 from lit_svd.models.hooks import Hook, first_input, hooks, output_tensor
@@ -155,6 +160,7 @@ class _Live:
     rows: Tensor | None = None
     corrections: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
     captured: dict[str, Tensor] = field(default_factory=dict)
+    writes: list[Tensor] | None = None  # soft blocks: each writer unit's ``corrupted - live`` write, in unit order
 
 
 class EdgeAblation:
@@ -252,10 +258,13 @@ class EdgeAblation:
         reference = reference if rows is None else _take_rows(reference, rows.to(reference.embed.device))
         P = reference.embed.shape[0]
         masks = _LazyMasks(circuit, u)  # one reader unit's mask at a time, when the forward reaches it
+        soft = hasattr(circuit, "block_weights")
+        n_cols, n_units = (0, 0) if soft else (u.n_writer_cols, len(u.writers))
         live = _Live(
-            dcT=torch.zeros(u.n_writer_cols, P, dtype=u.dtype, device=u.device),
-            delta=torch.zeros(len(u.writers), P, v.d_model, dtype=u.dtype, device=u.device),
+            dcT=torch.zeros(n_cols, P, dtype=u.dtype, device=u.device),
+            delta=torch.zeros(n_units, P, v.d_model, dtype=u.dtype, device=u.device),
             rows=None if rows is None else rows.to(u.device),
+            writes=[] if soft else None,
         )
         specs = [Hook(v.norm_module("final", None), self._final_hook(masks, reference, live), "pre")]
         for l in range(v.n_layers):
@@ -282,6 +291,9 @@ class EdgeAblation:
         def pre(module, args, kwargs):
             x = first_input(args, kwargs)
             R = _rows(x.reshape(-1, x.shape[-1]), live.rows).to(u.dtype)
+            if live.writes is not None:
+                self._soft_read(point, layer, masks, reference, live, R)
+                return
             if point == "attn" and layer == 0:
                 live.dcT[0] = 1.0
                 live.delta[0] = reference.embed - R
@@ -295,6 +307,24 @@ class EdgeAblation:
                 live.corrections[r.index] = self.correction(r, keep, R, D, Dr, plan, live)
 
         return pre
+
+    def _soft_read(
+        self, point: ReadPoint, layer: int, masks: _LazyMasks, reference: Reference, live: _Live, R: Tensor
+    ) -> None:
+        """The corrections of one read point's reader units under soft blocks: each unit adds ``sum_U (1 - w_U)
+        Delta_U`` (``_WeightedSum``) and reads it through its own norm, as a circuit of whole blocks does."""
+        assert live.writes is not None
+        if point == "attn" and layer == 0:
+            live.writes.append(reference.embed - R)
+        todo = [(r, w) for r in self.u.reader_units(point, layer) if (w := masks.weights(r.index)) is not None]
+        if not todo:
+            return
+        n = todo[0][0].n_up
+        assert all(r.n_up == n for r, _ in todo) and len(live.writes) >= n
+        D = _WeightedSum.apply(1 - torch.stack([w for _, w in todo]).to(R.dtype), *live.writes[:n])
+        whole = UnitKeep(torch.full((n,), FULL))
+        for (r, _), Du in zip(todo, D):
+            live.corrections[r.index] = self.correction(r, whole, R, Du, Du, None, live)
 
     def correction(
         self,
@@ -408,10 +438,30 @@ class EdgeAblation:
         """Record the live coefficients of consecutive writer units: their ``dc`` columns and ``delta`` writes."""
         u = self.u
         start, stop = units[0].offset, units[-1].offset + units[-1].size
+        if live.writes is not None:  # soft blocks: one tensor per writer unit, no buffer written in place
+            change = reference.coef[:, start:stop] - coef
+            for w in units:
+                assert len(live.writes) == w.index
+                cols = slice(w.offset, w.offset + w.size)
+                live.writes.append(change[:, cols.start - start : cols.stop - start] @ u.W[cols])
+            return
         live.dcT[start:stop] = (reference.coef[:, start:stop] - coef).T
         for w in units:
             cols = slice(w.offset, w.offset + w.size)
             live.delta[w.index] = live.dcT[cols].T @ u.W[cols]
+
+    def _final_sum(self, r: ReaderUnit, keep: UnitKeep, reference: Reference, live: _Live, R: Tensor) -> Tensor:
+        """``[P, d]``: the ``corrupted - live`` writes of the logits' dropped edges."""
+        u = self.u
+        state = keep.state
+        empty = state == EMPTY
+        T = reference.resid["final", None] - R
+        D = _unit_sum(live.delta, empty) if int(empty.sum()) * 2 <= r.n_up else T - _unit_sum(live.delta, ~empty)
+        partial = (state == PARTIAL)[u.col_unit[1 : r.n_cols]]
+        cols = torch.nonzero(partial & ~keep.any_col[1:]).flatten() + 1 if keep.any_col is not None else partial[:0]
+        if len(cols):
+            D = D + live.dcT[cols].T @ u.W[cols]
+        return D
 
     def _final_hook(self, masks, reference, live):
         """Pre-hook of the final norm: the logits' input gets the ``corrupted - live`` writes of its dropped edges."""
@@ -419,19 +469,18 @@ class EdgeAblation:
         r = u.readers[-1]
 
         def pre(module, args, kwargs):
-            keep = masks[r.index]
-            if keep is None:
-                return None
             x = first_input(args, kwargs)
             R = _rows(x.reshape(-1, x.shape[-1]), live.rows).to(u.dtype)
-            state = keep.state
-            empty = state == EMPTY
-            T = reference.resid["final", None] - R
-            D = _unit_sum(live.delta, empty) if int(empty.sum()) * 2 <= r.n_up else T - _unit_sum(live.delta, ~empty)
-            partial = (state == PARTIAL)[u.col_unit[1 : r.n_cols]]
-            cols = torch.nonzero(partial & ~keep.any_col[1:]).flatten() + 1 if keep.any_col is not None else partial[:0]
-            if len(cols):
-                D = D + live.dcT[cols].T @ u.W[cols]
+            if live.writes is not None:
+                w = masks.weights(r.index)
+                if w is None:
+                    return None
+                D = _WeightedSum.apply((1 - w)[None].to(R.dtype), *live.writes[: r.n_up])[0]
+            else:
+                keep = masks[r.index]
+                if keep is None:
+                    return None
+                D = self._final_sum(r, keep, reference, live, R)
             new = (R + D).to(x.dtype)
             if live.rows is not None:
                 new = x.reshape(-1, x.shape[-1]).index_copy(0, live.rows.to(x.device), new)
@@ -507,6 +556,10 @@ class _LazyMasks:
     def __init__(self, circuit: Circuit, universe: EdgeUniverse):
         self.circuit, self.u = circuit, universe
 
+    def weights(self, index: int) -> Tensor | None:
+        """``[n_up]``: a soft circuit's keep weight of each block of reader unit ``index`` (None: every block kept)."""
+        return self.circuit.block_weights(self.u.readers[index])  # type: ignore[attr-defined]
+
     def __getitem__(self, index: int) -> UnitKeep | None:
         r = self.u.readers[index]
         blocks = getattr(self.circuit, "block_keep", None)
@@ -546,6 +599,26 @@ def _sum_units(keep: UnitKeep, plan: _Partial | None) -> tuple[Tensor, Tensor]:
         return empty, empty
     read = empty | plan.units
     return (read if plan.subtract else empty), read
+
+
+class _WeightedSum(torch.autograd.Function):
+    """``[U, P, d]``: ``weights [U, n] @ writes`` (``n`` tensors ``[P, d]``), differentiable in both, saving the writes
+    as they are for the backward (each is its own tensor: a stacked copy per read point would hold the writes of
+    every earlier writer once per read point)."""
+
+    @staticmethod
+    def forward(ctx: Any, weights: Tensor, *writes: Tensor) -> Tensor:
+        ctx.save_for_backward(weights, *writes)
+        return (weights @ torch.stack(writes).reshape(len(writes), -1)).reshape(len(weights), *writes[0].shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        weights, *writes = ctx.saved_tensors
+        g = grad.reshape(len(weights), -1)
+        stacked = torch.stack(writes).reshape(len(writes), -1)
+        d_weights = g @ stacked.T if ctx.needs_input_grad[0] else None
+        d_writes = (weights.T @ g).reshape(len(writes), *writes[0].shape)
+        return (d_weights, *d_writes.unbind(0))
 
 
 def _unit_sums(delta: Tensor, which: list[tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:

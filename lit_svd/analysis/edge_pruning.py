@@ -1,0 +1,158 @@
+"""Edge pruning at the head level (after MIB's EP, arXiv 2406.16778; docs/circuits.md, "Edge pruning"): a keep logit
+per block (writer unit x reader unit, MIB's head-level edge) learned by gradient descent under the edge ablation
+itself (``edge_ablation``'s soft blocks: a reader unit adds ``(1 - w) Delta_U`` of each writer unit) instead of read
+off a first-order attribution. The learned logits rank the blocks (``pruned_ranking``), a head-level ranking scored
+on MIB's curve like EAP-IG's.
+
+**The circuit trained** is the blocks of positive logit, a fixed fraction ``keep`` of them: the forward runs that
+circuit exactly (whole blocks, ``w`` 0 or 1) and the gradient passes through ``sigmoid(logit)`` (a straight-through
+estimate, ``SoftBlocks``); after each Adam step the logits are shifted so that again exactly the top ``keep``
+fraction is positive (the size is the constraint: no penalty weight to tune). A block the circuit lacks gets the
+gradient of adding it to the circuit as it is, so a link of a chain is found back while the rest of the chain is
+kept; a chain none of whose links the circuit holds is not (first order). **Warm start** (as MIB's warm-started EP):
+the logits start from a head-level ranking (EAP-IG's block scores; signed for ``metric``, ``|score|`` for
+``faithful``), spread linearly over ``[-3, 3]`` by rank with the cut at the top ``keep`` fraction.
+**Objectives** (per prompt, ``m`` the metric of the trained circuit, ``gap`` the training prompts' ``m(full) -
+m(empty)`` of their means): ``faithful`` ``((m - m_full) / gap)^2``, each prompt's metric held at the full model's
+(CMD); ``metric`` ``-(m - m_empty) / gap``, the metric pushed up (CPR). Every step runs the same training prompts in
+the same batches: the run is step-based (another machine gets the same one up to float rounding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from lit_svd.analysis.edge_ablation import EdgeAblation, Reference
+from lit_svd.analysis.edge_curves import EdgeRanking
+from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit
+from lit_svd.metrics import forward_answer_logits
+
+OBJECTIVES = ("faithful", "metric")
+
+
+@dataclass
+class PruneOptions:
+    """``objective`` (``OBJECTIVES``), ``steps``, Adam's ``lr``, the fraction ``keep`` of the blocks kept."""
+
+    objective: str = "faithful"
+    steps: int = 40
+    lr: float = 0.05
+    keep: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective={self.objective!r}: choose one of {', '.join(OBJECTIVES)}")
+        if self.steps < 1 or self.lr <= 0 or not 0 < self.keep < 1:
+            raise ValueError(
+                f"steps={self.steps}, lr={self.lr}, keep={self.keep}: need steps >= 1, lr > 0, 0 < keep < 1"
+            )
+
+
+@dataclass
+class SoftBlocks:
+    """The head-level circuit of the blocks of positive logit (``logits [n_blocks]`` in ``EdgeUniverse.block_offsets``
+    order), its gradient through ``sigmoid(logits)`` (straight-through): ``edge_ablation``'s soft blocks."""
+
+    universe: EdgeUniverse
+    logits: Tensor
+    offsets: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.offsets = self.universe.block_offsets.tolist()
+
+    def keep(self, r: ReaderUnit) -> Tensor:
+        """The same circuit as a keep mask of direction edges (``edge_ablation.Circuit``)."""
+        blocks = self.logits[self.offsets[r.index] : self.offsets[r.index + 1]].detach() > 0
+        return blocks[self.universe.col_unit[: r.n_cols].to(blocks.device)].expand(r.size, -1)
+
+    def block_weights(self, r: ReaderUnit) -> Tensor:
+        part = self.logits[self.offsets[r.index] : self.offsets[r.index + 1]]
+        soft = torch.sigmoid(part)
+        return ((part > 0).to(soft.dtype) + (soft - soft.detach())).to(self.universe.dtype)  # exactly 0 / 1
+
+
+def warm_start(scores: Tensor, keep: float) -> Tensor:
+    """``[n]`` float32 logits spread over ``[-3, 3]`` by the rank of ``scores`` (higher first, ties by position),
+    exactly the top ``keep`` fraction positive."""
+    n = len(scores)
+    order = torch.argsort(scores.double(), descending=True, stable=True)
+    rank = torch.empty(n, dtype=torch.float64)
+    rank[order] = torch.arange(n, dtype=torch.float64)
+    cut = round(keep * n) - 0.5  # ranks below it are kept
+    logits = torch.where(rank < cut, 3 * (cut - rank) / max(cut, 0.5), -3 * (rank - cut) / max(n - 1 - cut, 0.5))
+    return logits.float()
+
+
+def recentre(logits: Tensor, keep: float) -> None:
+    """Shift ``logits`` in place so that exactly the top ``round(keep * n)`` are positive."""
+    k = round(keep * len(logits))
+    top = torch.topk(logits, k + 1).values
+    logits -= (top[k - 1] + top[k]) / 2
+
+
+@dataclass
+class PruneLog:
+    """Per step: the objective on the training prompts (of the circuit before the step) and how many of its blocks
+    the step swapped out (for as many others)."""
+
+    objective: list[float] = field(default_factory=list)
+    swapped: list[int] = field(default_factory=list)
+
+
+def prune_blocks(
+    ablation: EdgeAblation,
+    batches: Sequence[dict],
+    refs: Sequence[Reference],
+    full: Sequence[Tensor],
+    empty: Sequence[Tensor],
+    start: Tensor,
+    options: PruneOptions,
+    progress: Callable[[int, float], None] | None = None,
+) -> tuple[Tensor, PruneLog]:
+    """The learned logits ``[n_blocks]`` (float32) from the head-level block scores ``start`` (``warm_start``), and
+    the training log. ``refs``: the batches' corrupted recordings; ``full`` / ``empty``: each batch's per-prompt
+    metric of the full and the empty circuit."""
+    u = ablation.u
+    if start.shape != (u.n_blocks,):
+        raise ValueError(f"prune_blocks: start scores of shape {tuple(start.shape)}, expected ({u.n_blocks},)")
+    gap = float(torch.cat(list(full)).mean() - torch.cat(list(empty)).mean())
+    if abs(gap) < 1e-12:
+        raise ValueError("prune_blocks: m(full) equals m(empty) on the training prompts: nothing to prune toward")
+    first = start.abs() if options.objective == "faithful" else start
+    logits = warm_start(first, options.keep).requires_grad_(True)
+    opt = torch.optim.Adam([logits], lr=options.lr)
+    n = sum(len(b["answer_pos"]) for b in batches)
+    log = PruneLog()
+    for step in range(options.steps):
+        before = logits.detach() > 0
+        opt.zero_grad()
+        total = 0.0
+        for batch, ref, m_full, m_empty in zip(batches, refs, full, empty):
+            with ablation.patched(batch, SoftBlocks(u, logits), ref):
+                ids, mask, pos = batch["clean_ids"], batch["attention_mask"], batch["answer_pos"]
+                out = forward_answer_logits(u.view.model, ids, mask, pos)
+            m = ablation.task.metric(out, batch).double()
+            if options.objective == "faithful":
+                part = (((m - m_full.to(m)) / gap) ** 2).sum() / n
+            else:
+                part = -((m - m_empty.to(m)) / gap).sum() / n
+            part.backward()
+            total += float(part.detach())
+        opt.step()
+        with torch.no_grad():
+            recentre(logits, options.keep)
+        log.objective.append(total)
+        log.swapped.append(int((before & ~(logits.detach() > 0)).sum()))
+        if progress:
+            progress(step, total)
+    return logits.detach(), log
+
+
+def pruned_ranking(universe: EdgeUniverse, logits: Tensor) -> EdgeRanking:
+    """The blocks ranked by their learned logits (higher first): a head-level ranking (``units``) for the curves."""
+    offsets = universe.block_offsets.tolist()
+    return EdgeRanking(universe, "units", lambda r: logits[offsets[r.index] : offsets[r.index + 1]].reshape(1, -1))
