@@ -18,6 +18,11 @@ of the curves are computed once for all curves. ``--scores DIR`` keeps them in D
 steps, edge counts, the units written), and a later run with the same DIR and the same options reads them back
 instead of attributing (the validation and test curves of one attribution); other options: it exits with one line
 naming what differs. Remove DIR yourself.
+
+``--prune metric faithful``: edge pruning (``analysis.edge_pruning``) on the first ``--prune-n`` training prompts,
+from the head-level scores, before the curves: curves ``pruned_signed_raw`` (``metric``) and ``pruned_abs_raw``
+(``faithful``) with the others; each run's options, seconds and objective per step in ``pruning``, the peak memory
+after them in ``pruning_peak_rss_gb``.
 """
 
 from __future__ import annotations
@@ -61,7 +66,10 @@ def main() -> None:
     p.add_argument("--prune-n", type=int, default=16, help="edge pruning: the first N training prompts, one batch")
     p.add_argument("--prune-steps", type=int, default=40)
     p.add_argument("--prune-lr", type=float, default=0.05)
-    p.add_argument("--prune-keep", type=float, default=0.2, help="edge pruning: the fraction of blocks trained")
+    p.add_argument(
+        "--prune-keep", type=float, nargs="+", default=[0.2],
+        help="edge pruning: the fraction(s) of blocks trained (several: nested circuits trained together)",
+    )  # fmt: skip
     args = p.parse_args()
     torch.set_num_threads(1)
 
@@ -211,12 +219,10 @@ def score_and_curve(args, out, universe, train_batches, test_batches, store, gai
 
 
 def pruned_specs(args, out: dict, ablation, train_batches: list, units, say) -> dict:
-    """Edge pruning (``--prune``) on the first ``--prune-n`` training prompts from the head-level scores ``units``:
-    the curve of each learned ranking (``pruned_abs_raw``: faithful, ``pruned_signed_raw``: metric); the runs'
-    options, seconds, peak memory and objective per step in ``out["pruning"]``."""
-    from lit_svd.analysis.edge_ablation import AllEdges, NoEdges
-    from lit_svd.analysis.edge_curves import ranked_spec
-    from lit_svd.analysis.edge_pruning import PruneOptions, prune_blocks, pruned_ranking
+    """Edge pruning (``--prune``) on the first ``--prune-n`` training prompts from the head-level scores ``units``
+    (``edge_pruning.pruned_curves``): the curves' specs; the runs (options, seconds, objective per step) and the
+    peak memory after them in ``out["pruning"]``."""
+    from lit_svd.analysis.edge_pruning import CURVE_OF, PruneOptions, pruned_curves
 
     if not args.prune:
         return {}
@@ -224,24 +230,11 @@ def pruned_specs(args, out: dict, ablation, train_batches: list, units, say) -> 
     if len(batch["answer_pos"]) < args.prune_n:
         raise SystemExit(f"--prune-n {args.prune_n}: needs --batch-size and --n-train of at least that")
     batch = {k: v[: args.prune_n] for k, v in batch.items()}  # the first prompts (padding kept: masked)
-    ref = ablation.reference(batch)
-    full, empty = ablation.metric(batch, AllEdges(), ref), ablation.metric(batch, NoEdges(ablation.u), ref)
-    specs, out["pruning"] = {}, {}
-    for objective in args.prune:
-        opts = PruneOptions(objective, args.prune_steps, args.prune_lr, args.prune_keep)
-        t = time.monotonic()
-        logits, log = prune_blocks(
-            ablation, [batch], [ref], [full], [empty], units.cpu(), opts,
-            progress=lambda step, value: say(f"prune {objective} step {step}: objective {value:.4f}"),
-        )  # fmt: skip
-        name = "pruned_abs_raw" if objective == "faithful" else "pruned_signed_raw"
-        specs[name] = ranked_spec(pruned_ranking(ablation.u, logits), "raw")
-        out["pruning"][name] = {
-            "objective": objective, "steps": opts.steps, "lr": opts.lr, "keep": opts.keep, "prompts": args.prune_n,
-            "seconds": time.monotonic() - t, "peak_rss_gb": peak_gb(), "per_step": log.objective,
-            "swapped": log.swapped,
-        }  # fmt: skip
-        write(out, args.out)
+    options = PruneOptions(steps=args.prune_steps, lr=args.prune_lr, keep=tuple(args.prune_keep))
+    names = [CURVE_OF[objective] for objective in args.prune]
+    specs, out["pruning"] = pruned_curves(ablation, batch, units.cpu(), names, options, lambda m: say(f"prune {m}"))
+    out["pruning_peak_rss_gb"] = peak_gb()
+    write(out, args.out)
     return specs
 
 

@@ -16,6 +16,7 @@ from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import attribute
 from lit_svd.analysis.edge_curves import ScoreFile, curve_specs, edge_curves
 from lit_svd.analysis.edge_options import curve_names
+from lit_svd.analysis.edge_pruning import PruneOptions, pruned_curves
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.callbacks.edge_circuits import EdgeCircuitReport
 from lit_svd.datamodules.tasks import TaskDataModule
@@ -106,6 +107,38 @@ def test_block_ranking_curves_of_the_module_equal_edge_curves_own(tiny_dirs, tmp
     assert want[f"{order}_signed_fair"].metric != want["random_directions_0"].metric  # not one curve twice
 
 
+def test_pruned_curves_of_the_module_equal_pruned_curves_own(tiny_dirs, tmp_path):
+    """Edge pruning as a module option (``pruned``): its two curves (and the graph of the signed one) equal
+    ``edge_pruning.pruned_curves`` on the same scores, training prompts and test prompts, exactly (float64 model);
+    results.json holds each run's objective per step; its random curve is head-level."""
+    names = ["pruned_signed_raw", "pruned_abs_raw", "units_signed_raw", "units_abs_raw", "random_units_0"]
+    assert curve_names(["pruned", "units", "random"], ["raw", "fair"], [0]) == names
+    module = run_module(tiny_dirs["llama"], tmp_path / "out", methods=["pruned", "units", "random"],
+                        graph_curve="pruned_signed_raw", graph_f=-1e9, dtype="float64", prune_steps=3,
+                        prune_prompts=4, prune_keep=0.3, prune_lr=0.2)  # fmt: skip
+    result = load_result(tmp_path / "out")
+    assert list(result.curves) == names and result.graph["drawn"] and result.graph["curve"] == "pruned_signed_raw"
+    assert set(result.pruning) == {"pruned_signed_raw", "pruned_abs_raw"}
+    assert len(result.pruning["pruned_abs_raw"]["objective"]) == 3 and result.pruning["pruned_abs_raw"]["prompts"] == 4
+    assert set(module.summary["vs_units"]) == {"pruned_signed_raw", "pruned_abs_raw"}
+
+    universe = EdgeUniverse(module.view)
+    dm = TaskDataModule(**DATA, tokenizer=tiny_dirs["llama"])
+    train = [dm.collate(dm.splits["train"].examples[i : i + 3]) for i in (0, 3)]
+    store, gains = ScoreFile(universe, tmp_path), ScoreFile(universe, tmp_path, "gains")
+    scores = attribute(universe, train, "ioi", store=store, gains=gains)
+    ablation = EdgeAblation(universe, "ioi", gains=gains)
+    batch = dm.collate(dm.splits["train"].examples[:4])
+    options = PruneOptions(steps=3, lr=0.2, keep=0.3)
+    specs, runs = pruned_curves(ablation, batch, scores.units, names[:2], options)
+    assert runs["pruned_abs_raw"]["objective"] == result.pruning["pruned_abs_raw"]["objective"]
+    want, _ = edge_curves(ablation, list(dm.test_dataloader()), specs, SIZES)
+    for name, c in want.items():
+        got = result.curves[name]
+        assert got["n_edges"] == c.n_edges and got["metric"] == c.metric, name
+    assert want["pruned_signed_raw"].metric != result.curves["units_signed_raw"]["metric"]  # trained: not EAP-IG's
+
+
 def run_module(model_dir, out, **kwargs) -> EdgeCircuitModule:
     module = EdgeCircuitModule(model=model_dir, sizes=SIZES, n_attribution=6, n_check=1, n_random=2, top_edges=5,
                                **kwargs)  # fmt: skip
@@ -161,6 +194,9 @@ def test_a_graph_curve_that_misses_graph_f_warns_and_never_draws_another_circuit
         ({"methods": ["headblocks"], "curves": ["headblocks_signed_fiar"]}, "curves: 'headblocks_signed_fiar' is not"),
         ({"methods": ["directions", "headblocks"], "graph_curve": "blocks_abs_fair"}, "graph_curve='blocks_abs_fair'"),
         ({"methods": ["netblocks"], "curves": ["netblocks_abs_fiar"]}, "curves: 'netblocks_abs_fiar' is not one of"),
+        ({"methods": ["pruned"], "curves": ["pruned_abs_fair"]}, "curves: 'pruned_abs_fair' is not one of"),
+        ({"prune_keep": 1.0}, "prune_keep=1.0"),
+        ({"prune_steps": 0}, "prune_steps=0"),
     ],
 )
 def test_bad_options_fail_in_one_line(kwargs, message):

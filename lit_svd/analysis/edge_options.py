@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal, get_args
 
-Method = Literal["directions", "writer_units", "units", "blocks", "headblocks", "coreblocks", "netblocks", "random"]
+Method = Literal[
+    "directions", "writer_units", "units", "blocks", "headblocks", "coreblocks", "netblocks", "pruned", "random"
+]
 BLOCK_ORDERS = ("blocks", "headblocks", "coreblocks")  # direction edges, blocks kept together (edge_curves)
 FACTOR_ORDERS = ("netblocks",)  # direction edges by score x block factor (edge_curves.netblock_ranking)
 DIRECTION_ORDERS = BLOCK_ORDERS + FACTOR_ORDERS  # the methods that rank direction edges beside the level
@@ -18,17 +20,20 @@ Unreached = Literal["skip", "best"]  # graph_unreached: what the module draws wh
 
 
 def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int]) -> list[str]:
-    """The curves of the options: each ranked level and block order signed and absolute on each axis (``units``: raw
-    only, the same circuits on both axes), and with ``random`` one random curve per seed at each ranked level (a
-    block order ranks direction edges: its random curve is ``random_directions_<seed>``, as a factor order's)."""
+    """The curves of the options: each ranked level and block order signed and absolute on each axis (``units`` and
+    ``pruned``: raw only, the same circuits on both axes), and with ``random`` one random curve per seed at each ranked
+    level (a block order ranks direction edges: its random curve is ``random_directions_<seed>``, as a factor order's;
+    ``pruned`` ranks head-level edges: ``random_units_<seed>``). ``pruned``: edge pruning (``edge_pruning``),
+    ``pruned_signed_raw`` trained on the metric (CPR), ``pruned_abs_raw`` on faithfulness (CMD)."""
     ranked = [m for m in methods if m != "random"]
     names = []
     for level in ranked:
         for sign in ("signed", "abs"):
-            for axis in ["raw"] if level == "units" else axes:
+            for axis in ["raw"] if level in ("units", "pruned") else axes:
                 names.append(f"{level}_{sign}_{axis}")
     if "random" in methods:
-        levels = dict.fromkeys("directions" if m in DIRECTION_ORDERS else m for m in ranked or ["directions"])
+        of = {**dict.fromkeys(DIRECTION_ORDERS, "directions"), "pruned": "units"}
+        levels = dict.fromkeys(of.get(m, m) for m in ranked or ["directions"])
         names += [f"random_{level}_{s}" for level in levels for s in seeds]
     return names
 
@@ -51,6 +56,10 @@ def check_edge_options(
     curves: Sequence[str] | str | None = None,
     graph_unreached: str = "skip",
     page_blocks: int | None = None,
+    prune_steps: int = 40,
+    prune_prompts: int = 16,
+    prune_keep: float | Sequence[float] = 0.2,
+    prune_lr: float = 0.05,
 ) -> None:
     """Known methods and axes, ``curves`` (the curves scored; None: all of ``curve_names``) among the options'
     curves, a graph curve among the scored curves, counts in range, the folded view; one line naming the key
@@ -78,8 +87,12 @@ def check_edge_options(
         raise ValueError(f"graph_unreached={graph_unreached!r}: allowed: {', '.join(get_args(Unreached))}")
     for key, value, low in (("steps", steps, 1), ("n_attribution", n_attribution, 1), ("top_edges", top_edges, 0),
                             ("n_check", n_check, 0), ("n_random", n_random, 2),
-                            ("page_blocks", 1 if page_blocks is None else page_blocks, 1)):  # fmt: skip
+                            ("page_blocks", 1 if page_blocks is None else page_blocks, 1),
+                            ("prune_steps", prune_steps, 1), ("prune_prompts", prune_prompts, 1)):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{key}={value!r}: must be an integer >= {low}")
+    keeps = [prune_keep] if isinstance(prune_keep, float | int) else list(prune_keep)
+    if not keeps or not all(0 < k < 1 for k in keeps) or not prune_lr > 0:
+        raise ValueError(f"prune_keep={prune_keep!r}, prune_lr={prune_lr!r}: need 0 < prune_keep < 1 and prune_lr > 0")
     if fold_norms is not None and fold_norms is not True:
         raise ValueError(f"fold_norms={fold_norms!r}: the edge universe reads the folded view; give true")

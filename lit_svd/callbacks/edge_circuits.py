@@ -77,6 +77,7 @@ class EdgeCircuitReport(Callback):
             timing=module.timing,
             graph=graph_summary(module),
             options=f["options"],
+            pruning=f.get("pruning"),
             provenance=prov,
         )
         write_result(trainer, result)

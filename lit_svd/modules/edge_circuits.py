@@ -32,9 +32,10 @@ from torch import Tensor
 from lit_svd.analysis.area_intervals import paired_differences
 from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import STEPS, EdgeScores, attribute
-from lit_svd.analysis.edge_curves import LEVELS, ScoreFile, curve_specs, edge_curves, exit_on_sigterm
+from lit_svd.analysis.edge_curves import LEVELS, CurveSpec, ScoreFile, curve_specs, edge_curves, exit_on_sigterm
 from lit_svd.analysis.edge_graph import GRAPH_F, PAGE_BLOCKS, check_edges, choose_size, circuit_graph, top_edges
 from lit_svd.analysis.edge_options import DIRECTION_ORDERS, Axis, Method, Unreached, check_edge_options, curve_names
+from lit_svd.analysis.edge_pruning import OBJECTIVE_OF, PruneOptions, pruned_curves
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.analysis.faithfulness import MIB_SIZES, check_sizes
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -49,8 +50,10 @@ class EdgeCircuitModule(PretrainedLMModule):
             rankings of direction edges (``edge_curves.block_ranking``; curves ``<order>_<signed|abs>_<axis>``):
             blocks, headblocks (blocks by head-level EAP-IG, the signed direction curve of the shipped configs),
             coreblocks; netblocks (direction edges by score times their block's net-over-gross ratio,
-            ``edge_curves.netblock_ranking``); random: random circuits at each ranked level (direction edges for a
-            block order and for netblocks).
+            ``edge_curves.netblock_ranking``); pruned: head-level edges ranked by edge pruning
+            (``edge_pruning``: ``pruned_signed_raw`` trained on the metric, ``pruned_abs_raw`` on faithfulness,
+            both from the head-level EAP-IG scores); random: random circuits at each ranked level (direction edges
+            for a block order and for netblocks, head-level edges for pruned).
         axes: raw (fraction of the level's edges), fair (weighted edge count: a block counts 1).
         curves: the curves scored, a subset of the options' curves (``curve_names``; null: all of them): each
             direction curve costs minutes on SmolLM2.
@@ -70,6 +73,11 @@ class EdgeCircuitModule(PretrainedLMModule):
         n_random: random edges per check.
         seed: seeds the checks' random edges.
         scores_dir: folder of the memory-mapped edge scores (null: a temporary folder; removed at the end).
+        prune_steps: edge pruning's steps (one forward and backward of its prompts each).
+        prune_prompts: edge pruning's prompts: the first of the training split (one batch).
+        prune_keep: the fraction of head-level edges edge pruning trains as its circuit (a list: nested circuits
+            trained together, the loss their mean).
+        prune_lr: edge pruning's Adam learning rate on the block logits.
         loading: the model's loading options (``PretrainedLMModule``'s; ``fold_norms`` must stay true).
     """
 
@@ -95,13 +103,18 @@ class EdgeCircuitModule(PretrainedLMModule):
         n_random: int = 16,
         seed: int = 0,
         scores_dir: str | None = None,
+        prune_steps: int = 40,
+        prune_prompts: int = 16,
+        prune_keep: float | Sequence[float] = 0.2,
+        prune_lr: float = 0.05,
         **loading,
     ):
         methods = [methods] if isinstance(methods, str) else list(methods)
         axes = [axes] if isinstance(axes, str) else list(axes)
         curves = [curves] if isinstance(curves, str) else None if curves is None else list(curves)
         check_edge_options(methods, axes, random_seeds, graph_curve, steps, n_attribution, top_edges, n_check,
-                           n_random, loading.get("fold_norms"), curves, graph_unreached, page_blocks)  # fmt: skip
+                           n_random, loading.get("fold_norms"), curves, graph_unreached, page_blocks, prune_steps,
+                           prune_prompts, prune_keep, prune_lr)  # fmt: skip
         sizes = check_sizes(sizes)
         if graph_size is not None and graph_size not in sizes:
             raise ValueError(f"graph_size={graph_size}: must be one of sizes {sizes}")
@@ -119,6 +132,8 @@ class EdgeCircuitModule(PretrainedLMModule):
         self.graph: dict | None = None
         self.graph_note: str | None = None
         self.scores: EdgeScores | None = None
+        self.pruned: dict[str, CurveSpec] = {}
+        self.pruning: dict[str, dict] = {}
 
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None)
@@ -128,11 +143,13 @@ class EdgeCircuitModule(PretrainedLMModule):
         if self.trainer.world_size > 1:
             raise ValueError("edge circuits run in one process (the edge scores stay in one file); set devices: 1")
         n_train = len(dm.splits["train"])
-        if n_train < self.hparams.n_attribution:
-            raise ValueError(
-                f"n_attribution={self.hparams.n_attribution} but the data module's training split has {n_train}"
-                " prompts; lower n_attribution or raise data.n_train"
-            )
+        pruned = any(n in OBJECTIVE_OF for n in self.names)
+        for key in ("n_attribution", "prune_prompts") if pruned else ("n_attribution",):
+            if n_train < self.hparams[key]:
+                raise ValueError(
+                    f"{key}={self.hparams[key]} but the data module's training split has {n_train} prompts; lower"
+                    f" {key} or raise data.n_train"
+                )
 
     def on_test_start(self) -> None:
         hp, dm = self.hparams, self.trainer.datamodule
@@ -153,6 +170,17 @@ class EdgeCircuitModule(PretrainedLMModule):
             self.scores = attribute(self.universe, batches, self.task, hp.steps, store=self.store, gains=self.gains)
         self.timing["attribution_s"] = time.monotonic() - start
         self.timing["scores_gb"] = self.store.nbytes / 2**30
+        names = [n for n in self.names if n in OBJECTIVE_OF]
+        if names:  # edge pruning from the head-level scores, on the first training prompts
+            start = time.monotonic()
+            batch = self._to_device(dm.collate(dm.splits["train"].examples[: hp.prune_prompts]))
+            keep = hp.prune_keep if isinstance(hp.prune_keep, float | int) else tuple(hp.prune_keep)
+            options = PruneOptions(steps=hp.prune_steps, lr=hp.prune_lr, keep=keep)
+            ablation = EdgeAblation(self.universe, self.task, gains=self.gains)
+            with torch.inference_mode(False), torch.enable_grad():
+                batch = {k: v.clone() if isinstance(v, Tensor) else v for k, v in batch.items()}
+                self.pruned, self.pruning = pruned_curves(ablation, batch, self.scores.units, names, options)
+            self.timing["pruning_s"] = time.monotonic() - start
 
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in batch.items()}
@@ -176,7 +204,7 @@ class EdgeCircuitModule(PretrainedLMModule):
         assert self.scores is not None
         u = self.universe
         ablation = EdgeAblation(u, self.task, gains=self.gains)
-        specs = curve_specs(u, self.scores, self.names)
+        specs = self._specs(self.names)
         start = time.monotonic()
         curves, info = edge_curves(ablation, self.kept, specs, self.sizes)
         self.timing["curves_s"] = time.monotonic() - start
@@ -213,13 +241,26 @@ class EdgeCircuitModule(PretrainedLMModule):
                     "n_check",
                     "n_random",
                     "seed",
+                    "prune_steps",
+                    "prune_prompts",
+                    "prune_keep",
+                    "prune_lr",
                 )
             },  # fmt: skip
         }
+        if self.pruning:
+            self.facts["pruning"] = self.pruning
         self.timing["total_s"] = time.monotonic() - self._start
         self.timing["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         self.kept = []
         self.scores = None
+
+    def _specs(self, names: Sequence[str]) -> dict[str, CurveSpec]:
+        """The curves ``names``: EAP-IG's rankings and random circuits (``curve_specs``), edge pruning's (trained at
+        the start of the test)."""
+        assert self.scores is not None
+        specs = curve_specs(self.universe, self.scores, [n for n in names if n not in OBJECTIVE_OF])
+        return {n: self.pruned[n] if n in OBJECTIVE_OF else specs[n] for n in names}
 
     def _graph(self, ablation: EdgeAblation) -> dict | None:
         """The graph of ``graph_curve``'s circuit at the size ``choose_size`` picks (None: none drawn, the reason in
@@ -233,7 +274,7 @@ class EdgeCircuitModule(PretrainedLMModule):
             rank_zero_warn(note)
         if size is None:
             return None
-        circuit = curve_specs(self.universe, self.scores, [hp.graph_curve])[hp.graph_curve].circuits([size])[0]
+        circuit = self._specs([hp.graph_curve])[hp.graph_curve].circuits([size])[0]
         i = self.sizes.index(size)
         checks = check_edges(ablation, self.kept, circuit[0], self.scores, hp.n_check, hp.n_random, hp.seed)
         graph = circuit_graph(self.universe, self.scores, circuit[0], checks)

@@ -45,7 +45,9 @@ class EdgeCircuitResult(CurvesResult):
     top_edges: list[dict] = doc_field(
         "the strongest direction edges by |score|: writer, reader (addresses), reader_unit, score"
     )
-    timing: dict = doc_field("seconds: universe (SVDs), attribution, curves (each), total; peak_rss_gb")
+    timing: dict = doc_field(
+        "seconds: universe (SVDs), attribution, pruning (edge pruning, when asked), curves (each), total; peak_rss_gb"
+    )
     graph: dict | None = optional(
         "the circuit drawn (graph.json, circuit.html): drawn (false: graph_curve never reached graph_f, none drawn),"
         " curve, f_target, note (the warning when graph_f was not reached: the best f and its size); when drawn:"
@@ -54,6 +56,11 @@ class EdgeCircuitResult(CurvesResult):
         " checks of its strongest edges"
     )
     options: dict = doc_field("the module's options: methods, axes, sizes, random_seeds, n_attribution, ...")
+    pruning: dict | None = optional(
+        "per edge-pruning curve (pruned_signed_raw: objective metric, pruned_abs_raw: faithful): objective, steps,"
+        " lr, keep (the fraction of head-level edges trained), prompts (the first of the training split), seconds,"
+        " objective (per step, on those prompts, of the circuit before the step), swapped (blocks per step)"
+    )
 
     @property
     def headline(self) -> dict:
