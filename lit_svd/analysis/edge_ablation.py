@@ -469,18 +469,16 @@ class EdgeAblation:
         r = u.readers[-1]
 
         def pre(module, args, kwargs):
+            soft = live.writes is not None
+            kept = masks.weights(r.index) if soft else masks[r.index]
+            if kept is None:  # every edge into the logits kept
+                return None
             x = first_input(args, kwargs)
             R = _rows(x.reshape(-1, x.shape[-1]), live.rows).to(u.dtype)
-            if live.writes is not None:
-                w = masks.weights(r.index)
-                if w is None:
-                    return None
-                D = _WeightedSum.apply((1 - w)[None].to(R.dtype), *live.writes[: r.n_up])[0]
+            if soft:
+                D = _WeightedSum.apply((1 - kept)[None].to(R.dtype), *live.writes[: r.n_up])[0]
             else:
-                keep = masks[r.index]
-                if keep is None:
-                    return None
-                D = self._final_sum(r, keep, reference, live, R)
+                D = self._final_sum(r, kept, reference, live, R)
             new = (R + D).to(x.dtype)
             if live.rows is not None:
                 new = x.reshape(-1, x.shape[-1]).index_copy(0, live.rows.to(x.device), new)

@@ -673,8 +673,12 @@ def score_ranking(scores: EdgeScores, level: Level) -> EdgeRanking:
         return EdgeRanking(u, level, scores.directions)
     if level == "writer_units":
         return EdgeRanking(u, level, scores.writer_units)
-    offsets = u.block_offsets
-    return EdgeRanking(u, level, lambda r: scores.units[int(offsets[r.index]) : int(offsets[r.index + 1])][None])
+    return unit_ranking(u, scores.units)
+
+
+def unit_ranking(universe: EdgeUniverse, values: Tensor) -> EdgeRanking:
+    """The head-level edges (``units``) ranked by ``values [n_blocks]`` (``EdgeUniverse.block_offsets`` order)."""
+    return EdgeRanking(universe, "units", lambda r: values[universe.blocks(r)][None])
 
 
 def block_ranking(scores: EdgeScores, order: str, sign: str, sums: Tensor | None = None) -> BlockRanking:

@@ -22,14 +22,15 @@ the same batches: the run is step-based (another machine gets the same one up to
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import Tensor
 
 from lit_svd.analysis.edge_ablation import AllEdges, EdgeAblation, NoEdges, Reference
-from lit_svd.analysis.edge_curves import CurveSpec, EdgeRanking, ranked_spec
+from lit_svd.analysis.edge_curves import CurveSpec, EdgeRanking, ranked_spec, unit_ranking
 from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit
 from lit_svd.metrics import forward_answer_logits
 
@@ -64,24 +65,21 @@ class PruneOptions:
 
 @dataclass
 class SoftBlocks:
-    """The head-level circuit of the blocks of positive logit (``logits [n_blocks]`` in ``EdgeUniverse.block_offsets``
-    order), its gradient through ``sigmoid(logits)`` (straight-through): ``edge_ablation``'s soft blocks."""
+    """The head-level circuit of the blocks whose logit is above ``threshold`` (``logits [n_blocks]`` in
+    ``EdgeUniverse.block_offsets`` order), its gradient through ``sigmoid(logits - threshold)`` (straight-through):
+    ``edge_ablation``'s soft blocks."""
 
     universe: EdgeUniverse
     logits: Tensor
     threshold: float = 0.0
-    offsets: list[int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.offsets = self.universe.block_offsets.tolist()
 
     def keep(self, r: ReaderUnit) -> Tensor:
         """The same circuit as a keep mask of direction edges (``edge_ablation.Circuit``)."""
-        blocks = self.logits[self.offsets[r.index] : self.offsets[r.index + 1]].detach() > self.threshold
+        blocks = self.logits[self.universe.blocks(r)].detach() > self.threshold
         return blocks[self.universe.col_unit[: r.n_cols].to(blocks.device)].expand(r.size, -1)
 
     def block_weights(self, r: ReaderUnit) -> Tensor:
-        part = self.logits[self.offsets[r.index] : self.offsets[r.index + 1]] - self.threshold
+        part = self.logits[self.universe.blocks(r)] - self.threshold
         soft = torch.sigmoid(part)
         return ((part > 0).to(soft.dtype) + (soft - soft.detach())).to(self.universe.dtype)  # exactly 0 / 1
 
@@ -172,9 +170,8 @@ def prune_blocks(
 
 
 def pruned_ranking(universe: EdgeUniverse, logits: Tensor) -> EdgeRanking:
-    """The blocks ranked by their learned logits (higher first): a head-level ranking (``units``) for the curves."""
-    offsets = universe.block_offsets.tolist()
-    return EdgeRanking(universe, "units", lambda r: logits[offsets[r.index] : offsets[r.index + 1]].reshape(1, -1))
+    """The blocks ranked by their learned logits (higher first): a head-level ranking for the curves."""
+    return unit_ranking(universe, logits)
 
 
 def pruned_curves(
@@ -189,9 +186,6 @@ def pruned_curves(
     rankings pruned on the prompts of ``batch`` from the head-level scores ``start``, ``options`` but the objective
     shared. Returns their specs (``edge_curves.ranked_spec``, raw axis: head-level edges) and per curve the run's
     options, seconds, objective per step and blocks swapped per step."""
-    import time
-    from dataclasses import asdict, replace
-
     u = ablation.u
     ref = ablation.reference(batch)
     full, empty = ablation.metric(batch, AllEdges(), ref), ablation.metric(batch, NoEdges(u), ref)

@@ -238,6 +238,10 @@ class EdgeUniverse:
         the flat list of blocks (one per upstream writer unit, in writer order)."""
         return torch.tensor([0, *torch.tensor([u.n_up for u in self.readers]).cumsum(0).tolist()])
 
+    def blocks(self, u: ReaderUnit) -> slice:
+        """Reader unit ``u``'s blocks in the flat list of blocks (``block_offsets``)."""
+        return slice(int(self.block_offsets[u.index]), int(self.block_offsets[u.index + 1]))
+
     @property
     def n_blocks(self) -> int:
         return int(self.block_offsets[-1])
