@@ -21,8 +21,11 @@ naming what differs. Remove DIR yourself.
 
 ``--prune metric faithful``: edge pruning (``analysis.edge_pruning``) on the first ``--prune-n`` training prompts,
 from the head-level scores, before the curves: curves ``pruned_signed_raw`` (``metric``) and ``pruned_abs_raw``
-(``faithful``) with the others; each run's options, seconds and objective per step in ``pruning``, the peak memory
-after them in ``pruning_peak_rss_gb``.
+(``faithful``) with the others; ``--prune-level directions`` prunes direction edges (block, writer and reader
+logits: curves ``prunedirs_signed_fair`` / ``prunedirs_abs_fair``, compared with the head-level ones in ``summary
+["vs_pruned"]``); each run's options, seconds and objective per step in ``pruning``, the peak memory after them in
+``pruning_peak_rss_gb``; the learned logits in ``OUT/logits_<curve>.pt``; a direction run's trained circuit also
+through the hard path on 8 curved prompts (``pruning[<curve>]["hard_check"]``: the two metrics' largest difference).
 """
 
 from __future__ import annotations
@@ -63,7 +66,35 @@ def main() -> None:
         help="edge pruning from the head-level scores (edge_pruning): faithful -> curve pruned_abs_raw, metric ->"
         " pruned_signed_raw",
     )  # fmt: skip
+    p.add_argument(
+        "--prune-level",
+        nargs="+",
+        default=["units"],
+        choices=["units", "directions"],
+        help="edge pruning's level: units (head-level blocks: pruned_*_raw) and / or directions (block, writer and"
+        " reader direction logits, the fair axis: prunedirs_*_fair)",
+    )
+    p.add_argument("--prune-direction-start", type=float, default=0.5, help="edge pruning, directions: x, y start")
+    p.add_argument(
+        "--prune-order",
+        nargs="+",
+        default=["blocks"],
+        choices=["min", "blocks"],
+        help="edge pruning, directions: the curve's order (edge_pruning.direction_spec); a second order adds the curve"
+        " <name>_<order> of the same logits",
+    )
+    p.add_argument(
+        "--prune-from",
+        default=None,
+        help="edge pruning: read the learned logits back from DIR/logits_<curve>.pt (an earlier run's --out) instead"
+        " of training",
+    )
     p.add_argument("--prune-n", type=int, default=16, help="edge pruning: the first N training prompts, one batch")
+    p.add_argument(
+        "--prune-swap",
+        action="store_true",
+        help="the null: swap the answers (correct / wrong) of every other pruning prompt (no consistent task left)",
+    )
     p.add_argument("--prune-steps", type=int, default=40)
     p.add_argument("--prune-lr", type=float, default=0.05)
     p.add_argument(
@@ -202,7 +233,7 @@ def score_and_curve(args, out, universe, train_batches, test_batches, store, gai
     ablation = EdgeAblation(universe, args.task, gains=gains)
     sizes = args.sizes or MIB_SIZES
     specs = curve_specs(universe, scores, args.curve)
-    specs |= pruned_specs(args, out, ablation, train_batches, scores.units, say)
+    specs |= pruned_specs(args, out, ablation, train_batches, test_batches, scores.units, say)
     out["curves"] = {}
     ends: dict = {}  # the corrupted recordings and both ends, computed once for every curve
     for name, spec in specs.items():  # one curve at a time, each written as soon as it is done
@@ -218,11 +249,17 @@ def score_and_curve(args, out, universe, train_batches, test_batches, store, gai
     print(json.dumps(out, indent=1))
 
 
-def pruned_specs(args, out: dict, ablation, train_batches: list, units, say) -> dict:
+def pruned_specs(args, out: dict, ablation, train_batches: list, test_batches: list, units, say) -> dict:
     """Edge pruning (``--prune``) on the first ``--prune-n`` training prompts from the head-level scores ``units``
     (``edge_pruning.pruned_curves``): the curves' specs; the runs (options, seconds, objective per step) and the
     peak memory after them in ``out["pruning"]``."""
-    from lit_svd.analysis.edge_pruning import CURVE_OF, PruneOptions, pruned_curves
+    from lit_svd.analysis.edge_pruning import (
+        CURVE_OF,
+        DIRECTION_CURVE_OF,
+        PruneOptions,
+        direction_spec,
+        pruned_curves,
+    )
 
     if not args.prune:
         return {}
@@ -230,12 +267,63 @@ def pruned_specs(args, out: dict, ablation, train_batches: list, units, say) -> 
     if len(batch["answer_pos"]) < args.prune_n:
         raise SystemExit(f"--prune-n {args.prune_n}: needs --batch-size and --n-train of at least that")
     batch = {k: v[: args.prune_n] for k, v in batch.items()}  # the first prompts (padding kept: masked)
-    options = PruneOptions(steps=args.prune_steps, lr=args.prune_lr, keep=tuple(args.prune_keep))
-    names = [CURVE_OF[objective] for objective in args.prune]
-    specs, out["pruning"] = pruned_curves(ablation, batch, units.cpu(), names, options, lambda m: say(f"prune {m}"))
+    if args.prune_swap:  # the label-swapped null: half the prompts ask for the other answer
+        swap = torch.arange(args.prune_n, device=batch["correct_id"].device) % 2 == 1
+        correct, wrong = batch["correct_id"], batch["wrong_id"]
+        batch = batch | {"correct_id": torch.where(swap, wrong, correct), "wrong_id": torch.where(swap, correct, wrong)}
+        out["prune_swap"] = True
+    start = args.prune_direction_start
+    options = PruneOptions(
+        steps=args.prune_steps, lr=args.prune_lr, keep=tuple(args.prune_keep), direction_start=start,
+        direction_order=args.prune_order[0],
+    )  # fmt: skip
+    of = {"units": CURVE_OF, "directions": DIRECTION_CURVE_OF}
+    names = [of[level][objective] for level in args.prune_level for objective in args.prune]
+    learned: dict = {}
+
+    def save(name, logits):
+        learned[name] = logits
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            torch.save(logits, Path(args.out) / f"logits_{name}.pt")
+
+    trained = {}
+    for name in names if args.prune_from else []:
+        trained[name] = torch.load(Path(args.prune_from) / f"logits_{name}.pt")
+        say(f"prune {name}: logits read back from {args.prune_from}")
+    specs, out["pruning"] = pruned_curves(
+        ablation, batch, units.cpu(), names, options, lambda m: say(f"prune {m}"), keep_logits=save, trained=trained
+    )
+    for name, logits in learned.items():  # the same logits in the other curve orders
+        for order in args.prune_order[1:] if isinstance(logits, tuple) else []:
+            specs[f"{name}_{order}"] = direction_spec(ablation.u, *logits, order=order)
+    for name, logits in learned.items():  # the trained direction circuit, soft path against the hard one
+        if isinstance(logits, tuple):
+            out["pruning"][name]["hard_check"] = hard_check(ablation, test_batches[0], logits, 8)
+            say(f"prune {name}: soft vs hard path {out['pruning'][name]['hard_check']}")
     out["pruning_peak_rss_gb"] = peak_gb()
     write(out, args.out)
     return specs
+
+
+def hard_check(ablation, batch: dict, logits: tuple, n: int) -> dict:
+    """The trained direction circuit (``SoftDirections``, the logits above 0) on the first ``n`` prompts of ``batch``
+    through the soft path and through the hard path (its keep masks): each one's metric and the largest
+    difference."""
+    from lit_svd.analysis.edge_ablation import UnitMasks
+    from lit_svd.analysis.edge_pruning import SoftDirections
+
+    batch = {k: v[:n] for k, v in batch.items()}
+    u = ablation.u
+    soft = SoftDirections(u, *logits)
+    ref = ablation.reference(batch)
+    t = time.monotonic()
+    m_soft = ablation.metric(batch, soft, ref)
+    t_soft, t = time.monotonic() - t, time.monotonic()
+    m_hard = ablation.metric(batch, UnitMasks({r.index: soft.keep(r) for r in u.readers}), ref)
+    diff = float((m_soft - m_hard).abs().max())
+    means = {"soft_mean": float(m_soft.mean()), "hard_mean": float(m_hard.mean())}
+    return {"prompts": n, **means, "max_abs_diff": diff, "soft_s": t_soft, "hard_s": time.monotonic() - t}
 
 
 def write(out: dict, folder: str | None, name: str = "edge_bench.json") -> None:

@@ -11,15 +11,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from lit_svd.analysis.edge_ablation import AllEdges, EdgeAblation, NoEdges
+from lit_svd.analysis.edge_ablation import AllEdges, EdgeAblation, NoEdges, UnitMasks
 from lit_svd.analysis.edge_attribution import attribute
 from lit_svd.analysis.edge_curves import edge_curves, random_spec, ranked_spec
 from lit_svd.analysis.edge_pruning import (
+    DirectionSizes,
     PruneOptions,
     SoftBlocks,
+    SoftDirections,
+    direction_cut,
+    direction_spec,
     prune_blocks,
     pruned_ranking,
     recentre,
@@ -67,33 +73,42 @@ def test_gradient_in_the_keep_weights_equals_finite_differences(arch):
     model = tiny_causal_lm(arch, vocab_size=VOCAB).double()
     with exact_rms_norms(model), exact_softmax():
         s = Setup(model)
-        u, b = s.universe, s.batch
+        u = s.universe
         g = torch.Generator().manual_seed(5)
         w = {r.index: torch.rand(r.n_up, generator=g, dtype=torch.float64) for r in u.readers}
 
-        def metric():
-            with s.ablation.patched(b, Weights(w), s.ref):
-                out = forward_answer_logits(model, b["clean_ids"], b["attention_mask"], b["answer_pos"])
-            return s.ablation.task.metric(out, b).sum()
-
-        for x in w.values():
-            x.requires_grad_(True)
-        metric().backward()
-        grads = {i: x.grad.clone() for i, x in w.items()}
-        largest = max(float(x.abs().max()) for x in grads.values())
-        assert largest > 1e-4
         picks = [u.readers[0], u.readers[len(u.readers) // 2], u.readers[-2], u.readers[-1]]
-        eps = 1e-4
-        with torch.no_grad():
-            for r in picks:
-                for j in {0, r.n_up // 2, r.n_up - 1}:
-                    w[r.index][j] += eps
-                    up = metric()
-                    w[r.index][j] -= 2 * eps
-                    down = metric()
-                    w[r.index][j] += eps
-                    fd = float(up - down) / (2 * eps)
-                    assert abs(fd - float(grads[r.index][j])) <= 1e-6 * largest, (str(r), j, fd, grads[r.index][j])
+        at = {r.index: sorted({0, r.n_up // 2, r.n_up - 1}) for r in picks}
+        assert_gradient_is_finite_differences(s, Weights(w), w, lambda grads: at)
+
+
+def assert_gradient_is_finite_differences(s, circuit, weights, picks, eps=1e-4):
+    """The metric's gradient in ``weights`` (``{key: tensor}``, read by ``circuit``) against central finite
+    differences at ``picks(grads)`` (``{key: [indices]}``), within 1e-6 of the largest gradient."""
+    b = s.batch
+
+    def metric():
+        with s.ablation.patched(b, circuit, s.ref):
+            out = forward_answer_logits(s.model, b["clean_ids"], b["attention_mask"], b["answer_pos"])
+        return s.ablation.task.metric(out, b).sum()
+
+    for x in weights.values():
+        x.requires_grad_(True)
+    metric().backward()
+    grads = {k: x.grad.clone() for k, x in weights.items()}
+    largest = max(float(x.abs().max()) for x in grads.values())
+    assert largest > 1e-4
+    with torch.no_grad():
+        for k, indices in picks(grads).items():
+            x = weights[k]
+            for j in indices:
+                x[j] += eps
+                up = metric()
+                x[j] -= 2 * eps
+                down = metric()
+                x[j] += eps
+                fd = float(up - down) / (2 * eps)
+                assert abs(fd - float(grads[k][j])) <= 1e-6 * largest, (k, j, fd, grads[k][j])
 
 
 def test_warm_start_and_recentre():
@@ -149,3 +164,125 @@ def test_planted_circuit_is_found_back():
     cpr = {n: round(c.cpr, 3) for n, c in curves.items()}
     assert curves["pruned"].cpr > curves["random"].cpr + 0.3, cpr
     assert curves["start"].cpr < curves["random"].cpr + 0.3, cpr
+
+
+def _direction_logits(u, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.randn(u.n_blocks, generator=g, dtype=dtype) + 0.8
+    writers = torch.randn(u.n_writer_cols, generator=g, dtype=dtype) + 0.8
+    readers = torch.randn(u.n_reader_directions, generator=g, dtype=dtype) + 0.8
+    readers[-1] = writers[0] = 2.0  # the logits' one direction and the embedding kept (else the corrupted run)
+    return blocks, writers, readers
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES + HEAD_NORM_ARCHITECTURES)
+def test_soft_directions_of_zero_and_one_are_their_direction_circuit(arch):
+    """Soft directions (weights ``y_k w_U x_i`` of 0 / 1) run exactly the direction circuit of that mask through the
+    hard path (its own code: partial blocks, mixed columns, the unit's norm factor); all logits positive give the
+    clean forward."""
+    model = tiny_causal_lm(arch, vocab_size=VOCAB).double()
+    with exact_rms_norms(model):
+        s = Setup(model)
+        u = s.universe
+        soft = SoftDirections(u, *_direction_logits(u, 7))
+        masks = {r.index: soft.keep(r) for r in u.readers}
+        partial = [r for r in u.readers if 0 < int(masks[r.index].sum()) < masks[r.index].numel()]
+        assert len(partial) > len(u.readers) // 2
+        hard = s.run_edges(UnitMasks(masks))
+        assert (hard - s.clean).abs().max() > 1e-6 and (hard - s.corrupt).abs().max() > 1e-6
+        close(s.run_edges(soft), hard, "soft directions of 0 / 1")
+        everything = SoftDirections(u, *(x.abs() + 1 for x in _direction_logits(u, 7)))
+        close(s.run_edges(everything), s.clean, "all logits positive")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_gradient_in_the_direction_weights_equals_finite_differences(arch):
+    """The metric's gradient in the block, writer and reader weights of soft directions (weights in (0, 1)) equals
+    central finite differences within 1e-6 of the largest."""
+    model = tiny_causal_lm(arch, vocab_size=VOCAB).double()
+    with exact_rms_norms(model), exact_softmax():
+        s = Setup(model)
+        u = s.universe
+        g = torch.Generator().manual_seed(11)
+        w = {"blocks": torch.rand(u.n_blocks, generator=g, dtype=torch.float64),
+             "writers": torch.rand(u.n_writer_cols, generator=g, dtype=torch.float64),
+             "readers": torch.rand(u.n_reader_directions, generator=g, dtype=torch.float64)}  # fmt: skip
+
+        class Weights:
+            def block_weights(self, r):
+                return w["blocks"][u.blocks(r)]
+
+            def writer_weights(self):
+                return w["writers"]
+
+            def reader_weights(self, r):
+                return w["readers"][r.offset : r.offset + r.size]
+
+        def picks(grads):
+            return {k: torch.topk(grads[k].abs(), 3).indices.tolist() + [0, len(w[k]) - 1] for k in w}
+
+        assert_gradient_is_finite_differences(s, Weights(), w, picks)
+
+
+def test_direction_cut_is_the_largest_circuit_within_the_weighted_count():
+    """``direction_cut`` against brute force over every distinct logit: the weighted count (by ``SoftDirections``'
+    masks and the universe's edge weights) of its circuit is at most the target and the next larger circuit's is
+    above it."""
+    model = tiny_causal_lm("llama", vocab_size=VOCAB).double()
+    u = EdgeUniverse(make_view(model))
+    sizes = DirectionSizes(u)
+    logits = _direction_logits(u, 3, torch.float32)
+
+    def weighted(t):
+        c = SoftDirections(u, *logits, threshold=t)
+        return sum(float((c.keep(r).double() * u.block_weights(r)[u.col_unit[: r.n_cols]]).sum()) for r in u.readers)
+
+    for keep in (0.05, 0.2, 0.5):
+        t = direction_cut(sizes, *logits, keep)
+        assert weighted(t) == pytest.approx(sizes(*logits, t), rel=1e-9)
+        assert weighted(t) <= keep * u.n_blocks + 1e-9
+        below = torch.cat(logits)[torch.cat(logits) < t].max()
+        assert weighted(float(below) - 1e-7) > keep * u.n_blocks
+
+
+def test_direction_pruning_starts_from_the_head_level_circuit_and_its_curve_is_nested_cuts():
+    """At the direction level, step 0's circuit is the head-level warm start (every direction kept) and the run
+    lowers its objective on the planted model; the curve's circuits are nested, their weighted counts (by their masks
+    and the universe's edge weights) within the sizes, the trained circuit the cut at its size."""
+    model, _, _ = planted_model()
+    u = EdgeUniverse(make_view(model))
+    ablation = EdgeAblation(u, "ioi")
+    train = planted_batch(16, seed=0)
+    ref = ablation.reference(train)
+    full, empty = ablation.metric(train, AllEdges(), ref), ablation.metric(train, NoEdges(u), ref)
+    start = attribute(u, [train], "ioi").units
+    keep = 6 / u.n_blocks
+    options = PruneOptions("metric", steps=1, lr=0.1, keep=keep, level="directions")
+    _, log0 = prune_blocks(ablation, [train], [ref], [full], [empty], start, options)
+    _, head = prune_blocks(ablation, [train], [ref], [full], [empty], start, replace(options, level="units"))
+    assert log0.objective[0] == pytest.approx(head.objective[0], abs=1e-9)
+    (blocks, writers, readers), log = prune_blocks(
+        ablation, [train], [ref], [full], [empty], start, replace(options, steps=15)
+    )
+    assert min(log.objective) < log.objective[0]
+    trained = SoftDirections(u, blocks, writers, readers)  # the circuit trained: the logits above 0
+    sizes = sorted((0.01, 0.1, keep, 0.5, 0.9, 1.0))
+    for order in ("min", "blocks"):
+        circuits = direction_spec(u, blocks, writers, readers, order).circuits(sizes)
+        masks = [{r.index: c.keep(r) for r in u.readers} for c, _, _ in circuits]
+        for (_, kept, weight), size, mask in zip(circuits, sizes, masks):
+            assert kept == sum(int(m.sum()) for m in mask.values())
+            by_mask = sum(
+                float((m.double() * u.block_weights(r)[u.col_unit[: r.n_cols]]).sum())
+                for r, m in zip(u.readers, mask.values())
+            )
+            assert weight == pytest.approx(by_mask, rel=1e-9) and weight <= size * u.n_blocks + 1e-9, order
+        for small, large in zip(masks, masks[1:]):  # nested: one ranking
+            assert all(bool((small[i] <= large[i]).all()) for i in small), order
+        assert circuits[-1][1] == u.counts()["directions"]
+        at_keep = masks[sizes.index(keep)]
+        assert all(bool((trained.keep(r) <= at_keep[r.index]).all()) for r in u.readers), order
+        if order == "min":
+            assert all(torch.equal(trained.keep(r), at_keep[r.index]) for r in u.readers)
+    with pytest.raises(ValueError, match="order='max'"):
+        direction_spec(u, blocks, writers, readers, "max")

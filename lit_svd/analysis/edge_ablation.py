@@ -55,6 +55,16 @@ keep weight in [0, 1]) adds ``(1 - w) Delta_U`` of each writer unit, differentia
 one tensor per writer unit (``_Live.writes``) and summed by ``_WeightedSum``, which saves them as they are (no
 stacked copy per read point for the backward). Weights of 0 / 1 give the circuit of those whole blocks.
 
+**Soft directions** (direction-level edge pruning): a soft circuit that also gives ``writer_weights()``
+(``[n_writer_cols]``, ``x_i``) and ``reader_weights(u)`` (``[K_u]``, ``y_k``) keeps edge ``(k, i)`` of block ``U``
+with weight ``y_k w_U x_i`` (a circuit of that product form: a writer direction dropped for every reader, a reader
+direction for every writer, a block for all its directions). Each writer unit then also records its
+``x``-weighted write ``sum_i x_i dc_i W_i`` (``_Live.kept``); with ``kept = sum_U w_U (x-weighted write of U)`` and
+``total`` the sum of every write, the unit's input is ``live + total - max_k(y_k) kept`` (the writer directions no
+direction keeps) and direction ``k`` reads ``r_k . (total - y_k kept)`` through that input's norm factor: weights of
+0 / 1 give exactly the direction circuit of mask ``y_k w_U x_i`` (tested against the hard path), at the cost of
+whole blocks (no mask of direction edges is formed).
+
 Only the *active* positions are computed (``active_rows``): from each prompt's first token where clean and corrupted
 differ up to its answer position. Before it every writer's ``corrupted - live`` is zero (the same prefix, so the
 same forward: nothing to add); after the answer position (and at padding) nothing reaches the metric (causal
@@ -161,6 +171,8 @@ class _Live:
     corrections: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
     captured: dict[str, Tensor] = field(default_factory=dict)
     writes: list[Tensor] | None = None  # soft blocks: each writer unit's ``corrupted - live`` write, in unit order
+    kept: list[Tensor] | None = None  # soft directions: each writer unit's ``x``-weighted write
+    x: Tensor | None = None  # soft directions: the writer directions' keep weights ``[n_writer_cols]``
 
 
 class EdgeAblation:
@@ -259,12 +271,15 @@ class EdgeAblation:
         P = reference.embed.shape[0]
         masks = _LazyMasks(circuit, u)  # one reader unit's mask at a time, when the forward reaches it
         soft = hasattr(circuit, "block_weights")
+        directed = soft and hasattr(circuit, "writer_weights")
         n_cols, n_units = (0, 0) if soft else (u.n_writer_cols, len(u.writers))
         live = _Live(
             dcT=torch.zeros(n_cols, P, dtype=u.dtype, device=u.device),
             delta=torch.zeros(n_units, P, v.d_model, dtype=u.dtype, device=u.device),
             rows=None if rows is None else rows.to(u.device),
             writes=[] if soft else None,
+            kept=[] if directed else None,
+            x=circuit.writer_weights().to(u.device, u.dtype) if directed else None,  # type: ignore[attr-defined]
         )
         specs = [Hook(v.norm_module("final", None), self._final_hook(masks, reference, live), "pre")]
         for l in range(v.n_layers):
@@ -316,15 +331,38 @@ class EdgeAblation:
         assert live.writes is not None
         if point == "attn" and layer == 0:
             live.writes.append(reference.embed - R)
+            if live.kept is not None and live.x is not None:
+                live.kept.append(live.x[0] * live.writes[0])
         todo = [(r, w) for r in self.u.reader_units(point, layer) if (w := masks.weights(r.index)) is not None]
         if not todo:
             return
         n = todo[0][0].n_up
         assert all(r.n_up == n for r, _ in todo) and len(live.writes) >= n
-        D = _WeightedSum.apply(1 - torch.stack([w for _, w in todo]).to(R.dtype), *live.writes[:n])
-        whole = UnitKeep(torch.full((n,), FULL))
-        for (r, _), Du in zip(todo, D):
-            live.corrections[r.index] = self.correction(r, whole, R, Du, Du, None, live)
+        w = torch.stack([w for _, w in todo]).to(R.dtype)
+        if live.kept is None:
+            D = _WeightedSum.apply(1 - w, *live.writes[:n])
+            whole = UnitKeep(torch.full((n,), FULL))
+            for (r, _), Du in zip(todo, D):
+                live.corrections[r.index] = self.correction(r, whole, R, Du, Du, None, live)
+            return
+        total = _WeightedSum.apply(torch.ones_like(w[:1]), *live.writes[:n])[0]
+        kept = _WeightedSum.apply(w, *live.kept[:n])
+        for (r, _), Ku in zip(todo, kept):
+            live.corrections[r.index] = self.directed_correction(r, R, total, Ku, masks.reader_weights(r.index))
+
+    def directed_correction(
+        self, r: ReaderUnit, R: Tensor, total: Tensor, kept: Tensor, y: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """``correction`` under soft directions (module docstring): ``total`` every writer's ``corrupted - live``
+        write summed, ``kept`` the block- and ``x``-weighted writes the unit keeps, ``y [K]`` its directions'
+        weights."""
+        v = self.view
+        y = y.to(R.device, R.dtype)
+        Rc = self.u.basis(r).Rc
+        raw = Rc @ total.T - y[:, None] * (Rc @ kept.T)  # [K, P]
+        layer = None if r.point == "final" else r.layer
+        f = v.norm_factor(r.point, layer, R + total - y.max() * kept).reshape(-1)
+        return raw.T * f[:, None], f / v.norm_factor(r.point, layer, R).reshape(-1)
 
     def correction(
         self,
@@ -443,7 +481,10 @@ class EdgeAblation:
             for w in units:
                 assert len(live.writes) == w.index
                 cols = slice(w.offset, w.offset + w.size)
-                live.writes.append(change[:, cols.start - start : cols.stop - start] @ u.W[cols])
+                part = change[:, cols.start - start : cols.stop - start]
+                live.writes.append(part @ u.W[cols])
+                if live.kept is not None and live.x is not None:
+                    live.kept.append((part * live.x[cols]) @ u.W[cols])
             return
         live.dcT[start:stop] = (reference.coef[:, start:stop] - coef).T
         for w in units:
@@ -475,7 +516,11 @@ class EdgeAblation:
                 return None
             x = first_input(args, kwargs)
             R = _rows(x.reshape(-1, x.shape[-1]), live.rows).to(u.dtype)
-            if soft:
+            if soft and live.kept is not None:  # soft directions: the logits read one direction
+                y = masks.reader_weights(r.index).to(R.device, R.dtype)
+                total = _WeightedSum.apply(torch.ones_like(kept[None]).to(R.dtype), *live.writes[: r.n_up])[0]
+                D = total - y.max() * _WeightedSum.apply(kept[None].to(R.dtype), *live.kept[: r.n_up])[0]
+            elif soft:
                 D = _WeightedSum.apply((1 - kept)[None].to(R.dtype), *live.writes[: r.n_up])[0]
             else:
                 D = self._final_sum(r, kept, reference, live, R)
@@ -557,6 +602,10 @@ class _LazyMasks:
     def weights(self, index: int) -> Tensor | None:
         """``[n_up]``: a soft circuit's keep weight of each block of reader unit ``index`` (None: every block kept)."""
         return self.circuit.block_weights(self.u.readers[index])  # type: ignore[attr-defined]
+
+    def reader_weights(self, index: int) -> Tensor:
+        """``[K_u]``: a soft-directions circuit's keep weight of each direction of reader unit ``index``."""
+        return self.circuit.reader_weights(self.u.readers[index])  # type: ignore[attr-defined]
 
     def __getitem__(self, index: int) -> UnitKeep | None:
         r = self.u.readers[index]

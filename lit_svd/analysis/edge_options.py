@@ -10,7 +10,16 @@ from collections.abc import Sequence
 from typing import Literal, get_args
 
 Method = Literal[
-    "directions", "writer_units", "units", "blocks", "headblocks", "coreblocks", "netblocks", "pruned", "random"
+    "directions",
+    "writer_units",
+    "units",
+    "blocks",
+    "headblocks",
+    "coreblocks",
+    "netblocks",
+    "pruned",
+    "prunedirs",
+    "random",
 ]
 BLOCK_ORDERS = ("blocks", "headblocks", "coreblocks")  # direction edges, blocks kept together (edge_curves)
 FACTOR_ORDERS = ("netblocks",)  # direction edges by score x block factor (edge_curves.netblock_ranking)
@@ -21,18 +30,19 @@ Unreached = Literal["skip", "best"]  # graph_unreached: what the module draws wh
 
 def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int]) -> list[str]:
     """The curves of the options: each ranked level and block order signed and absolute on each axis (``units`` and
-    ``pruned``: raw only, the same circuits on both axes), and with ``random`` one random curve per seed at each ranked
-    level (a block order ranks direction edges: its random curve is ``random_directions_<seed>``, as a factor order's;
-    ``pruned`` ranks head-level edges: ``random_units_<seed>``). ``pruned``: edge pruning (``edge_pruning``),
-    ``pruned_signed_raw`` trained on the metric (CPR), ``pruned_abs_raw`` on faithfulness (CMD)."""
+    ``pruned``: raw only, the same circuits on both axes; ``prunedirs``: fair only, its size), and with ``random`` one
+    random curve per seed at each ranked level (a block order ranks direction edges: its random curve is
+    ``random_directions_<seed>``, as a factor order's and ``prunedirs``'; ``pruned`` ranks head-level edges:
+    ``random_units_<seed>``). ``pruned``: edge pruning (``edge_pruning``), ``pruned_signed_raw`` trained on the metric
+    (CPR), ``pruned_abs_raw`` on faithfulness (CMD); ``prunedirs``: the same over direction edges."""
     ranked = [m for m in methods if m != "random"]
     names = []
     for level in ranked:
         for sign in ("signed", "abs"):
-            for axis in ["raw"] if level in ("units", "pruned") else axes:
+            for axis in ["raw"] if level in ("units", "pruned") else ["fair"] if level == "prunedirs" else axes:
                 names.append(f"{level}_{sign}_{axis}")
     if "random" in methods:
-        of = {**dict.fromkeys(DIRECTION_ORDERS, "directions"), "pruned": "units"}
+        of = {**dict.fromkeys(DIRECTION_ORDERS + ("prunedirs",), "directions"), "pruned": "units"}
         levels = dict.fromkeys(of.get(m, m) for m in ranked or ["directions"])
         names += [f"random_{level}_{s}" for level in levels for s in seeds]
     return names

@@ -18,40 +18,69 @@ MIB's warm-started EP): the logits start from a head-level ranking (EAP-IG's blo
 m(empty)`` of their means): ``faithful`` ``((m - m_full) / gap)^2``, each prompt's metric held at the full model's
 (CMD); ``metric`` ``-(m - m_empty) / gap``, the metric pushed up (CPR). Every step runs the same training prompts in
 the same batches: the run is step-based (another machine gets the same one up to float rounding).
+
+**At the direction level** (``level="directions"``, ``SoftDirections``): beside the block logits ``b``, a logit per
+writer direction ``x`` (shared by every reader) and per reader direction ``y`` (shared by every writer); edge ``(k, i)``
+of block ``U`` is kept where ``min(b_U, x_i, y_k)`` is above one cut ``t``, a circuit of product form that the edge
+ablation runs at the cost of whole blocks (``edge_ablation``'s soft directions). The size is MIB's weighted edge count
+(the fair axis: a block weighs 1, a direction edge ``1 / (K_w K_r)``): the cut keeps the largest circuit of weighted
+count at most ``keep`` of the blocks (``direction_cut``), so a reader or writer unit whose directions are partly
+dropped frees room for more blocks. ``b`` warm-starts as at the head level, ``x`` and ``y`` at ``direction_start``
+(every direction kept at the start: step 0 is the head-level circuit). The curve's circuit at each size is a cut of
+the learned logits at that weighted count (``direction_spec``, nested; by default the trained directions held and
+the blocks cut, ``min`` one cut of every logit), run as soft directions of 0 / 1 (the direction circuit exactly, at
+the cost of whole blocks; the edge curves' selection over ~10^9 scores would read back the millions of edges sharing
+a logit).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import Tensor
 
-from lit_svd.analysis.edge_ablation import AllEdges, EdgeAblation, NoEdges, Reference
+from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, NoEdges, Reference
 from lit_svd.analysis.edge_curves import CurveSpec, EdgeRanking, ranked_spec, unit_ranking
 from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit
 from lit_svd.metrics import forward_answer_logits
 
 OBJECTIVES = ("faithful", "metric")
+Logits = (
+    Tensor | tuple[Tensor, Tensor, Tensor]
+)  # the block logits, or at the direction level (blocks, writers, readers)
+LEVELS = ("units", "directions")
+CUT_ORDERS = ("min", "blocks")  # direction-level pruning's curve: one cut of every logit, or blocks first
 CURVE_OF = {"faithful": "pruned_abs_raw", "metric": "pruned_signed_raw"}  # each objective's curve (CMD / CPR)
-OBJECTIVE_OF = {name: objective for objective, name in CURVE_OF.items()}
+DIRECTION_CURVE_OF = {"faithful": "prunedirs_abs_fair", "metric": "prunedirs_signed_fair"}  # the same, directions
+OBJECTIVE_OF = {name: objective for of in (CURVE_OF, DIRECTION_CURVE_OF) for objective, name in of.items()}
+LEVEL_OF = {name: "units" if name in CURVE_OF.values() else "directions" for name in OBJECTIVE_OF}
 
 
 @dataclass
 class PruneOptions:
     """``objective`` (``OBJECTIVES``), ``steps``, Adam's ``lr``, the fraction(s) ``keep`` of the blocks kept (a tuple:
-    nested circuits trained together, ascending)."""
+    nested circuits trained together, ascending; at the direction level, of the weighted edge count), ``level``
+    (``LEVELS``), the direction logits' start ``direction_start`` and the curve's ``direction_order``
+    (``direction_spec``; ``level="directions"``)."""
 
     objective: str = "faithful"
     steps: int = 40
     lr: float = 0.05
     keep: float | tuple[float, ...] = 0.2
+    level: str = "units"
+    direction_start: float = 0.5
+    direction_order: str = "blocks"  # chosen on validation (docs/circuits.md, "Edge pruning over direction edges")
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective={self.objective!r}: choose one of {', '.join(OBJECTIVES)}")
+        if self.level not in LEVELS:
+            raise ValueError(f"level={self.level!r}: choose one of {', '.join(LEVELS)}")
+        if self.direction_order not in CUT_ORDERS:
+            raise ValueError(f"direction_order={self.direction_order!r}: choose one of {', '.join(CUT_ORDERS)}")
         keeps = self.keeps
         if self.steps < 1 or self.lr <= 0 or not keeps or not all(0 < k < 1 for k in keeps):
             raise ValueError(
@@ -79,9 +108,106 @@ class SoftBlocks:
         return blocks[self.universe.col_unit[: r.n_cols].to(blocks.device)].expand(r.size, -1)
 
     def block_weights(self, r: ReaderUnit) -> Tensor:
-        part = self.logits[self.universe.blocks(r)] - self.threshold
-        soft = torch.sigmoid(part)
-        return ((part > 0).to(soft.dtype) + (soft - soft.detach())).to(self.universe.dtype)  # exactly 0 / 1
+        return _straight_through(self.logits[self.universe.blocks(r)] - self.threshold, self.universe.dtype)
+
+
+def _straight_through(part: Tensor, dtype: torch.dtype) -> Tensor:
+    """``part > 0`` as 0 / 1 exactly, its gradient that of ``sigmoid(part)``."""
+    soft = torch.sigmoid(part)
+    return ((part > 0).to(soft.dtype) + (soft - soft.detach())).to(dtype)
+
+
+@dataclass
+class SoftDirections:
+    """The direction circuit of the edges ``(k, i)`` of block ``U`` with ``min(blocks_U, writers_i, readers_k)`` above
+    ``threshold`` (module docstring; ``blocks [n_blocks]``, ``writers [n_writer_cols]``, ``readers
+    [n_reader_directions]``), each factor's gradient straight-through: ``edge_ablation``'s soft directions."""
+
+    universe: EdgeUniverse
+    blocks: Tensor
+    writers: Tensor
+    readers: Tensor
+    threshold: float = 0.0
+
+    def _reader(self, r: ReaderUnit) -> Tensor:
+        return self.readers[r.offset : r.offset + r.size]
+
+    def block_weights(self, r: ReaderUnit) -> Tensor:
+        return _straight_through(self.blocks[self.universe.blocks(r)] - self.threshold, self.universe.dtype)
+
+    def writer_weights(self) -> Tensor:
+        return _straight_through(self.writers - self.threshold, self.universe.dtype)
+
+    def reader_weights(self, r: ReaderUnit) -> Tensor:
+        return _straight_through(self._reader(r) - self.threshold, self.universe.dtype)
+
+    def keep(self, r: ReaderUnit) -> Tensor:
+        """The same circuit as a keep mask of direction edges (``edge_ablation.Circuit``)."""
+        u, t = self.universe, self.threshold
+        blocks = self.blocks[u.blocks(r)].detach() > t
+        cols = blocks[u.col_unit[: r.n_cols].to(blocks.device)] & (self.writers[: r.n_cols].detach() > t)
+        return (self._reader(r).detach() > t)[:, None] & cols[None, :]
+
+
+@dataclass
+class DirectionSizes:
+    """The weighted edge count (fair axis) of ``SoftDirections`` circuits of ``universe``: each block kept counts its
+    writer unit's and its reader unit's fractions of directions kept."""
+
+    universe: EdgeUniverse
+
+    def __post_init__(self) -> None:
+        u = self.universe
+        n_up = torch.tensor([r.n_up for r in u.readers])
+        self.block_writer = torch.cat([torch.arange(int(n)) for n in n_up])
+        self.block_reader = torch.repeat_interleave(torch.arange(len(u.readers)), n_up)
+        self.reader_sizes = torch.tensor([r.size for r in u.readers])
+        self.direction_reader = torch.repeat_interleave(torch.arange(len(u.readers)), self.reader_sizes)
+        self.col_unit = u.col_unit[: u.n_writer_cols].cpu()
+
+    def __call__(self, blocks: Tensor, writers: Tensor, readers: Tensor, t: float) -> float:
+        """The weighted count of the circuit of the logits above ``t``."""
+        return self.counts(blocks, writers, readers, t)[1]
+
+    def counts(self, blocks: Tensor, writers: Tensor, readers: Tensor, t: float) -> tuple[int, float]:
+        """``(direction edges, weighted count)`` of the circuit of the logits above ``t``."""
+        u = self.universe
+        nx = torch.zeros(len(u.writers), dtype=torch.float64).index_add_(0, self.col_unit, (writers > t).double())
+        ny = torch.zeros(len(u.readers), dtype=torch.float64).index_add_(
+            0, self.direction_reader, (readers > t).double()
+        )
+        edges = (blocks > t).double() * nx[self.block_writer] * ny[self.block_reader]
+        weight = edges / (u.writer_sizes.double()[self.block_writer] * self.reader_sizes.double()[self.block_reader])
+        return int(edges.sum()), float(weight.sum())
+
+
+def direction_cut(
+    sizes: DirectionSizes,
+    blocks: Tensor,
+    writers: Tensor,
+    readers: Tensor,
+    keep: float,
+    moving: tuple[bool, bool, bool] = (True, True, True),
+) -> float:
+    """The cut ``t`` of the largest circuit (logits above ``t``) whose weighted count is at most ``keep`` of the
+    blocks: the midpoint between the lowest logit kept and the next (bisection over the distinct logits). With
+    ``moving`` (blocks, writers, readers) some False, those logits are held at their sign (kept where above 0) and the
+    cut moves the others only."""
+    held = [
+        x.detach() if m else torch.where(x.detach() > 0, torch.inf, -torch.inf)
+        for x, m in zip((blocks, writers, readers), moving)
+    ]
+    b, x, y = (h.double() for h in held)
+    values = torch.unique(torch.cat([h.double() for h, m in zip(held, moving) if m]))  # ascending
+    target = keep * sizes.universe.n_blocks
+    size = lambda i: sizes(b, x, y, float(values[i]))  # noqa: E731
+    if sizes(b, x, y, float(values[0]) - 1) <= target:
+        return float(values[0]) - 1.0  # every edge the moving logits can add
+    lo, hi = -1, len(values) - 1  # above values[hi] nothing is kept; every logit (lo = -1) is more than the target
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if size(mid) <= target else (mid, hi)
+    return float(values[hi] + values[hi + 1]) / 2 if hi + 1 < len(values) else float(values[hi]) + 1.0
 
 
 def warm_start(scores: Tensor, keep: float) -> Tensor:
@@ -115,6 +241,8 @@ class PruneLog:
 
     objective: list[float] = field(default_factory=list)
     swapped: list[int] = field(default_factory=list)
+    writers_kept: list[float] = field(default_factory=list)  # direction level: the writer directions kept
+    readers_kept: list[float] = field(default_factory=list)  # and the reader directions
 
 
 def prune_blocks(
@@ -126,10 +254,10 @@ def prune_blocks(
     start: Tensor,
     options: PruneOptions,
     progress: Callable[[int, float], None] | None = None,
-) -> tuple[Tensor, PruneLog]:
-    """The learned logits ``[n_blocks]`` (float32) from the head-level block scores ``start`` (``warm_start``), and
-    the training log. ``refs``: the batches' corrupted recordings; ``full`` / ``empty``: each batch's per-prompt
-    metric of the full and the empty circuit."""
+) -> tuple[Logits, PruneLog]:
+    """The learned logits ``[n_blocks]`` (float32; at the direction level ``(blocks, writers, readers)``) from the
+    head-level block scores ``start`` (``warm_start``), and the training log. ``refs``: the batches' corrupted
+    recordings; ``full`` / ``empty``: each batch's per-prompt metric of the full and the empty circuit."""
     u = ablation.u
     if start.shape != (u.n_blocks,):
         raise ValueError(f"prune_blocks: start scores of shape {tuple(start.shape)}, expected ({u.n_blocks},)")
@@ -138,7 +266,8 @@ def prune_blocks(
         raise ValueError("prune_blocks: m(full) equals m(empty) on the training prompts: nothing to prune toward")
     first = start.abs() if options.objective == "faithful" else start
     logits = warm_start(first, max(options.keeps)).requires_grad_(True)
-    opt = torch.optim.Adam([logits], lr=options.lr)
+    circuit_at = _Circuits(u, logits, options)
+    opt = torch.optim.Adam(circuit_at.parameters, lr=options.lr)
     n = sum(len(b["answer_pos"]) for b in batches)
     log = PruneLog()
     for step in range(options.steps):
@@ -146,7 +275,7 @@ def prune_blocks(
         opt.zero_grad()
         total = 0.0
         for keep in options.keeps:
-            circuit = SoftBlocks(u, logits, cut(logits, keep))
+            circuit = circuit_at(keep)
             for batch, ref, m_full, m_empty in zip(batches, refs, full, empty):
                 with ablation.patched(batch, circuit, ref):
                     ids, mask, pos = batch["clean_ids"], batch["attention_mask"], batch["answer_pos"]
@@ -160,18 +289,96 @@ def prune_blocks(
                 part.backward()
                 total += float(part.detach())
         opt.step()
-        with torch.no_grad():
-            recentre(logits, max(options.keeps))
+        circuit_at.recentre(max(options.keeps))
         log.objective.append(total)
         log.swapped.append(int((before & ~(logits.detach() > 0)).sum()))
+        circuit_at.log(log)
         if progress:
             progress(step, total)
-    return logits.detach(), log
+    return circuit_at.result(), log
+
+
+class _Circuits:
+    """The circuit trained at each fraction ``keep`` from the learned logits (``options.level``): ``SoftBlocks`` at
+    the cut of the block logits, or ``SoftDirections`` (writer and reader logits from ``direction_start``) at the
+    weighted cut."""
+
+    def __init__(self, universe: EdgeUniverse, logits: Tensor, options: PruneOptions):
+        self.u, self.logits, self.directed = universe, logits, options.level == "directions"
+        self.parameters = [logits]
+        if self.directed:
+            self.sizes = DirectionSizes(universe)
+            start = options.direction_start
+            self.writers = torch.full((universe.n_writer_cols,), start, requires_grad=True)
+            self.readers = torch.full((universe.n_reader_directions,), start, requires_grad=True)
+            self.parameters += [self.writers, self.readers]
+            self.recentre(max(options.keeps))
+
+    def _cut(self, keep: float) -> float:
+        if not self.directed:
+            return cut(self.logits, keep)
+        return direction_cut(self.sizes, self.logits, self.writers, self.readers, keep)
+
+    def __call__(self, keep: float) -> SoftBlocks | SoftDirections:
+        if not self.directed:
+            return SoftBlocks(self.u, self.logits, self._cut(keep))
+        return SoftDirections(self.u, self.logits, self.writers, self.readers, self._cut(keep))
+
+    @torch.no_grad()
+    def recentre(self, keep: float) -> None:
+        """Shift every logit so that the circuit at ``keep`` is the positive ones (no circuit or gradient changes)."""
+        t = self._cut(keep)
+        for p in self.parameters:
+            p -= t
+
+    def log(self, log: PruneLog) -> None:
+        if self.directed:
+            log.writers_kept.append(float((self.writers.detach() > 0).double().mean()))
+            log.readers_kept.append(float((self.readers.detach() > 0).double().mean()))
+
+    def result(self) -> Logits:
+        if not self.directed:
+            return self.logits.detach()
+        return self.logits.detach(), self.writers.detach(), self.readers.detach()
 
 
 def pruned_ranking(universe: EdgeUniverse, logits: Tensor) -> EdgeRanking:
     """The blocks ranked by their learned logits (higher first): a head-level ranking for the curves."""
     return unit_ranking(universe, logits)
+
+
+def direction_spec(
+    universe: EdgeUniverse, blocks: Tensor, writers: Tensor, readers: Tensor, order: str = "blocks"
+) -> CurveSpec:
+    """The curve of direction-level pruning's logits on the fair axis: at each size the ``SoftDirections`` circuit of
+    the largest cut within that weighted count (``direction_cut``), its direction edges and weighted count. ``order``
+    (``CUT_ORDERS``): ``min``, one cut of every logit (edges ranked by ``min(b, x, y)``); ``blocks``, the trained
+    directions (``x``, ``y`` above 0) held and the blocks cut by their logits, then (past every block) every block
+    kept and the directions cut by theirs. At the trained size both hold the trained circuit (the logits above 0)."""
+    if order not in CUT_ORDERS:
+        raise ValueError(f"order={order!r}: choose one of {', '.join(CUT_ORDERS)}")
+    sizes = DirectionSizes(universe)
+    every = blocks - blocks.min() + 1  # every block kept
+    all_blocks = sizes(every, writers, readers, 0.0)
+
+    def circuit(s: float) -> tuple[Tensor, Tensor, Tensor]:
+        if order == "min":
+            t = direction_cut(sizes, blocks, writers, readers, s)
+            return blocks - t, writers - t, readers - t
+        if s * universe.n_blocks <= all_blocks:
+            return blocks - direction_cut(sizes, blocks, writers, readers, s, (True, False, False)), writers, readers
+        t = direction_cut(sizes, every, writers, readers, s, (False, True, True))
+        return every, writers - t, readers - t
+
+    def circuits(targets: Sequence[float]) -> list[tuple[Circuit, int, float]]:
+        out: list[tuple[Circuit, int, float]] = []
+        for s in targets:
+            logits = circuit(s)
+            kept, weight = sizes.counts(*logits, 0.0)
+            out.append((SoftDirections(universe, *logits), kept, weight))
+        return out
+
+    return CurveSpec(circuits)
 
 
 def pruned_curves(
@@ -181,11 +388,16 @@ def pruned_curves(
     names: Sequence[str],
     options: PruneOptions,
     progress: Callable[[str], None] | None = None,
+    keep_logits: Callable[[str, Logits], None] | None = None,
+    trained: Mapping[str, Logits] | None = None,
 ) -> tuple[dict[str, CurveSpec], dict[str, dict]]:
-    """The curves ``names`` (``pruned_abs_raw``: ``faithful``, ``pruned_signed_raw``: ``metric``; ``CURVE_OF``) of
-    rankings pruned on the prompts of ``batch`` from the head-level scores ``start``, ``options`` but the objective
-    shared. Returns their specs (``edge_curves.ranked_spec``, raw axis: head-level edges) and per curve the run's
-    options, seconds, objective per step and blocks swapped per step."""
+    """The curves ``names`` (``pruned_abs_raw``: ``faithful``, ``pruned_signed_raw``: ``metric``, ``CURVE_OF``; at
+    the direction level ``prunedirs_*_fair``, ``DIRECTION_CURVE_OF``) of rankings pruned on the prompts of ``batch``
+    from the head-level scores ``start``, ``options`` but the objective and the level shared. Returns their specs
+    (``edge_curves.ranked_spec``: raw axis for head-level edges, fair for direction edges) and per curve the run's
+    options, seconds, objective per step and blocks swapped per step (and the directions kept per step).
+    ``keep_logits(name, logits)`` is called with each run's learned logits (to save them); a curve in ``trained``
+    (its logits, read back) is not trained again (its run: the options and ``read_back``)."""
     u = ablation.u
     ref = ablation.reference(batch)
     full, empty = ablation.metric(batch, AllEdges(), ref), ablation.metric(batch, NoEdges(u), ref)
@@ -194,10 +406,19 @@ def pruned_curves(
     for name in names:
         if name not in OBJECTIVE_OF:
             raise ValueError(f"pruned curve {name!r}: choose among {', '.join(OBJECTIVE_OF)}")
-        opts = replace(options, objective=OBJECTIVE_OF[name])
+        opts = replace(options, objective=OBJECTIVE_OF[name], level=LEVEL_OF[name])
         t = time.monotonic()
         say = None if progress is None else lambda step, value: progress(f"{name} step {step}: objective {value:.4f}")
-        logits, log = prune_blocks(ablation, [batch], [ref], [full], [empty], start, opts, say)
-        specs[name] = ranked_spec(pruned_ranking(u, logits), "raw")
-        runs[name] = asdict(opts) | asdict(log) | {"prompts": len(batch["answer_pos"]), "seconds": time.monotonic() - t}
+        if trained is not None and name in trained:
+            logits, log = trained[name], None
+        else:
+            logits, log = prune_blocks(ablation, [batch], [ref], [full], [empty], start, opts, say)
+        if keep_logits is not None:
+            keep_logits(name, logits)
+        if isinstance(logits, tuple):
+            specs[name] = direction_spec(u, *logits, order=opts.direction_order)
+        else:
+            specs[name] = ranked_spec(pruned_ranking(u, logits), "raw")
+        done = {"read_back": True} if log is None else asdict(log)
+        runs[name] = asdict(opts) | done | {"prompts": len(batch["answer_pos"]), "seconds": time.monotonic() - t}
     return specs, runs

@@ -52,8 +52,10 @@ class EdgeCircuitModule(PretrainedLMModule):
             coreblocks; netblocks (direction edges by score times their block's net-over-gross ratio,
             ``edge_curves.netblock_ranking``); pruned: head-level edges ranked by edge pruning
             (``edge_pruning``: ``pruned_signed_raw`` trained on the metric, ``pruned_abs_raw`` on faithfulness,
-            both from the head-level EAP-IG scores); random: random circuits at each ranked level (direction edges
-            for a block order and for netblocks, head-level edges for pruned).
+            both from the head-level EAP-IG scores); prunedirs: direction edges ranked by edge pruning with a
+            logit per block, writer direction and reader direction (``prunedirs_signed_fair`` /
+            ``prunedirs_abs_fair``, the fair axis); random: random circuits at each ranked level (direction edges
+            for a block order, netblocks and prunedirs, head-level edges for pruned).
         axes: raw (fraction of the level's edges), fair (weighted edge count: a block counts 1).
         curves: the curves scored, a subset of the options' curves (``curve_names``; null: all of them): each
             direction curve costs minutes on SmolLM2.
@@ -306,6 +308,11 @@ def summarize(curves: dict[str, dict], info: dict | None = None) -> dict:
             vs_units[name] |= diff(name, "units_abs_raw", "cmd")
     if vs_units:
         out["vs_units"] = vs_units
+    for sign, key in (("signed", "cpr"), ("abs", "cmd")):  # edge pruning: directions against head-level blocks
+        name, anchor = f"prunedirs_{sign}_fair", f"pruned_{sign}_raw"
+        if name in curves and anchor in curves:
+            out.setdefault("vs_pruned", {})[name] = {key: curves[name][key], "pruned": curves[anchor][key]}
+            out["vs_pruned"][name] |= diff(name, anchor, key)
     for level in LEVELS[:2] + DIRECTION_ORDERS:
         for axis in ("fair", "raw"):
             cpr, cmd = curves.get(f"{level}_signed_{axis}"), curves.get(f"{level}_abs_{axis}")
