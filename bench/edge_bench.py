@@ -287,18 +287,16 @@ def pruned_specs(args, out: dict, ablation, train_batches: list, test_batches: l
             Path(args.out).mkdir(parents=True, exist_ok=True)
             torch.save(logits, Path(args.out) / f"logits_{name}.pt")
 
-    trained = {}
-    for name in names if args.prune_from else []:
-        trained[name] = torch.load(Path(args.prune_from) / f"logits_{name}.pt")
-        say(f"prune {name}: logits read back from {args.prune_from}")
+    trained = {n: torch.load(Path(args.prune_from) / f"logits_{n}.pt") for n in names} if args.prune_from else {}
+    if trained:
+        say(f"prune: logits of {', '.join(trained)} read back from {args.prune_from}")
     specs, out["pruning"] = pruned_curves(
         ablation, batch, units.cpu(), names, options, lambda m: say(f"prune {m}"), keep_logits=save, trained=trained
     )
-    for name, logits in learned.items():  # the same logits in the other curve orders
-        for order in args.prune_order[1:] if isinstance(logits, tuple) else []:
-            specs[f"{name}_{order}"] = direction_spec(ablation.u, *logits, order=order)
-    for name, logits in learned.items():  # the trained direction circuit, soft path against the hard one
-        if isinstance(logits, tuple):
+    for name, logits in learned.items():
+        if isinstance(logits, tuple):  # direction level: the other curve orders, the soft path against the hard one
+            for order in args.prune_order[1:]:
+                specs[f"{name}_{order}"] = direction_spec(ablation.u, *logits, order=order)
             out["pruning"][name]["hard_check"] = hard_check(ablation, test_batches[0], logits, 8)
             say(f"prune {name}: soft vs hard path {out['pruning'][name]['hard_check']}")
     out["pruning_peak_rss_gb"] = peak_gb()

@@ -60,10 +60,10 @@ stacked copy per read point for the backward). Weights of 0 / 1 give the circuit
 with weight ``y_k w_U x_i`` (a circuit of that product form: a writer direction dropped for every reader, a reader
 direction for every writer, a block for all its directions). Each writer unit then also records its
 ``x``-weighted write ``sum_i x_i dc_i W_i`` (``_Live.kept``); with ``kept = sum_U w_U (x-weighted write of U)`` and
-``total`` the sum of every write, the unit's input is ``live + total - max_k(y_k) kept`` (the writer directions no
-direction keeps) and direction ``k`` reads ``r_k . (total - y_k kept)`` through that input's norm factor: weights of
-0 / 1 give exactly the direction circuit of mask ``y_k w_U x_i`` (tested against the hard path), at the cost of
-whole blocks (no mask of direction edges is formed).
+``total`` the sum of every write (the corrupted residual less the live one), the unit's input is ``live + total -
+max_k(y_k) kept`` (the writer directions no direction keeps) and direction ``k`` reads ``r_k . (total - y_k kept)``
+through that input's norm factor: weights of 0 / 1 give exactly the direction circuit of mask ``y_k w_U x_i``
+(tested against the hard path), at the cost of whole blocks (no mask of direction edges is formed).
 
 Only the *active* positions are computed (``active_rows``): from each prompt's first token where clean and corrupted
 differ up to its answer position. Before it every writer's ``corrupted - live`` is zero (the same prefix, so the
@@ -345,7 +345,7 @@ class EdgeAblation:
             for (r, _), Du in zip(todo, D):
                 live.corrections[r.index] = self.correction(r, whole, R, Du, Du, None, live)
             return
-        total = _WeightedSum.apply(torch.ones_like(w[:1]), *live.writes[:n])[0]
+        total = reference.resid[point, layer] - R  # every writer's corrupted - live write: the residuals' difference
         kept = _WeightedSum.apply(w, *live.kept[:n])
         for (r, _), Ku in zip(todo, kept):
             live.corrections[r.index] = self.directed_correction(r, R, total, Ku, masks.reader_weights(r.index))
@@ -518,7 +518,7 @@ class EdgeAblation:
             R = _rows(x.reshape(-1, x.shape[-1]), live.rows).to(u.dtype)
             if soft and live.kept is not None:  # soft directions: the logits read one direction
                 y = masks.reader_weights(r.index).to(R.device, R.dtype)
-                total = _WeightedSum.apply(torch.ones_like(kept[None]).to(R.dtype), *live.writes[: r.n_up])[0]
+                total = reference.resid["final", None] - R
                 D = total - y.max() * _WeightedSum.apply(kept[None].to(R.dtype), *live.kept[: r.n_up])[0]
             elif soft:
                 D = _WeightedSum.apply((1 - kept)[None].to(R.dtype), *live.writes[: r.n_up])[0]

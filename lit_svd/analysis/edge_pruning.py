@@ -48,9 +48,8 @@ from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit
 from lit_svd.metrics import forward_answer_logits
 
 OBJECTIVES = ("faithful", "metric")
-Logits = (
-    Tensor | tuple[Tensor, Tensor, Tensor]
-)  # the block logits, or at the direction level (blocks, writers, readers)
+# the block logits, or at the direction level (blocks, writers, readers)
+Logits = Tensor | tuple[Tensor, Tensor, Tensor]
 LEVELS = ("units", "directions")
 CUT_ORDERS = ("min", "blocks")  # direction-level pruning's curve: one cut of every logit, or blocks first
 CURVE_OF = {"faithful": "pruned_abs_raw", "metric": "pruned_signed_raw"}  # each objective's curve (CMD / CPR)
