@@ -36,8 +36,20 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 import torch
+
+from lit_svd.analysis.edge_options import CutOrder
+
+
+def swapped_answers(batch: dict) -> dict:
+    """The batch with every other prompt asking for the other answer (IOI, GP: correct and wrong swapped; GT: the
+    greater and the lesser years): its metric there is the negative of the batch's, no consistent task left."""
+    a, b = ("correct_id", "wrong_id") if "correct_id" in batch else ("greater_mask", "lesser_mask")
+    swap = torch.arange(len(batch[a]), device=batch[a].device) % 2 == 1
+    swap = swap.view(-1, *[1] * (batch[a].dim() - 1))
+    return batch | {a: torch.where(swap, batch[b], batch[a]), b: torch.where(swap, batch[a], batch[b])}
 
 
 def peak_gb() -> float:
@@ -79,8 +91,9 @@ def main() -> None:
         "--prune-order",
         nargs="+",
         default=["blocks"],
-        choices=["min", "blocks"],
-        help="edge pruning, directions: the curve's order (edge_pruning.direction_spec); a second order adds the curve"
+        choices=get_args(CutOrder),
+        help="edge pruning, directions: the curve's order (edge_pruning.order_cut; the first also orders nested keeps'"
+        " training); a second order adds the curve"
         " <name>_<order> of the same logits",
     )
     p.add_argument(
@@ -93,7 +106,8 @@ def main() -> None:
     p.add_argument(
         "--prune-swap",
         action="store_true",
-        help="the null: swap the answers (correct / wrong) of every other pruning prompt (no consistent task left)",
+        help="the null: swap the answers (correct / wrong; GT: greater / lesser years) of every other pruning prompt"
+        " (no consistent task left)",
     )
     p.add_argument("--prune-steps", type=int, default=40)
     p.add_argument("--prune-lr", type=float, default=0.05)
@@ -267,10 +281,8 @@ def pruned_specs(args, out: dict, ablation, train_batches: list, test_batches: l
     if len(batch["answer_pos"]) < args.prune_n:
         raise SystemExit(f"--prune-n {args.prune_n}: needs --batch-size and --n-train of at least that")
     batch = {k: v[: args.prune_n] for k, v in batch.items()}  # the first prompts (padding kept: masked)
-    if args.prune_swap:  # the label-swapped null: half the prompts ask for the other answer
-        swap = torch.arange(args.prune_n, device=batch["correct_id"].device) % 2 == 1
-        correct, wrong = batch["correct_id"], batch["wrong_id"]
-        batch = batch | {"correct_id": torch.where(swap, wrong, correct), "wrong_id": torch.where(swap, correct, wrong)}
+    if args.prune_swap:  # the label-swapped null
+        batch = swapped_answers(batch)
         out["prune_swap"] = True
     start = args.prune_direction_start
     options = PruneOptions(

@@ -123,11 +123,13 @@ def test_a_value_below_every_draw_falls_back_to_the_percentile_interval():
     assert cmd == pytest.approx(0, abs=1e-12)
 
 
-def test_area_samples_match_faithfulness_areas():
-    metric, full, empty = curve(7)
-    f, cpr, cmd = point(metric, full, empty)
-    got = area_samples(MIB_SIZES, torch.tensor(f, dtype=torch.float64)[:, None])
-    assert float(got[0][0]) == pytest.approx(cpr, abs=1e-12) and float(got[1][0]) == pytest.approx(cmd, abs=1e-12)
+def test_area_samples_are_numpys_trapezoids():
+    """Each column's areas equal numpy's trapezoid rule over the grid's points (of ``f`` and of ``|1 - f|``)."""
+    f = np.random.default_rng(7).normal(1, 0.8, (len(MIB_SIZES), 5))
+    cpr, cmd = area_samples(MIB_SIZES, torch.tensor(f))
+    for r in range(5):
+        assert float(cpr[r]) == pytest.approx(np.trapezoid(f[:, r], MIB_SIZES), abs=1e-12)
+        assert float(cmd[r]) == pytest.approx(np.trapezoid(np.abs(1 - f[:, r]), MIB_SIZES), abs=1e-12)
 
 
 def test_errors_name_the_problem():

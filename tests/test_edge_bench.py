@@ -59,3 +59,21 @@ def test_scores_are_kept_and_read_back(bench, tmp_path):
         other = bench.score_meta(SimpleNamespace(**{**vars(args), key: value}), universe, 8)
         with pytest.raises(SystemExit, match=f"saved for {key}="):
             bench.saved_meta(folder, other)
+
+
+@pytest.mark.parametrize("task", ["ioi", "gp", "gt"])
+def test_the_label_swapped_null_negates_every_other_prompt(bench, tokenizer, task):
+    """``--prune-swap``'s batch: on every other prompt the task's metric of any logits is the negative of the
+    original batch's (the answers swapped), on the rest the same; the prompts themselves unchanged."""
+    from lit_svd.datamodules.tasks import TaskDataModule
+    from lit_svd.metrics import task_scorer
+
+    dm = TaskDataModule(task=task, tokenizer=tokenizer, n_train=8, n_val=2, n_test=2, batch_size=8, seed=0)
+    batch = dm.collate(dm.splits["train"].examples[:8])
+    swapped = bench.swapped_answers(batch)
+    logits = torch.randn(8, len(tokenizer), generator=torch.Generator().manual_seed(0))
+    scorer = task_scorer(task)
+    m, s = scorer.metric(logits, batch), scorer.metric(logits, swapped)
+    odd = torch.arange(8) % 2 == 1
+    assert torch.allclose(s[odd], -m[odd], atol=1e-6) and torch.equal(s[~odd], m[~odd])
+    assert bool((m[odd] != 0).all()) and torch.equal(swapped["clean_ids"], batch["clean_ids"])

@@ -110,20 +110,23 @@ def test_block_ranking_curves_of_the_module_equal_edge_curves_own(tiny_dirs, tmp
 def test_pruned_curves_of_the_module_equal_pruned_curves_own(tiny_dirs, tmp_path):
     """Edge pruning as a module option (``pruned``, ``prunedirs``): its curves (and the graph of the signed
     head-level one) equal ``edge_pruning.pruned_curves`` on the same scores, training prompts and test prompts,
-    exactly (float64 model); results.json holds each run's objective per step; the random curves are head-level
-    (``pruned``) and direction-level (``prunedirs``)."""
+    exactly (float64 model; the direction options passed through); results.json holds each run's objective per step;
+    the random curves are head-level (``pruned``) and direction-level (``prunedirs``)."""
     names = ["pruned_signed_raw", "pruned_abs_raw", "prunedirs_signed_fair", "prunedirs_abs_fair",
              "units_signed_raw", "units_abs_raw", "random_units_0", "random_directions_0"]  # fmt: skip
     methods = ["pruned", "prunedirs", "units", "random"]
     assert curve_names(methods, ["raw", "fair"], [0]) == names
     module = run_module(tiny_dirs["llama"], tmp_path / "out", methods=methods,
                         graph_curve="pruned_signed_raw", graph_f=-1e9, dtype="float64", prune_steps=3,
-                        prune_prompts=4, prune_keep=0.3, prune_lr=0.2)  # fmt: skip
+                        prune_prompts=4, prune_keep=0.3, prune_lr=0.2, prune_direction_order="min",
+                        prune_direction_start=0.7)  # fmt: skip
     result = load_result(tmp_path / "out")
     assert list(result.curves) == names and result.graph["drawn"] and result.graph["curve"] == "pruned_signed_raw"
     assert set(result.pruning) == set(names[:4])
     assert len(result.pruning["pruned_abs_raw"]["objective"]) == 3 and result.pruning["pruned_abs_raw"]["prompts"] == 4
     assert len(result.pruning["prunedirs_abs_fair"]["readers_kept"]) == 3
+    assert result.pruning["prunedirs_abs_fair"]["direction_order"] == "min"
+    assert result.pruning["prunedirs_abs_fair"]["direction_start"] == 0.7
     assert set(module.summary["vs_units"]) == set(names[:4]) and set(module.summary["vs_pruned"]) == set(names[2:4])
 
     universe = EdgeUniverse(module.view)
@@ -133,7 +136,7 @@ def test_pruned_curves_of_the_module_equal_pruned_curves_own(tiny_dirs, tmp_path
     scores = attribute(universe, train, "ioi", store=store, gains=gains)
     ablation = EdgeAblation(universe, "ioi", gains=gains)
     batch = dm.collate(dm.splits["train"].examples[:4])
-    options = PruneOptions(steps=3, lr=0.2, keep=0.3)
+    options = PruneOptions(steps=3, lr=0.2, keep=0.3, direction_order="min", direction_start=0.7)
     specs, runs = pruned_curves(ablation, batch, scores.units, names[:4], options)
     assert all(runs[n]["objective"] == result.pruning[n]["objective"] for n in names[:4])
     want, _ = edge_curves(ablation, list(dm.test_dataloader()), specs, SIZES)
@@ -201,6 +204,7 @@ def test_a_graph_curve_that_misses_graph_f_warns_and_never_draws_another_circuit
         ({"methods": ["pruned"], "curves": ["pruned_abs_fair"]}, "curves: 'pruned_abs_fair' is not one of"),
         ({"prune_keep": 1.0}, "prune_keep=1.0"),
         ({"prune_steps": 0}, "prune_steps=0"),
+        ({"prune_direction_order": "max"}, "prune_direction_order='max': allowed: blocks, min"),
     ],
 )
 def test_bad_options_fail_in_one_line(kwargs, message):

@@ -4,7 +4,7 @@
   every architecture, 1e-9);
 * the metric's gradient in the blocks' keep weights equals central finite differences (float64, norms and eager
   softmax exact: ``exact_rms_norms``, ``exact_softmax``), within 1e-6 of the largest;
-* ``warm_start`` keeps the order of its scores and exactly the top ``keep`` fraction positive; ``recentre`` too;
+* ``warm_start`` keeps the order of its scores and exactly the top ``keep`` fraction positive; ``cut`` too;
 * on the planted two-step circuit, from EAP-IG start scores with one link of the chain moved to the bottom, pruning
   finds the link back: the learned ranking's curve beats random by more than 0.3 CPR, the start ranking's does not.
 """
@@ -24,11 +24,12 @@ from lit_svd.analysis.edge_pruning import (
     PruneOptions,
     SoftBlocks,
     SoftDirections,
+    _Circuits,
+    cut,
     direction_cut,
     direction_spec,
     prune_blocks,
     pruned_ranking,
-    recentre,
     warm_start,
 )
 from lit_svd.analysis.edges import EdgeUniverse
@@ -111,7 +112,7 @@ def assert_gradient_is_finite_differences(s, circuit, weights, picks, eps=1e-4):
                 assert abs(fd - float(grads[k][j])) <= 1e-6 * largest, (k, j, fd, grads[k][j])
 
 
-def test_warm_start_and_recentre():
+def test_warm_start_and_cut():
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(1000, generator=g, dtype=torch.float64)
     logits = warm_start(scores, 0.2)
@@ -119,8 +120,7 @@ def test_warm_start_and_recentre():
     assert torch.equal(torch.argsort(logits, descending=True), torch.argsort(scores.float(), descending=True))
     assert float(logits.max()) == pytest.approx(3.0) and float(logits.min()) == pytest.approx(-3.0)
     moved = logits + torch.randn(1000, generator=g)
-    recentre(moved, 0.2)
-    assert int((moved > 0).sum()) == 200
+    assert int((moved > cut(moved, 0.2)).sum()) == 200
     with pytest.raises(ValueError, match="objective='kl'"):
         PruneOptions("kl")
     with pytest.raises(ValueError, match="keep=1"):
@@ -286,3 +286,35 @@ def test_direction_pruning_starts_from_the_head_level_circuit_and_its_curve_is_n
             assert all(torch.equal(trained.keep(r), at_keep[r.index]) for r in u.readers)
     with pytest.raises(ValueError, match="order='max'"):
         direction_spec(u, blocks, writers, readers, "max")
+
+
+@pytest.mark.parametrize("order", ["min", "blocks"])
+def test_nested_direction_circuits_are_trained_as_the_curve_cuts_them(order):
+    """With several ``keep`` at the direction level, the circuit trained at each is the curve's circuit of the
+    current logits at that size in the run's order (``direction_spec``; the largest one cut of every logit), and
+    its gradient reaches the writer and reader logits; training them lowers the objective on the planted model."""
+    model, _, _ = planted_model()
+    u = EdgeUniverse(make_view(model))
+    keeps = (3 / u.n_blocks, 0.1, 0.3)
+    options = PruneOptions("metric", keep=keeps, level="directions", direction_order=order)
+    blocks, writers, readers = _direction_logits(u, 5, torch.float32)
+    circuit_at = _Circuits(u, blocks.clone().requires_grad_(True), options)
+    with torch.no_grad():  # directions of different logits, then the largest circuit the positive ones
+        circuit_at.writers.copy_(writers), circuit_at.readers.copy_(readers)
+    circuit_at.recentre(max(keeps))
+    spec = direction_spec(u, *circuit_at.result(), order).circuits(keeps)
+    for keep, (expected, _, weight) in zip(keeps, spec):
+        trained = circuit_at(keep)
+        assert weight <= keep * u.n_blocks + 1e-9
+        assert all(torch.equal(trained.keep(r), expected.keep(r)) for r in u.readers), keep
+    smallest = circuit_at(keeps[0])
+    loss = sum(smallest.reader_weights(r).sum() for r in u.readers) + smallest.writer_weights().sum()
+    loss.backward()
+    assert circuit_at.readers.grad.abs().sum() > 0 and circuit_at.writers.grad.abs().sum() > 0
+    ablation = EdgeAblation(u, "ioi")
+    train = planted_batch(16, seed=0)
+    ref = ablation.reference(train)
+    full, empty = ablation.metric(train, AllEdges(), ref), ablation.metric(train, NoEdges(u), ref)
+    start = attribute(u, [train], "ioi").units
+    _, log = prune_blocks(ablation, [train], [ref], [full], [empty], start, replace(options, steps=10, lr=0.1))
+    assert min(log.objective) < log.objective[0]

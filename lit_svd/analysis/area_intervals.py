@@ -49,13 +49,10 @@ def f_samples(metric: Tensor, full: Tensor, empty: Tensor, weights: Tensor) -> T
 
 
 def area_samples(sizes: Sequence[float], f: Tensor) -> tuple[Tensor, Tensor]:
-    """``(cpr, cmd)``, each ``[R]``: the trapezoid areas over ``sizes`` (``faithfulness.areas``) of each column of
-    ``f`` ``[S, R]``."""
-    dx = torch.tensor(sizes, dtype=torch.float64).diff()[:, None]
-    cpr = (dx * (f[:-1] + f[1:]) / 2).sum(0)
-    gap = (1 - f).abs()
-    cmd = (dx * (gap[:-1] + gap[1:]) / 2).sum(0)
-    return cpr, cmd
+    """``(cpr, cmd)``, each ``[R]``: the trapezoid areas of ``f`` and of ``|1 - f|`` over the points ``sizes`` only (no
+    point (0, 0) added, as MIB's own code) of each column of ``f`` ``[S, R]``."""
+    x = torch.tensor(sizes, dtype=f.dtype, device=f.device)
+    return torch.trapezoid(f, x, dim=0), torch.trapezoid((1 - f).abs(), x, dim=0)
 
 
 def area_statistic(

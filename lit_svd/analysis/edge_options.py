@@ -26,6 +26,7 @@ FACTOR_ORDERS = ("netblocks",)  # direction edges by score x block factor (edge_
 DIRECTION_ORDERS = BLOCK_ORDERS + FACTOR_ORDERS  # the methods that rank direction edges beside the level
 Axis = Literal["raw", "fair"]
 Unreached = Literal["skip", "best"]  # graph_unreached: what the module draws when graph_curve never reaches graph_f
+CutOrder = Literal["blocks", "min"]  # prunedirs' curve order (edge_pruning.order_cut); blocks chosen on validation
 
 
 def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int]) -> list[str]:
@@ -70,6 +71,7 @@ def check_edge_options(
     prune_prompts: int = 16,
     prune_keep: float | Sequence[float] = 0.2,
     prune_lr: float = 0.05,
+    prune_direction_order: CutOrder = "blocks",
 ) -> None:
     """Known methods and axes, ``curves`` (the curves scored; None: all of ``curve_names``) among the options'
     curves, a graph curve among the scored curves, counts in range, the folded view; one line naming the key
@@ -104,5 +106,7 @@ def check_edge_options(
     keeps = [prune_keep] if isinstance(prune_keep, float | int) else list(prune_keep)
     if not keeps or not all(0 < k < 1 for k in keeps) or not prune_lr > 0:
         raise ValueError(f"prune_keep={prune_keep!r}, prune_lr={prune_lr!r}: need 0 < prune_keep < 1 and prune_lr > 0")
+    if prune_direction_order not in get_args(CutOrder):
+        raise ValueError(f"prune_direction_order={prune_direction_order!r}: allowed: {', '.join(get_args(CutOrder))}")
     if fold_norms is not None and fold_norms is not True:
         raise ValueError(f"fold_norms={fold_norms!r}: the edge universe reads the folded view; give true")

@@ -27,10 +27,11 @@ ablation runs at the cost of whole blocks (``edge_ablation``'s soft directions).
 count at most ``keep`` of the blocks (``direction_cut``), so a reader or writer unit whose directions are partly
 dropped frees room for more blocks. ``b`` warm-starts as at the head level, ``x`` and ``y`` at ``direction_start``
 (every direction kept at the start: step 0 is the head-level circuit). The curve's circuit at each size is a cut of
-the learned logits at that weighted count (``direction_spec``, nested; by default the trained directions held and
+the learned logits at that weighted count (``order_cut``, nested; by default the trained directions held and
 the blocks cut, ``min`` one cut of every logit), run as soft directions of 0 / 1 (the direction circuit exactly, at
 the cost of whole blocks; the edge curves' selection over ~10^9 scores would read back the millions of edges sharing
-a logit).
+a logit). With several ``keep``, the largest is one cut of every logit and each smaller one the curve's cut in
+``direction_order`` of the logits recentred at the largest: the nested circuits trained are the curve's.
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import get_args
 
 import torch
 from torch import Tensor
 
 from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, NoEdges, Reference
 from lit_svd.analysis.edge_curves import CurveSpec, EdgeRanking, ranked_spec, unit_ranking
+from lit_svd.analysis.edge_options import CutOrder
 from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit
 from lit_svd.metrics import forward_answer_logits
 
@@ -51,7 +54,7 @@ OBJECTIVES = ("faithful", "metric")
 # the block logits, or at the direction level (blocks, writers, readers)
 Logits = Tensor | tuple[Tensor, Tensor, Tensor]
 LEVELS = ("units", "directions")
-CUT_ORDERS = ("min", "blocks")  # direction-level pruning's curve: one cut of every logit, or blocks first
+CUT_ORDERS = get_args(CutOrder)  # direction-level pruning's curve: blocks first, or one cut of every logit
 CURVE_OF = {"faithful": "pruned_abs_raw", "metric": "pruned_signed_raw"}  # each objective's curve (CMD / CPR)
 DIRECTION_CURVE_OF = {"faithful": "prunedirs_abs_fair", "metric": "prunedirs_signed_fair"}  # the same, directions
 OBJECTIVE_OF = {name: objective for of in (CURVE_OF, DIRECTION_CURVE_OF) for objective, name in of.items()}
@@ -228,11 +231,6 @@ def cut(logits: Tensor, keep: float) -> float:
     return float((top[k - 1] + top[k]) / 2)
 
 
-def recentre(logits: Tensor, keep: float) -> None:
-    """Shift ``logits`` in place so that exactly the top ``round(keep * n)`` are positive."""
-    logits -= cut(logits, keep)
-
-
 @dataclass
 class PruneLog:
     """Per step: the objective on the training prompts (of the circuits before the step; several ``keep``: their
@@ -304,6 +302,7 @@ class _Circuits:
 
     def __init__(self, universe: EdgeUniverse, logits: Tensor, options: PruneOptions):
         self.u, self.logits, self.directed = universe, logits, options.level == "directions"
+        self.largest, self.order = max(options.keeps), options.direction_order
         self.parameters = [logits]
         if self.directed:
             self.sizes = DirectionSizes(universe)
@@ -321,7 +320,10 @@ class _Circuits:
     def __call__(self, keep: float) -> SoftBlocks | SoftDirections:
         if not self.directed:
             return SoftBlocks(self.u, self.logits, self._cut(keep))
-        return SoftDirections(self.u, self.logits, self.writers, self.readers, self._cut(keep))
+        if keep == self.largest:  # one cut of every logit: the circuit the recentring keeps positive
+            return SoftDirections(self.u, self.logits, self.writers, self.readers, self._cut(keep))
+        # a smaller nested circuit: the curve's cut in its order of the logits recentred at the largest
+        return SoftDirections(self.u, *order_cut(self.sizes, self.logits, self.writers, self.readers, keep, self.order))
 
     @torch.no_grad()
     def recentre(self, keep: float) -> None:
@@ -346,33 +348,40 @@ def pruned_ranking(universe: EdgeUniverse, logits: Tensor) -> EdgeRanking:
     return unit_ranking(universe, logits)
 
 
+def order_cut(
+    sizes: DirectionSizes, blocks: Tensor, writers: Tensor, readers: Tensor, s: float, order: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The logits shifted so that the circuit of weighted count at most ``s`` of the blocks in ``order``
+    (``CUT_ORDERS``) is the positive ones: ``min``, one cut of every logit (edges ranked by ``min(b, x, y)``);
+    ``blocks``, the directions above 0 held and the blocks cut by their logits, then (past every block) every block
+    kept and the directions cut by theirs. Shifts only: a gradient passes through unchanged."""
+    if order not in CUT_ORDERS:
+        raise ValueError(f"order={order!r}: choose one of {', '.join(CUT_ORDERS)}")
+    if order == "min":
+        t = direction_cut(sizes, blocks, writers, readers, s)
+        return blocks - t, writers - t, readers - t
+    every = blocks - blocks.min().detach() + 1  # every block kept
+    if s * sizes.universe.n_blocks <= sizes(every, writers, readers, 0.0):
+        return blocks - direction_cut(sizes, blocks, writers, readers, s, (True, False, False)), writers, readers
+    t = direction_cut(sizes, every, writers, readers, s, (False, True, True))
+    return every, writers - t, readers - t
+
+
 def direction_spec(
     universe: EdgeUniverse, blocks: Tensor, writers: Tensor, readers: Tensor, order: str = "blocks"
 ) -> CurveSpec:
     """The curve of direction-level pruning's logits on the fair axis: at each size the ``SoftDirections`` circuit of
-    the largest cut within that weighted count (``direction_cut``), its direction edges and weighted count. ``order``
-    (``CUT_ORDERS``): ``min``, one cut of every logit (edges ranked by ``min(b, x, y)``); ``blocks``, the trained
-    directions (``x``, ``y`` above 0) held and the blocks cut by their logits, then (past every block) every block
-    kept and the directions cut by theirs. At the trained size both hold the trained circuit (the logits above 0)."""
+    the largest cut in ``order`` within that weighted count (``order_cut``), its direction edges and weighted count.
+    At the trained size both orders hold the trained circuit (the logits above 0; ``blocks`` may add blocks the
+    weighted count still has room for)."""
     if order not in CUT_ORDERS:
         raise ValueError(f"order={order!r}: choose one of {', '.join(CUT_ORDERS)}")
     sizes = DirectionSizes(universe)
-    every = blocks - blocks.min() + 1  # every block kept
-    all_blocks = sizes(every, writers, readers, 0.0)
-
-    def circuit(s: float) -> tuple[Tensor, Tensor, Tensor]:
-        if order == "min":
-            t = direction_cut(sizes, blocks, writers, readers, s)
-            return blocks - t, writers - t, readers - t
-        if s * universe.n_blocks <= all_blocks:
-            return blocks - direction_cut(sizes, blocks, writers, readers, s, (True, False, False)), writers, readers
-        t = direction_cut(sizes, every, writers, readers, s, (False, True, True))
-        return every, writers - t, readers - t
 
     def circuits(targets: Sequence[float]) -> list[tuple[Circuit, int, float]]:
         out: list[tuple[Circuit, int, float]] = []
         for s in targets:
-            logits = circuit(s)
+            logits = order_cut(sizes, blocks, writers, readers, s, order)
             kept, weight = sizes.counts(*logits, 0.0)
             out.append((SoftDirections(universe, *logits), kept, weight))
         return out

@@ -66,7 +66,7 @@ import torch
 from torch import Tensor
 
 from lit_svd.addresses import Address
-from lit_svd.analysis.area_intervals import curve_intervals
+from lit_svd.analysis.area_intervals import area_samples, curve_intervals
 from lit_svd.analysis.faithfulness_options import MIB_SIZES, check_sizes
 from lit_svd.metrics import TaskScorer, forward_answer_logits, task_scorer
 from lit_svd.models.base import ModelView
@@ -191,11 +191,8 @@ def check_ranking(ranking: Tensor, n: int, name: str = "ranking") -> Tensor:
 def areas(sizes: Sequence[float], values: Sequence[float]) -> tuple[float, float]:
     """``(CPR, CMD)``: trapezoid areas of ``f`` and of ``|1 - f|`` against the fraction, over the given points
     only (module docstring)."""
-    cpr = cmd = 0.0
-    for (x1, f1), (x2, f2) in zip(zip(sizes, values), list(zip(sizes, values))[1:]):
-        cpr += (x2 - x1) * (f1 + f2) / 2
-        cmd += (x2 - x1) * (abs(1 - f1) + abs(1 - f2)) / 2
-    return cpr, cmd
+    cpr, cmd = area_samples(sizes, torch.tensor(values, dtype=torch.float64)[:, None])
+    return float(cpr[0]), float(cmd[0])
 
 
 def reference_means(full: float, empty: float, prompts: int, what: str) -> tuple[float, float]:

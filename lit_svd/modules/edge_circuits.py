@@ -34,7 +34,15 @@ from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import STEPS, EdgeScores, attribute
 from lit_svd.analysis.edge_curves import LEVELS, CurveSpec, ScoreFile, curve_specs, edge_curves, exit_on_sigterm
 from lit_svd.analysis.edge_graph import GRAPH_F, PAGE_BLOCKS, check_edges, choose_size, circuit_graph, top_edges
-from lit_svd.analysis.edge_options import DIRECTION_ORDERS, Axis, Method, Unreached, check_edge_options, curve_names
+from lit_svd.analysis.edge_options import (
+    DIRECTION_ORDERS,
+    Axis,
+    CutOrder,
+    Method,
+    Unreached,
+    check_edge_options,
+    curve_names,
+)
 from lit_svd.analysis.edge_pruning import OBJECTIVE_OF, PruneOptions, pruned_curves
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.analysis.faithfulness import MIB_SIZES, check_sizes
@@ -80,6 +88,11 @@ class EdgeCircuitModule(PretrainedLMModule):
         prune_keep: the fraction of head-level edges edge pruning trains as its circuit (a list: nested circuits
             trained together, the loss their mean).
         prune_lr: edge pruning's Adam learning rate on the block logits.
+        prune_direction_order: prunedirs' curve order (``edge_pruning.order_cut``): blocks (the trained directions
+            held, the blocks cut; chosen on SmolLM2 IOI's validation split) or min (one cut of every logit); with
+            several prune_keep the smaller nested circuits are trained in it too.
+        prune_direction_start: prunedirs' writer and reader logits at the start (above 0: every direction kept,
+            step 0 the head-level circuit).
         loading: the model's loading options (``PretrainedLMModule``'s; ``fold_norms`` must stay true).
     """
 
@@ -109,6 +122,8 @@ class EdgeCircuitModule(PretrainedLMModule):
         prune_prompts: int = 16,
         prune_keep: float | Sequence[float] = 0.2,
         prune_lr: float = 0.05,
+        prune_direction_order: CutOrder = "blocks",
+        prune_direction_start: float = 0.5,
         **loading,
     ):
         methods = [methods] if isinstance(methods, str) else list(methods)
@@ -116,7 +131,7 @@ class EdgeCircuitModule(PretrainedLMModule):
         curves = [curves] if isinstance(curves, str) else None if curves is None else list(curves)
         check_edge_options(methods, axes, random_seeds, graph_curve, steps, n_attribution, top_edges, n_check,
                            n_random, loading.get("fold_norms"), curves, graph_unreached, page_blocks, prune_steps,
-                           prune_prompts, prune_keep, prune_lr)  # fmt: skip
+                           prune_prompts, prune_keep, prune_lr, prune_direction_order)  # fmt: skip
         sizes = check_sizes(sizes)
         if graph_size is not None and graph_size not in sizes:
             raise ValueError(f"graph_size={graph_size}: must be one of sizes {sizes}")
@@ -177,7 +192,9 @@ class EdgeCircuitModule(PretrainedLMModule):
             start = time.monotonic()
             batch = self._to_device(dm.collate(dm.splits["train"].examples[: hp.prune_prompts]))
             keep = hp.prune_keep if isinstance(hp.prune_keep, float | int) else tuple(hp.prune_keep)
-            options = PruneOptions(steps=hp.prune_steps, lr=hp.prune_lr, keep=keep)
+            options = PruneOptions(steps=hp.prune_steps, lr=hp.prune_lr, keep=keep,
+                                   direction_start=hp.prune_direction_start,
+                                   direction_order=hp.prune_direction_order)  # fmt: skip
             ablation = EdgeAblation(self.universe, self.task, gains=self.gains)
             with torch.inference_mode(False), torch.enable_grad():
                 batch = {k: v.clone() if isinstance(v, Tensor) else v for k, v in batch.items()}
@@ -247,6 +264,8 @@ class EdgeCircuitModule(PretrainedLMModule):
                     "prune_prompts",
                     "prune_keep",
                     "prune_lr",
+                    "prune_direction_order",
+                    "prune_direction_start",
                 )
             },  # fmt: skip
         }
