@@ -29,6 +29,7 @@ from lit_svd.analysis.edge_pruning import (
     direction_cut,
     direction_spec,
     prune_blocks,
+    pruned_curves,
     pruned_ranking,
     warm_start,
 )
@@ -286,6 +287,46 @@ def test_direction_pruning_starts_from_the_head_level_circuit_and_its_curve_is_n
             assert all(torch.equal(trained.keep(r), at_keep[r.index]) for r in u.readers)
     with pytest.raises(ValueError, match="order='max'"):
         direction_spec(u, blocks, writers, readers, "max")
+
+
+def test_a_run_states_the_directions_it_drops_and_says_when_it_drops_none():
+    """``pruned_curves``' ``dropped``: the writer and reader directions of logit <= 0, the ones the trained circuit
+    (every block here) reads or writes through no edge; with none dropped the run says its trained circuit is whole
+    blocks."""
+    model, _, _ = planted_model()
+    u = EdgeUniverse(make_view(model))
+    ablation = EdgeAblation(u, "ioi")
+    batch = planted_batch(8, seed=0)
+    start = attribute(u, [batch], "ioi").units
+    keep = 0.3
+    options = PruneOptions("metric", keep=keep, level="directions")
+    blocks, writers, readers = _direction_logits(u, 3, torch.float32)
+    blocks[:] = 1.0  # every block in every circuit: the directions alone decide
+    assert (writers <= 0).any() and (readers <= 0).any()
+    said: list[str] = []
+    _, runs = pruned_curves(
+        ablation, batch, start, ["prunedirs_signed_fair"], options, said.append,
+        trained={"prunedirs_signed_fair": (blocks, writers, readers)},
+    )  # fmt: skip
+    dropped = runs["prunedirs_signed_fair"]["dropped"]
+    assert dropped == {"writers": int((writers <= 0).sum()), "readers": int((readers <= 0).sum())}
+    assert not any("dropped" in m for m in said)
+    circuit = SoftDirections(u, blocks, writers, readers)  # the trained circuit: every block, the positive directions
+    kept_cols = torch.zeros(u.n_writer_cols, dtype=torch.bool)
+    kept_rows = torch.zeros(u.n_reader_directions, dtype=torch.bool)
+    for r in u.readers:
+        m = circuit.keep(r)
+        kept_cols[: r.n_cols] |= m.any(0)
+        kept_rows[r.offset : r.offset + r.size] |= m.any(1)
+    assert int((~kept_cols).sum()) == dropped["writers"] and int((~kept_rows).sum()) == dropped["readers"]
+    said.clear()
+    positive = (blocks, writers.abs() + 0.1, readers.abs() + 0.1)
+    _, runs = pruned_curves(
+        ablation, batch, start, ["prunedirs_signed_fair"], options, said.append,
+        trained={"prunedirs_signed_fair": positive},
+    )  # fmt: skip
+    assert runs["prunedirs_signed_fair"]["dropped"] == {"writers": 0, "readers": 0}
+    assert any("no writer or reader direction dropped" in m for m in said)
 
 
 @pytest.mark.parametrize("order", ["min", "blocks"])

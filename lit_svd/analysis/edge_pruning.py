@@ -403,7 +403,8 @@ def pruned_curves(
     the direction level ``prunedirs_*_fair``, ``DIRECTION_CURVE_OF``) of rankings pruned on the prompts of ``batch``
     from the head-level scores ``start``, ``options`` but the objective and the level shared. Returns their specs
     (``edge_curves.ranked_spec``: raw axis for head-level edges, fair for direction edges) and per curve the run's
-    options, seconds, objective per step and blocks swapped per step (and the directions kept per step).
+    options, seconds, objective per step and blocks swapped per step (and the directions kept per step, and
+    ``dropped``: how many writer and reader directions the learned logits drop; 0 / 0: whole blocks).
     ``keep_logits(name, logits)`` is called with each run's learned logits (to save them); a curve in ``trained``
     (its logits, read back) is not trained again (its run: the options and ``read_back``)."""
     u = ablation.u
@@ -423,10 +424,13 @@ def pruned_curves(
             logits, log = prune_blocks(ablation, [batch], [ref], [full], [empty], start, opts, say)
         if keep_logits is not None:
             keep_logits(name, logits)
+        done: dict[str, object] = {"read_back": True} if log is None else asdict(log)
         if isinstance(logits, tuple):
             specs[name] = direction_spec(u, *logits, order=opts.direction_order)
+            done["dropped"] = dropped = {"writers": int((logits[1] <= 0).sum()), "readers": int((logits[2] <= 0).sum())}
+            if progress is not None and not any(dropped.values()):
+                progress(f"{name}: no writer or reader direction dropped: the trained circuit is whole blocks")
         else:
             specs[name] = ranked_spec(pruned_ranking(u, logits), "raw")
-        done = {"read_back": True} if log is None else asdict(log)
         runs[name] = asdict(opts) | done | {"prompts": len(batch["answer_pos"]), "seconds": time.monotonic() - t}
     return specs, runs

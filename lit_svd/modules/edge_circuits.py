@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from lit_svd.analysis.area_intervals import paired_differences
 from lit_svd.analysis.edge_ablation import EdgeAblation
@@ -196,9 +197,17 @@ class EdgeCircuitModule(PretrainedLMModule):
                                    direction_start=hp.prune_direction_start,
                                    direction_order=hp.prune_direction_order)  # fmt: skip
             ablation = EdgeAblation(self.universe, self.task, gains=self.gains)
-            with torch.inference_mode(False), torch.enable_grad():
+            bar = tqdm(total=len(names) * hp.prune_steps, desc="edge pruning", disable=not self._is_zero())
+
+            def progress(msg: str) -> None:  # a step's objective on the bar; anything else printed above it
+                if " step " not in msg:
+                    return bar.write(msg)
+                bar.set_postfix_str(msg, refresh=False)
+                bar.update()
+
+            with torch.inference_mode(False), torch.enable_grad(), bar:
                 batch = {k: v.clone() if isinstance(v, Tensor) else v for k, v in batch.items()}
-                self.pruned, self.pruning = pruned_curves(ablation, batch, self.scores.units, names, options)
+                self.pruned, self.pruning = pruned_curves(ablation, batch, self.scores.units, names, options, progress)
             self.timing["pruning_s"] = time.monotonic() - start
 
     def _to_device(self, batch: dict) -> dict:

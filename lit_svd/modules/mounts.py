@@ -271,9 +271,6 @@ class MountsAnalysisModule(PretrainedLMModule):
                 self.fit[f"L{l}"] = NamedSums(fit_shapes, dev)
         self._effective_built = False
 
-    def _is_zero(self) -> bool:
-        return self._trainer is None or self.trainer.is_global_zero
-
     # --- the forward pass with taps ----------------------------------------------------------------
     def _n_fit_batches(self) -> int:
         """How many of each rank's first batches fit the effective paths: ``fit_fraction`` of the

@@ -40,6 +40,10 @@ class PretrainedLMModule(pl.LightningModule):
 
         return analysis_dtype(self.model_dtype)
 
+    def _is_zero(self) -> bool:
+        """True on the process that shows progress bars: global rank 0, or no trainer attached."""
+        return self._trainer is None or self.trainer.is_global_zero
+
     @property
     def placed(self) -> bool:
         """True when accelerate placed the model with a device map (Lightning then leaves it where it is)."""

@@ -183,9 +183,6 @@ class SADAnalysisModule(PretrainedLMModule):
         self.report_basis: tuple[float, int] | None = None
         self.report_rows: dict | None = None
 
-    def _is_zero(self) -> bool:
-        return self._trainer is None or self.trainer.is_global_zero
-
     def setup(self, stage: str) -> None:
         # Lightning silently skips a test loop without batches: fail instead, with one line
         dm = getattr(self.trainer, "datamodule", None)
