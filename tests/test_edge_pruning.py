@@ -319,6 +319,24 @@ def test_a_run_states_the_directions_it_drops_and_says_when_it_drops_none():
         kept_cols[: r.n_cols] |= m.any(0)
         kept_rows[r.offset : r.offset + r.size] |= m.any(1)
     assert int((~kept_cols).sum()) == dropped["writers"] and int((~kept_rows).sum()) == dropped["readers"]
+    writers[0] = -1.0  # the embedding's one direction: every reader reads the corrupted embedding
+    first = next(r for r in u.readers if r.kind == "q" and r.n_cols > 1)  # a whole reader unit past layer 0
+    readers[first.offset : first.offset + first.size] = -1.0
+    said.clear()
+    _, runs = pruned_curves(
+        ablation, batch, start, ["prunedirs_signed_fair"], options, said.append,
+        trained={"prunedirs_signed_fair": (blocks, writers, readers)},
+    )  # fmt: skip
+    circuit = SoftDirections(u, blocks, writers, readers)
+    cut_writers = [w for w in u.writers if not any(bool(circuit.keep(r)[:, w.offset : w.offset + w.size].any())
+                                                   for r in u.readers if r.n_cols > w.offset)]  # fmt: skip
+    cut_readers = [r for r in u.readers if r.n_cols > 1 and not bool(circuit.keep(r).any())]  # layer 0: embed only
+    assert [w.offset for w in cut_writers] == [0] and cut_readers == [first]
+    assert runs["prunedirs_signed_fair"]["dropped_units"] == {
+        "writers": ["embed"],
+        "readers": [f"L{first.layer}.q.h{first.group}"],
+    }
+    assert any("units dropped from every block at once" in m for m in said)
     said.clear()
     positive = (blocks, writers.abs() + 0.1, readers.abs() + 0.1)
     _, runs = pruned_curves(

@@ -348,6 +348,20 @@ def pruned_ranking(universe: EdgeUniverse, logits: Tensor) -> EdgeRanking:
     return unit_ranking(universe, logits)
 
 
+def dropped_units(u: EdgeUniverse, writers: Tensor, readers: Tensor) -> dict[str, list[str]]:
+    """The writer and reader units all of whose direction logits are <= 0, by the address of their first direction
+    less its index: each is cut from every block at once (the embedding's or the logits' one direction: every reader
+    then reads the corrupted embedding, or the logits the corrupted run)."""
+    out: dict[str, list[str]] = {"writers": [], "readers": []}
+    for w in u.writers:
+        if bool((writers[w.offset : w.offset + w.size] <= 0).all()):
+            out["writers"].append(str(u.writer_address(w.offset)).removesuffix(".d0"))
+    for r in u.readers:
+        if bool((readers[r.offset : r.offset + r.size] <= 0).all()):
+            out["readers"].append(str(u.reader_address(r, 0)).removesuffix(".d0"))
+    return out
+
+
 def order_cut(
     sizes: DirectionSizes, blocks: Tensor, writers: Tensor, readers: Tensor, s: float, order: str
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -404,7 +418,8 @@ def pruned_curves(
     from the head-level scores ``start``, ``options`` but the objective and the level shared. Returns their specs
     (``edge_curves.ranked_spec``: raw axis for head-level edges, fair for direction edges) and per curve the run's
     options, seconds, objective per step and blocks swapped per step (and the directions kept per step, and
-    ``dropped``: how many writer and reader directions the learned logits drop; 0 / 0: whole blocks).
+    ``dropped``: how many writer and reader directions the learned logits drop, 0 / 0: whole blocks;
+    ``dropped_units``: ``dropped_units``).
     ``keep_logits(name, logits)`` is called with each run's learned logits (to save them); a curve in ``trained``
     (its logits, read back) is not trained again (its run: the options and ``read_back``)."""
     u = ablation.u
@@ -428,8 +443,11 @@ def pruned_curves(
         if isinstance(logits, tuple):
             specs[name] = direction_spec(u, *logits, order=opts.direction_order)
             done["dropped"] = dropped = {"writers": int((logits[1] <= 0).sum()), "readers": int((logits[2] <= 0).sum())}
+            done["dropped_units"] = whole = dropped_units(u, logits[1], logits[2])
             if progress is not None and not any(dropped.values()):
                 progress(f"{name}: no writer or reader direction dropped: the trained circuit is whole blocks")
+            if progress is not None and any(whole.values()):
+                progress(f"{name}: units dropped from every block at once: {whole}")
         else:
             specs[name] = ranked_spec(pruned_ranking(u, logits), "raw")
         runs[name] = asdict(opts) | done | {"prompts": len(batch["answer_pos"]), "seconds": time.monotonic() - t}
