@@ -102,7 +102,11 @@ def main() -> None:
         help="edge pruning: read the learned logits back from DIR/logits_<curve>.pt (an earlier run's --out) instead"
         " of training",
     )
-    p.add_argument("--prune-n", type=int, default=16, help="edge pruning: the first N training prompts, one batch")
+    p.add_argument("--prune-n", type=int, default=16, help="edge pruning: the first N training prompts")
+    p.add_argument(
+        "--prune-chunk", type=int, default=None,
+        help="edge pruning: prompts per forward and backward (default: all --prune-n; the same gradient, less memory)",
+    )  # fmt: skip
     p.add_argument(
         "--prune-swap",
         action="store_true",
@@ -303,7 +307,7 @@ def pruned_specs(args, out: dict, ablation, train_batches: list, test_batches: l
     if trained:
         say(f"prune: logits of {', '.join(trained)} read back from {args.prune_from}")
     specs, out["pruning"] = pruned_curves(
-        ablation, batch, units.cpu(), names, options, lambda m: say(f"prune {m}"), keep_logits=save, trained=trained
+        ablation, batch, units.cpu(), names, options, lambda m: say(f"prune {m}"), save, trained, args.prune_chunk
     )
     for name, logits in learned.items():
         if isinstance(logits, tuple):  # direction level: the other curve orders, the soft path against the hard one

@@ -119,11 +119,12 @@ def test_pruned_curves_of_the_module_equal_pruned_curves_own(tiny_dirs, tmp_path
     module = run_module(tiny_dirs["llama"], tmp_path / "out", methods=methods,
                         graph_curve="pruned_signed_raw", graph_f=-1e9, dtype="float64", prune_steps=3,
                         prune_prompts=4, prune_keep=0.3, prune_lr=0.2, prune_direction_order="min",
-                        prune_direction_start=0.7)  # fmt: skip
+                        prune_direction_start=0.7, prune_chunk=3)  # fmt: skip
     result = load_result(tmp_path / "out")
     assert list(result.curves) == names and result.graph["drawn"] and result.graph["curve"] == "pruned_signed_raw"
     assert set(result.pruning) == set(names[:4])
     assert len(result.pruning["pruned_abs_raw"]["objective"]) == 3 and result.pruning["pruned_abs_raw"]["prompts"] == 4
+    assert result.pruning["pruned_abs_raw"]["chunk"] == 3
     assert len(result.pruning["prunedirs_abs_fair"]["readers_kept"]) == 3
     assert result.pruning["prunedirs_abs_fair"]["direction_order"] == "min"
     assert result.pruning["prunedirs_abs_fair"]["direction_start"] == 0.7
@@ -137,7 +138,7 @@ def test_pruned_curves_of_the_module_equal_pruned_curves_own(tiny_dirs, tmp_path
     ablation = EdgeAblation(universe, "ioi", gains=gains)
     batch = dm.collate(dm.splits["train"].examples[:4])
     options = PruneOptions(steps=3, lr=0.2, keep=0.3, direction_order="min", direction_start=0.7)
-    specs, runs = pruned_curves(ablation, batch, scores.units, names[:4], options)
+    specs, runs = pruned_curves(ablation, batch, scores.units, names[:4], options, chunk=3)
     assert all(runs[n]["objective"] == result.pruning[n]["objective"] for n in names[:4])
     want, _ = edge_curves(ablation, list(dm.test_dataloader()), specs, SIZES)
     for name, c in want.items():
@@ -205,6 +206,7 @@ def test_a_graph_curve_that_misses_graph_f_warns_and_never_draws_another_circuit
         ({"prune_keep": 1.0}, "prune_keep=1.0"),
         ({"prune_steps": 0}, "prune_steps=0"),
         ({"prune_direction_order": "max"}, "prune_direction_order='max': allowed: blocks, min"),
+        ({"prune_chunk": 0}, "prune_chunk=0"),
     ],
 )
 def test_bad_options_fail_in_one_line(kwargs, message):

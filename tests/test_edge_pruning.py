@@ -31,6 +31,7 @@ from lit_svd.analysis.edge_pruning import (
     prune_blocks,
     pruned_curves,
     pruned_ranking,
+    single_directions,
     warm_start,
 )
 from lit_svd.analysis.edges import EdgeUniverse
@@ -244,6 +245,95 @@ def test_direction_cut_is_the_largest_circuit_within_the_weighted_count():
         assert weighted(t) <= keep * u.n_blocks + 1e-9
         below = torch.cat(logits)[torch.cat(logits) < t].max()
         assert weighted(float(below) - 1e-7) > keep * u.n_blocks
+
+
+def test_direction_cut_holds_pinned_logits_kept():
+    """Logits pinned at +inf (``single_directions``) are in every cut's circuit and never the cut: the circuit is still
+    the largest within the weighted count, by brute force over the finite logits."""
+    model = tiny_causal_lm("llama", vocab_size=VOCAB).double()
+    u = EdgeUniverse(make_view(model))
+    sizes = DirectionSizes(u)
+    blocks, writers, readers = _direction_logits(u, 4, torch.float32)
+    one_writer, one_reader = single_directions(u)
+    writers[one_writer], readers[one_reader] = torch.inf, torch.inf
+    finite = torch.cat([blocks, writers[~one_writer], readers[~one_reader]])
+    for keep in (0.05, 0.2, 0.5):
+        t = direction_cut(sizes, blocks, writers, readers, keep)
+        assert torch.isfinite(torch.tensor(t))
+        c = SoftDirections(u, blocks, writers, readers, threshold=t)
+        assert bool(c.keep(u.readers[-1]).any())  # the logits' one direction, kept
+        assert sizes(blocks, writers, readers, t) <= keep * u.n_blocks + 1e-9
+        below = finite[finite < t].max()
+        assert sizes(blocks, writers, readers, float(below) - 1e-7) > keep * u.n_blocks
+
+
+def test_units_of_one_direction_are_pinned_and_a_run_that_never_cut_them_is_unchanged(monkeypatch):
+    """The embedding's and the logits' one direction (units of one direction) are pinned: their logits +inf for the
+    whole run, never cut. On the planted model with them free (the old code) the ``metric`` run cuts one at step 6:
+    every block at once, the objective exactly the empty circuit's (0), before the next step restores it; pinned, the
+    same run goes on from step 5's circuit. The ``faithful`` run, which never cuts them free, trains the same logits
+    pinned, step by step: pinning only removes the steps that cut such a unit."""
+    import lit_svd.analysis.edge_pruning as edge_pruning
+
+    model, _, _ = planted_model()
+    u = EdgeUniverse(make_view(model))
+    one_writer, one_reader = single_directions(u)
+    assert bool(one_writer[0]) and int(one_writer.sum()) == sum(w.size == 1 for w in u.writers)
+    assert bool(one_reader[u.readers[-1].offset]) and int(one_reader.sum()) == sum(r.size == 1 for r in u.readers)
+    ablation = EdgeAblation(u, "ioi")
+    train = planted_batch(16, seed=0)
+    ref = ablation.reference(train)
+    full, empty = ablation.metric(train, AllEdges(), ref), ablation.metric(train, NoEdges(u), ref)
+    start = attribute(u, [train], "ioi").units
+    runs = {}
+    for pinned in (True, False):
+        if not pinned:  # the old code: every direction logit free
+            free = (torch.zeros_like(one_writer), torch.zeros_like(one_reader))
+            monkeypatch.setattr(edge_pruning, "single_directions", lambda universe: free)
+        for objective in ("metric", "faithful"):
+            options = PruneOptions(objective, steps=15, lr=0.1, keep=6 / u.n_blocks, level="directions")
+            runs[pinned, objective] = prune_blocks(ablation, [train], [ref], [full], [empty], start, options)
+    for objective in ("metric", "faithful"):
+        (_, writers, readers), _ = runs[True, objective]
+        assert bool(torch.isinf(writers[one_writer]).all()) and bool(torch.isinf(readers[one_reader]).all())
+        assert bool(torch.isfinite(writers[~one_writer]).all()) and bool(torch.isfinite(readers[~one_reader]).all())
+    pinned, free = runs[True, "metric"][1].objective, runs[False, "metric"][1].objective
+    assert free[:6] == pytest.approx(pinned[:6], rel=1e-6) and pinned[5] < -0.1
+    assert free[6] == pytest.approx(0.0, abs=1e-9) and pinned[6] < pinned[5]  # free: the empty circuit
+    (b1, w1, r1), log1 = runs[True, "faithful"]
+    (b0, w0, r0), log0 = runs[False, "faithful"]
+    assert bool((w0[one_writer] > 0).all()) and bool((r0[one_reader] > 0).all()) and max(log0.objective) > 0.1
+    assert log0.objective == pytest.approx(log1.objective, rel=1e-6, abs=1e-9)
+    assert torch.allclose(b0, b1, atol=1e-5)
+    assert torch.allclose(w0[~one_writer], w1[~one_writer], atol=1e-5)
+    assert torch.allclose(r0[~one_reader], r1[~one_reader], atol=1e-5)
+
+
+def test_pruning_in_chunks_of_prompts_is_the_same_run():
+    """``pruned_curves(chunk=3)`` on 8 prompts (three forwards and backwards a step) trains the same circuits as one
+    batch of 8: the gradient is the sum over prompts either way, so every step's objective agrees to 1e-5 and the
+    learned circuit is the same. (Not the logits to 1e-5: Adam turns the rounding of a near-zero gradient into a step
+    of up to ``lr``.)"""
+    model, _, _ = planted_model()
+    u = EdgeUniverse(make_view(model))
+    ablation = EdgeAblation(u, "ioi")
+    batch = planted_batch(8, seed=0)
+    start = attribute(u, [batch], "ioi").units
+    options = PruneOptions("faithful", steps=6, lr=0.1, keep=6 / u.n_blocks, level="directions")
+    runs, logits = {}, {}
+    for chunk in (None, 3):
+        keep = lambda name, x, c=chunk: logits.__setitem__(c, x)  # noqa: E731
+        _, runs[chunk] = pruned_curves(
+            ablation, batch, start, ["prunedirs_abs_fair"], options, keep_logits=keep, chunk=chunk
+        )
+    one, chunked = runs[None]["prunedirs_abs_fair"], runs[3]["prunedirs_abs_fair"]
+    assert (one["chunk"], chunked["chunk"], chunked["prompts"]) == (8, 3, 8)
+    assert chunked["objective"] == pytest.approx(one["objective"], rel=1e-5, abs=1e-9)
+    assert max(one["objective"]) > 0
+    for a, b in zip(logits[None], logits[3]):
+        assert torch.equal(a > 0, b > 0) and torch.equal(a.isinf(), b.isinf())  # the same circuit, the same pins
+    with pytest.raises(ValueError, match="chunk=0"):
+        pruned_curves(ablation, batch, start, ["prunedirs_abs_fair"], options, chunk=0)
 
 
 def test_direction_pruning_starts_from_the_head_level_circuit_and_its_curve_is_nested_cuts():

@@ -72,6 +72,7 @@ def check_edge_options(
     prune_keep: float | Sequence[float] = 0.2,
     prune_lr: float = 0.05,
     prune_direction_order: CutOrder = "blocks",
+    prune_chunk: int | None = None,
 ) -> None:
     """Known methods and axes, ``curves`` (the curves scored; None: all of ``curve_names``) among the options'
     curves, a graph curve among the scored curves, counts in range, the folded view; one line naming the key
@@ -100,7 +101,8 @@ def check_edge_options(
     for key, value, low in (("steps", steps, 1), ("n_attribution", n_attribution, 1), ("top_edges", top_edges, 0),
                             ("n_check", n_check, 0), ("n_random", n_random, 2),
                             ("page_blocks", 1 if page_blocks is None else page_blocks, 1),
-                            ("prune_steps", prune_steps, 1), ("prune_prompts", prune_prompts, 1)):  # fmt: skip
+                            ("prune_steps", prune_steps, 1), ("prune_prompts", prune_prompts, 1),
+                            ("prune_chunk", 1 if prune_chunk is None else prune_chunk, 1)):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{key}={value!r}: must be an integer >= {low}")
     keeps = [prune_keep] if isinstance(prune_keep, float | int) else list(prune_keep)

@@ -26,7 +26,8 @@ ablation runs at the cost of whole blocks (``edge_ablation``'s soft directions).
 (the fair axis: a block weighs 1, a direction edge ``1 / (K_w K_r)``): the cut keeps the largest circuit of weighted
 count at most ``keep`` of the blocks (``direction_cut``), so a reader or writer unit whose directions are partly
 dropped frees room for more blocks. ``b`` warm-starts as at the head level, ``x`` and ``y`` at ``direction_start``
-(every direction kept at the start: step 0 is the head-level circuit). The curve's circuit at each size is a cut of
+(every direction kept at the start: step 0 is the head-level circuit); the one direction of a unit of one (the
+embedding, the logits) is pinned at +inf (``single_directions``). The curve's circuit at each size is a cut of
 the learned logits at that weighted count (``order_cut``, nested; by default the trained directions held and
 the blocks cut, ``min`` one cut of every logit), run as soft directions of 0 / 1 (the direction circuit exactly, at
 the cost of whole blocks; the edge curves' selection over ~10^9 scores would read back the millions of edges sharing
@@ -201,6 +202,7 @@ def direction_cut(
     ]
     b, x, y = (h.double() for h in held)
     values = torch.unique(torch.cat([h.double() for h, m in zip(held, moving) if m]))  # ascending
+    values = values[values.isfinite()]  # a pinned logit (+inf, ``single_directions``) is kept at every cut
     target = keep * sizes.universe.n_blocks
     size = lambda i: sizes(b, x, y, float(values[i]))  # noqa: E731
     if sizes(b, x, y, float(values[0]) - 1) <= target:
@@ -210,6 +212,21 @@ def direction_cut(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if size(mid) <= target else (mid, hi)
     return float(values[hi] + values[hi + 1]) / 2 if hi + 1 < len(values) else float(values[hi]) + 1.0
+
+
+def single_directions(u: EdgeUniverse) -> tuple[Tensor, Tensor]:
+    """Masks ``[n_writer_cols]`` and ``[n_reader_directions]`` of the directions of units of one direction (the
+    embedding, the logits; every writer at the unit level): their logits are pinned at +inf, kept at every cut with
+    zero gradient. A direction logit chooses directions within a unit; a unit of one has nothing to choose, and its
+    one logit would cut it from every block at once (for the embedding: every reader then reads the corrupted
+    embedding), which is the blocks' to decide, reader by reader."""
+    writers = torch.zeros(u.n_writer_cols, dtype=torch.bool)
+    readers = torch.zeros(u.n_reader_directions, dtype=torch.bool)
+    for w in u.writers:
+        writers[w.offset : w.offset + w.size] = w.size == 1
+    for r in u.readers:
+        readers[r.offset : r.offset + r.size] = r.size == 1
+    return writers, readers
 
 
 def warm_start(scores: Tensor, keep: float) -> Tensor:
@@ -306,9 +323,11 @@ class _Circuits:
         self.parameters = [logits]
         if self.directed:
             self.sizes = DirectionSizes(universe)
-            start = options.direction_start
-            self.writers = torch.full((universe.n_writer_cols,), start, requires_grad=True)
-            self.readers = torch.full((universe.n_reader_directions,), start, requires_grad=True)
+            start, (one_writer, one_reader) = options.direction_start, single_directions(universe)
+            self.writers = torch.full((universe.n_writer_cols,), start).masked_fill_(one_writer, torch.inf)
+            self.readers = torch.full((universe.n_reader_directions,), start).masked_fill_(one_reader, torch.inf)
+            self.writers.requires_grad_(True)
+            self.readers.requires_grad_(True)
             self.parameters += [self.writers, self.readers]
             self.recentre(max(options.keeps))
 
@@ -412,6 +431,7 @@ def pruned_curves(
     progress: Callable[[str], None] | None = None,
     keep_logits: Callable[[str, Logits], None] | None = None,
     trained: Mapping[str, Logits] | None = None,
+    chunk: int | None = None,
 ) -> tuple[dict[str, CurveSpec], dict[str, dict]]:
     """The curves ``names`` (``pruned_abs_raw``: ``faithful``, ``pruned_signed_raw``: ``metric``, ``CURVE_OF``; at
     the direction level ``prunedirs_*_fair``, ``DIRECTION_CURVE_OF``) of rankings pruned on the prompts of ``batch``
@@ -421,10 +441,17 @@ def pruned_curves(
     ``dropped``: how many writer and reader directions the learned logits drop, 0 / 0: whole blocks;
     ``dropped_units``: ``dropped_units``).
     ``keep_logits(name, logits)`` is called with each run's learned logits (to save them); a curve in ``trained``
-    (its logits, read back) is not trained again (its run: the options and ``read_back``)."""
+    (its logits, read back) is not trained again (its run: the options and ``read_back``). ``chunk``: the prompts of
+    one forward and backward (``None``: all of ``batch``; smaller takes less memory for the same gradient)."""
     u = ablation.u
-    ref = ablation.reference(batch)
-    full, empty = ablation.metric(batch, AllEdges(), ref), ablation.metric(batch, NoEdges(u), ref)
+    n = len(batch["answer_pos"])
+    step = n if chunk is None else chunk
+    if step < 1:
+        raise ValueError(f"pruned_curves: chunk={chunk}, need at least 1 prompt")
+    batches = [{k: v[i : i + step] for k, v in batch.items()} for i in range(0, n, step)]
+    refs = [ablation.reference(b) for b in batches]
+    full = [ablation.metric(b, AllEdges(), ref) for b, ref in zip(batches, refs)]
+    empty = [ablation.metric(b, NoEdges(u), ref) for b, ref in zip(batches, refs)]
     specs: dict[str, CurveSpec] = {}
     runs: dict[str, dict] = {}
     for name in names:
@@ -436,7 +463,7 @@ def pruned_curves(
         if trained is not None and name in trained:
             logits, log = trained[name], None
         else:
-            logits, log = prune_blocks(ablation, [batch], [ref], [full], [empty], start, opts, say)
+            logits, log = prune_blocks(ablation, batches, refs, full, empty, start, opts, say)
         if keep_logits is not None:
             keep_logits(name, logits)
         done: dict[str, object] = {"read_back": True} if log is None else asdict(log)
@@ -450,5 +477,5 @@ def pruned_curves(
                 progress(f"{name}: units dropped from every block at once: {whole}")
         else:
             specs[name] = ranked_spec(pruned_ranking(u, logits), "raw")
-        runs[name] = asdict(opts) | done | {"prompts": len(batch["answer_pos"]), "seconds": time.monotonic() - t}
+        runs[name] = asdict(opts) | done | {"prompts": n, "chunk": step, "seconds": time.monotonic() - t}
     return specs, runs

@@ -85,7 +85,9 @@ class EdgeCircuitModule(PretrainedLMModule):
         seed: seeds the checks' random edges.
         scores_dir: folder of the memory-mapped edge scores (null: a temporary folder; removed at the end).
         prune_steps: edge pruning's steps (one forward and backward of its prompts each).
-        prune_prompts: edge pruning's prompts: the first of the training split (one batch).
+        prune_prompts: edge pruning's prompts: the first of the training split.
+        prune_chunk: edge pruning's prompts per forward and backward (null: all of them; smaller takes less memory
+            for the same gradient).
         prune_keep: the fraction of head-level edges edge pruning trains as its circuit (a list: nested circuits
             trained together, the loss their mean).
         prune_lr: edge pruning's Adam learning rate on the block logits.
@@ -121,6 +123,7 @@ class EdgeCircuitModule(PretrainedLMModule):
         scores_dir: str | None = None,
         prune_steps: int = 40,
         prune_prompts: int = 16,
+        prune_chunk: int | None = None,
         prune_keep: float | Sequence[float] = 0.2,
         prune_lr: float = 0.05,
         prune_direction_order: CutOrder = "blocks",
@@ -132,7 +135,7 @@ class EdgeCircuitModule(PretrainedLMModule):
         curves = [curves] if isinstance(curves, str) else None if curves is None else list(curves)
         check_edge_options(methods, axes, random_seeds, graph_curve, steps, n_attribution, top_edges, n_check,
                            n_random, loading.get("fold_norms"), curves, graph_unreached, page_blocks, prune_steps,
-                           prune_prompts, prune_keep, prune_lr, prune_direction_order)  # fmt: skip
+                           prune_prompts, prune_keep, prune_lr, prune_direction_order, prune_chunk)  # fmt: skip
         sizes = check_sizes(sizes)
         if graph_size is not None and graph_size not in sizes:
             raise ValueError(f"graph_size={graph_size}: must be one of sizes {sizes}")
@@ -207,7 +210,9 @@ class EdgeCircuitModule(PretrainedLMModule):
 
             with torch.inference_mode(False), torch.enable_grad(), bar:
                 batch = {k: v.clone() if isinstance(v, Tensor) else v for k, v in batch.items()}
-                self.pruned, self.pruning = pruned_curves(ablation, batch, self.scores.units, names, options, progress)
+                self.pruned, self.pruning = pruned_curves(
+                    ablation, batch, self.scores.units, names, options, progress, chunk=hp.prune_chunk
+                )
             self.timing["pruning_s"] = time.monotonic() - start
 
     def _to_device(self, batch: dict) -> dict:
@@ -271,6 +276,7 @@ class EdgeCircuitModule(PretrainedLMModule):
                     "seed",
                     "prune_steps",
                     "prune_prompts",
+                    "prune_chunk",
                     "prune_keep",
                     "prune_lr",
                     "prune_direction_order",
