@@ -369,8 +369,9 @@ def pruned_ranking(universe: EdgeUniverse, logits: Tensor) -> EdgeRanking:
 
 def dropped_units(u: EdgeUniverse, writers: Tensor, readers: Tensor) -> dict[str, list[str]]:
     """The writer and reader units all of whose direction logits are <= 0, by the address of their first direction
-    less its index: each is cut from every block at once (the embedding's or the logits' one direction: every reader
-    then reads the corrupted embedding, or the logits the corrupted run)."""
+    less its index: each is cut from every block at once. Training pins the units of one direction
+    (``single_directions``), so only logits read back from before the pin (or set by hand) name the embedding or the
+    logits here."""
     out: dict[str, list[str]] = {"writers": [], "readers": []}
     for w in u.writers:
         if bool((writers[w.offset : w.offset + w.size] <= 0).all()):
