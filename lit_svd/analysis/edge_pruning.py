@@ -324,10 +324,8 @@ class _Circuits:
         if self.directed:
             self.sizes = DirectionSizes(universe)
             start, (one_writer, one_reader) = options.direction_start, single_directions(universe)
-            self.writers = torch.full((universe.n_writer_cols,), start).masked_fill_(one_writer, torch.inf)
-            self.readers = torch.full((universe.n_reader_directions,), start).masked_fill_(one_reader, torch.inf)
-            self.writers.requires_grad_(True)
-            self.readers.requires_grad_(True)
+            self.writers = torch.full(one_writer.shape, start).masked_fill_(one_writer, torch.inf).requires_grad_()
+            self.readers = torch.full(one_reader.shape, start).masked_fill_(one_reader, torch.inf).requires_grad_()
             self.parameters += [self.writers, self.readers]
             self.recentre(max(options.keeps))
 
@@ -446,10 +444,10 @@ def pruned_curves(
     one forward and backward (``None``: all of ``batch``; smaller takes less memory for the same gradient)."""
     u = ablation.u
     n = len(batch["answer_pos"])
-    step = n if chunk is None else chunk
-    if step < 1:
+    per_chunk = n if chunk is None else chunk
+    if per_chunk < 1:
         raise ValueError(f"pruned_curves: chunk={chunk}, need at least 1 prompt")
-    batches = [{k: v[i : i + step] for k, v in batch.items()} for i in range(0, n, step)]
+    batches = [{k: v[i : i + per_chunk] for k, v in batch.items()} for i in range(0, n, per_chunk)]
     refs = [ablation.reference(b) for b in batches]
     full = [ablation.metric(b, AllEdges(), ref) for b, ref in zip(batches, refs)]
     empty = [ablation.metric(b, NoEdges(u), ref) for b, ref in zip(batches, refs)]
@@ -478,5 +476,5 @@ def pruned_curves(
                 progress(f"{name}: units dropped from every block at once: {whole}")
         else:
             specs[name] = ranked_spec(pruned_ranking(u, logits), "raw")
-        runs[name] = asdict(opts) | done | {"prompts": n, "chunk": step, "seconds": time.monotonic() - t}
+        runs[name] = asdict(opts) | done | {"prompts": n, "chunk": per_chunk, "seconds": time.monotonic() - t}
     return specs, runs
