@@ -40,7 +40,7 @@ from typing import get_args
 
 import torch
 
-from lit_svd.analysis.edge_options import CutOrder
+from lit_svd.analysis.edge_options import CutOrder, DirectionStep
 
 
 def swapped_answers(batch: dict) -> dict:
@@ -87,6 +87,12 @@ def main() -> None:
         " reader direction logits, the fair axis: prunedirs_*_fair)",
     )
     p.add_argument("--prune-direction-start", type=float, default=0.5, help="edge pruning, directions: x, y start")
+    p.add_argument(
+        "--prune-direction-step",
+        default="adam",
+        choices=get_args(DirectionStep),
+        help="edge pruning, directions: how x, y step (adam, or in proportion to the gradient: PruneOptions)",
+    )
     p.add_argument(
         "--prune-order",
         nargs="+",
@@ -291,7 +297,7 @@ def pruned_specs(args, out: dict, ablation, train_batches: list, test_batches: l
     start = args.prune_direction_start
     options = PruneOptions(
         steps=args.prune_steps, lr=args.prune_lr, keep=tuple(args.prune_keep), direction_start=start,
-        direction_order=args.prune_order[0],
+        direction_order=args.prune_order[0], direction_step=args.prune_direction_step,
     )  # fmt: skip
     of = {"units": CURVE_OF, "directions": DIRECTION_CURVE_OF}
     names = [of[level][objective] for level in args.prune_level for objective in args.prune]

@@ -25,6 +25,7 @@ from lit_svd.analysis.edge_pruning import (
     SoftBlocks,
     SoftDirections,
     _Circuits,
+    _optimizer,
     cut,
     direction_cut,
     direction_spec,
@@ -307,6 +308,48 @@ def test_units_of_one_direction_are_pinned_and_a_run_that_never_cut_them_is_unch
     assert torch.allclose(b0, b1, atol=1e-5)
     assert torch.allclose(w0[~one_writer], w1[~one_writer], atol=1e-5)
     assert torch.allclose(r0[~one_reader], r1[~one_reader], atol=1e-5)
+
+
+def test_proportional_direction_steps_follow_the_gradient_and_adam_steps_do_not():
+    """``direction_step="proportional"``: each writer / reader logit moves ``lr`` times its gradient over the largest of
+    them (step 1), then by a moving average (``MOMENTUM``) of those; a pinned (+inf) logit stays pinned; the block
+    logits take Adam's step either way. With ``adam`` a gradient 1,000 times smaller moves its logit as far (the
+    reason for the option). Hand-computed steps, float64."""
+    from lit_svd.analysis.edge_pruning import MOMENTUM
+
+    lr, inf = 0.1, float("inf")
+    g1 = tuple(torch.tensor(g, dtype=torch.float64) for g in ([1e-3, -2e-3], [2.0, 0.002, 0.0], [-1.0, 0.0]))
+    g2 = tuple(torch.tensor(g, dtype=torch.float64) for g in ([1e-3, -2e-3], [0.5, -0.01, 0.0], [0.25, 0.1]))
+    moved = {}
+    for how in ("proportional", "adam"):
+        params = [torch.zeros(2, dtype=torch.float64), torch.tensor([0.5, 0.5, inf], dtype=torch.float64),
+                  torch.full((2,), 0.5, dtype=torch.float64)]  # fmt: skip
+        params = [p.requires_grad_() for p in params]
+        step = _optimizer(params, PruneOptions(lr=lr, level="directions", direction_step=how))
+        for grads in (g1, g2):
+            for p, g in zip(params, grads):
+                p.grad = g.to(p.dtype).clone()
+            step()
+            if grads is g1:
+                moved[how] = [p.detach().clone() for p in params]
+        moved[how, 2] = [p.detach() for p in params]
+    (b, w, r), (_, w2, r2) = moved["proportional"], moved["proportional", 2]
+    assert torch.allclose(
+        b, torch.tensor([-lr, lr], dtype=torch.float64), rtol=0, atol=2e-6
+    )  # Adam: lr g / (|g| + eps)
+    assert torch.allclose(w[:2], torch.tensor([0.5 - lr, 0.5 - lr * 1e-3], dtype=torch.float64), rtol=0, atol=1e-12)
+    assert torch.allclose(r, torch.tensor([0.5 + lr / 2, 0.5], dtype=torch.float64), rtol=0, atol=1e-12)
+    scaled = [torch.tensor([0.5 / 0.5, -0.01 / 0.5]), torch.tensor([0.25 / 0.5, 0.1 / 0.5])]  # g2 over its largest
+    first = [torch.tensor([1.0, 1e-3]), torch.tensor([-0.5, 0.0])]
+    for before, after, s1, s2 in zip((w[:2], r), (w2[:2], r2), first, scaled):
+        average = MOMENTUM * s1 + (1 - MOMENTUM) * s2
+        assert torch.allclose(after, before - lr * average.double(), rtol=0, atol=1e-7)  # the tensors' float32
+    assert bool(torch.isinf(w[2])) and bool(torch.isinf(w2[2])) and float(w2[2]) > 0
+    _, wa, ra = moved["adam"]
+    assert torch.allclose(wa[:2], torch.tensor([0.5 - lr, 0.5 - lr], dtype=torch.float64), rtol=0, atol=2e-6)
+    assert float(ra[1]) == 0.5  # no gradient, no step
+    with pytest.raises(ValueError, match="direction_step='sgd'"):
+        PruneOptions(direction_step="sgd")
 
 
 def test_pruning_in_chunks_of_prompts_is_the_same_run():

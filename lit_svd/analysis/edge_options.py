@@ -27,6 +27,8 @@ DIRECTION_ORDERS = BLOCK_ORDERS + FACTOR_ORDERS  # the methods that rank directi
 Axis = Literal["raw", "fair"]
 Unreached = Literal["skip", "best"]  # graph_unreached: what the module draws when graph_curve never reaches graph_f
 CutOrder = Literal["blocks", "min"]  # prunedirs' curve order (edge_pruning.order_cut); blocks chosen on validation
+# prunedirs' step of the writer and reader logits (edge_pruning.PruneOptions.direction_step)
+DirectionStep = Literal["adam", "proportional"]
 
 
 def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int]) -> list[str]:
@@ -73,6 +75,7 @@ def check_edge_options(
     prune_lr: float = 0.05,
     prune_direction_order: CutOrder = "blocks",
     prune_chunk: int | None = None,
+    prune_direction_step: DirectionStep = "adam",
 ) -> None:
     """Known methods and axes, ``curves`` (the curves scored; None: all of ``curve_names``) among the options'
     curves, a graph curve among the scored curves, counts in range, the folded view; one line naming the key
@@ -110,5 +113,9 @@ def check_edge_options(
         raise ValueError(f"prune_keep={prune_keep!r}, prune_lr={prune_lr!r}: need 0 < prune_keep < 1 and prune_lr > 0")
     if prune_direction_order not in get_args(CutOrder):
         raise ValueError(f"prune_direction_order={prune_direction_order!r}: allowed: {', '.join(get_args(CutOrder))}")
+    if prune_direction_step not in get_args(DirectionStep):
+        raise ValueError(
+            f"prune_direction_step={prune_direction_step!r}: allowed: {', '.join(get_args(DirectionStep))}"
+        )
     if fold_norms is not None and fold_norms is not True:
         raise ValueError(f"fold_norms={fold_norms!r}: the edge universe reads the folded view; give true")

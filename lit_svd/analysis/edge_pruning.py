@@ -47,7 +47,7 @@ from torch import Tensor
 
 from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, NoEdges, Reference
 from lit_svd.analysis.edge_curves import CurveSpec, EdgeRanking, ranked_spec, unit_ranking
-from lit_svd.analysis.edge_options import CutOrder
+from lit_svd.analysis.edge_options import CutOrder, DirectionStep
 from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit
 from lit_svd.metrics import forward_answer_logits
 
@@ -56,6 +56,8 @@ OBJECTIVES = ("faithful", "metric")
 Logits = Tensor | tuple[Tensor, Tensor, Tensor]
 LEVELS = ("units", "directions")
 CUT_ORDERS = get_args(CutOrder)  # direction-level pruning's curve: blocks first, or one cut of every logit
+DIRECTION_STEPS = get_args(DirectionStep)  # how the writer and reader logits step (``PruneOptions``)
+MOMENTUM = 0.9  # ``proportional``: the gradients' moving average (Adam's first moment, beta1)
 CURVE_OF = {"faithful": "pruned_abs_raw", "metric": "pruned_signed_raw"}  # each objective's curve (CMD / CPR)
 DIRECTION_CURVE_OF = {"faithful": "prunedirs_abs_fair", "metric": "prunedirs_signed_fair"}  # the same, directions
 OBJECTIVE_OF = {name: objective for of in (CURVE_OF, DIRECTION_CURVE_OF) for objective, name in of.items()}
@@ -66,8 +68,12 @@ LEVEL_OF = {name: "units" if name in CURVE_OF.values() else "directions" for nam
 class PruneOptions:
     """``objective`` (``OBJECTIVES``), ``steps``, Adam's ``lr``, the fraction(s) ``keep`` of the blocks kept (a tuple:
     nested circuits trained together, ascending; at the direction level, of the weighted edge count), ``level``
-    (``LEVELS``), the direction logits' start ``direction_start`` and the curve's ``direction_order``
-    (``direction_spec``; ``level="directions"``)."""
+    (``LEVELS``), the direction logits' start ``direction_start``, the curve's ``direction_order``
+    (``direction_spec``) and the direction logits' step ``direction_step`` (``level="directions"``): ``adam``, each
+    logit's own normalised step (a logit of tiny but steady gradient moves as fast as one of large); ``proportional``,
+    each step proportional to the logit's gradient (the writer and reader logits' gradients divided by their largest
+    magnitude, a moving average of them with ``MOMENTUM`` as Adam's first moment, times ``lr``: the logit of the
+    largest gradient moves up to ``lr`` per step, the others in proportion). The block logits step with Adam."""
 
     objective: str = "faithful"
     steps: int = 40
@@ -76,6 +82,7 @@ class PruneOptions:
     level: str = "units"
     direction_start: float = 0.5
     direction_order: str = "blocks"  # chosen on validation (docs/circuits.md, "Edge pruning over direction edges")
+    direction_step: str = "adam"
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -84,6 +91,8 @@ class PruneOptions:
             raise ValueError(f"level={self.level!r}: choose one of {', '.join(LEVELS)}")
         if self.direction_order not in CUT_ORDERS:
             raise ValueError(f"direction_order={self.direction_order!r}: choose one of {', '.join(CUT_ORDERS)}")
+        if self.direction_step not in DIRECTION_STEPS:
+            raise ValueError(f"direction_step={self.direction_step!r}: choose one of {', '.join(DIRECTION_STEPS)}")
         keeps = self.keeps
         if self.steps < 1 or self.lr <= 0 or not keeps or not all(0 < k < 1 for k in keeps):
             raise ValueError(
@@ -281,12 +290,13 @@ def prune_blocks(
     first = start.abs() if options.objective == "faithful" else start
     logits = warm_start(first, max(options.keeps)).requires_grad_(True)
     circuit_at = _Circuits(u, logits, options)
-    opt = torch.optim.Adam(circuit_at.parameters, lr=options.lr)
+    step_logits = _optimizer(circuit_at.parameters, options)
     n = sum(len(b["answer_pos"]) for b in batches)
     log = PruneLog()
     for step in range(options.steps):
         before = logits.detach() > 0
-        opt.zero_grad()
+        for p in circuit_at.parameters:
+            p.grad = None
         total = 0.0
         for keep in options.keeps:
             circuit = circuit_at(keep)
@@ -302,7 +312,7 @@ def prune_blocks(
                 part = part / (n * len(options.keeps))
                 part.backward()
                 total += float(part.detach())
-        opt.step()
+        step_logits()
         circuit_at.recentre(max(options.keeps))
         log.objective.append(total)
         log.swapped.append(int((before & ~(logits.detach() > 0)).sum()))
@@ -310,6 +320,29 @@ def prune_blocks(
         if progress:
             progress(step, total)
     return circuit_at.result(), log
+
+
+def _optimizer(parameters: list[Tensor], options: PruneOptions) -> Callable[[], None]:
+    """One step of the logits ``parameters`` (the block logits, then at the direction level the writer and reader
+    logits): Adam on all, or with ``direction_step="proportional"`` Adam on the block logits and on the direction
+    logits SGD with momentum (``MOMENTUM``, as a moving average: dampened alike) of their gradients divided by the
+    largest of them."""
+    if options.level != "directions" or options.direction_step == "adam":
+        adam = torch.optim.Adam(parameters, lr=options.lr)
+        return adam.step
+    blocks, directions = torch.optim.Adam(parameters[:1], lr=options.lr), parameters[1:]
+    sgd = torch.optim.SGD(directions, lr=options.lr, momentum=MOMENTUM, dampening=MOMENTUM)
+
+    def step() -> None:
+        blocks.step()
+        grads = [p.grad for p in directions if p.grad is not None]
+        largest = max((float(g.abs().max()) for g in grads if g.numel()), default=0.0)
+        if largest > 0:
+            for g in grads:
+                g /= largest
+        sgd.step()
+
+    return step
 
 
 class _Circuits:

@@ -39,6 +39,7 @@ from lit_svd.analysis.edge_options import (
     DIRECTION_ORDERS,
     Axis,
     CutOrder,
+    DirectionStep,
     Method,
     Unreached,
     check_edge_options,
@@ -96,6 +97,8 @@ class EdgeCircuitModule(PretrainedLMModule):
             several prune_keep the smaller nested circuits are trained in it too.
         prune_direction_start: prunedirs' writer and reader logits at the start (above 0: every direction kept,
             step 0 the head-level circuit).
+        prune_direction_step: how prunedirs' writer and reader logits step: adam (each logit's own normalised step)
+            or proportional (each step proportional to the logit's gradient, the largest lr per step).
         loading: the model's loading options (``PretrainedLMModule``'s; ``fold_norms`` must stay true).
     """
 
@@ -128,6 +131,7 @@ class EdgeCircuitModule(PretrainedLMModule):
         prune_lr: float = 0.05,
         prune_direction_order: CutOrder = "blocks",
         prune_direction_start: float = 0.5,
+        prune_direction_step: DirectionStep = "adam",
         **loading,
     ):
         methods = [methods] if isinstance(methods, str) else list(methods)
@@ -135,7 +139,8 @@ class EdgeCircuitModule(PretrainedLMModule):
         curves = [curves] if isinstance(curves, str) else None if curves is None else list(curves)
         check_edge_options(methods, axes, random_seeds, graph_curve, steps, n_attribution, top_edges, n_check,
                            n_random, loading.get("fold_norms"), curves, graph_unreached, page_blocks, prune_steps,
-                           prune_prompts, prune_keep, prune_lr, prune_direction_order, prune_chunk)  # fmt: skip
+                           prune_prompts, prune_keep, prune_lr, prune_direction_order, prune_chunk,
+                           prune_direction_step)  # fmt: skip
         sizes = check_sizes(sizes)
         if graph_size is not None and graph_size not in sizes:
             raise ValueError(f"graph_size={graph_size}: must be one of sizes {sizes}")
@@ -198,7 +203,8 @@ class EdgeCircuitModule(PretrainedLMModule):
             keep = hp.prune_keep if isinstance(hp.prune_keep, float | int) else tuple(hp.prune_keep)
             options = PruneOptions(steps=hp.prune_steps, lr=hp.prune_lr, keep=keep,
                                    direction_start=hp.prune_direction_start,
-                                   direction_order=hp.prune_direction_order)  # fmt: skip
+                                   direction_order=hp.prune_direction_order,
+                                   direction_step=hp.prune_direction_step)  # fmt: skip
             ablation = EdgeAblation(self.universe, self.task, gains=self.gains)
             bar = tqdm(total=len(names) * hp.prune_steps, desc="edge pruning", disable=not self._is_zero())
 
@@ -281,6 +287,7 @@ class EdgeCircuitModule(PretrainedLMModule):
                     "prune_lr",
                     "prune_direction_order",
                     "prune_direction_start",
+                    "prune_direction_step",
                 )
             },  # fmt: skip
         }
