@@ -93,6 +93,7 @@ def main() -> None:
         choices=get_args(DirectionStep),
         help="edge pruning, directions: how x, y step (adam, or in proportion to the gradient: PruneOptions)",
     )
+    p.add_argument("--prune-direction-lr", type=float, help="edge pruning, directions: x, y rate (default: --prune-lr)")
     p.add_argument(
         "--prune-order",
         nargs="+",
@@ -298,6 +299,7 @@ def pruned_specs(args, out: dict, ablation, train_batches: list, test_batches: l
     options = PruneOptions(
         steps=args.prune_steps, lr=args.prune_lr, keep=tuple(args.prune_keep), direction_start=start,
         direction_order=args.prune_order[0], direction_step=args.prune_direction_step,
+        direction_lr=args.prune_direction_lr,
     )  # fmt: skip
     of = {"units": CURVE_OF, "directions": DIRECTION_CURVE_OF}
     names = [of[level][objective] for level in args.prune_level for objective in args.prune]

@@ -120,7 +120,7 @@ def test_pruned_curves_of_the_module_equal_pruned_curves_own(tiny_dirs, tmp_path
                         graph_curve="pruned_signed_raw", graph_f=-1e9, dtype="float64", prune_steps=3,
                         prune_prompts=4, prune_keep=0.3, prune_lr=0.2, prune_direction_order="min",
                         prune_direction_start=0.7, prune_chunk=3,
-                        prune_direction_step="proportional")  # fmt: skip
+                        prune_direction_step="proportional", prune_direction_lr=0.4)  # fmt: skip
     result = load_result(tmp_path / "out")
     assert list(result.curves) == names and result.graph["drawn"] and result.graph["curve"] == "pruned_signed_raw"
     assert set(result.pruning) == set(names[:4])
@@ -130,6 +130,7 @@ def test_pruned_curves_of_the_module_equal_pruned_curves_own(tiny_dirs, tmp_path
     assert result.pruning["prunedirs_abs_fair"]["direction_order"] == "min"
     assert result.pruning["prunedirs_abs_fair"]["direction_start"] == 0.7
     assert result.pruning["prunedirs_abs_fair"]["direction_step"] == "proportional"
+    assert result.pruning["prunedirs_abs_fair"]["direction_lr"] == 0.4
     assert set(module.summary["vs_units"]) == set(names[:4]) and set(module.summary["vs_pruned"]) == set(names[2:4])
 
     universe = EdgeUniverse(module.view)
@@ -140,7 +141,7 @@ def test_pruned_curves_of_the_module_equal_pruned_curves_own(tiny_dirs, tmp_path
     ablation = EdgeAblation(universe, "ioi", gains=gains)
     batch = dm.collate(dm.splits["train"].examples[:4])
     options = PruneOptions(steps=3, lr=0.2, keep=0.3, direction_order="min", direction_start=0.7,
-                           direction_step="proportional")  # fmt: skip
+                           direction_step="proportional", direction_lr=0.4)  # fmt: skip
     specs, runs = pruned_curves(ablation, batch, scores.units, names[:4], options, chunk=3)
     assert all(runs[n]["objective"] == result.pruning[n]["objective"] for n in names[:4])
     want, _ = edge_curves(ablation, list(dm.test_dataloader()), specs, SIZES)
@@ -211,6 +212,7 @@ def test_a_graph_curve_that_misses_graph_f_warns_and_never_draws_another_circuit
         ({"prune_direction_order": "max"}, "prune_direction_order='max': allowed: blocks, min"),
         ({"prune_chunk": 0}, "prune_chunk=0"),
         ({"prune_direction_step": "sgd"}, "prune_direction_step='sgd': allowed: adam, proportional"),
+        ({"prune_direction_lr": -1.0}, "prune_direction_lr=-1.0: need > 0"),
     ],
 )
 def test_bad_options_fail_in_one_line(kwargs, message):

@@ -314,7 +314,8 @@ def test_proportional_direction_steps_follow_the_gradient_and_adam_steps_do_not(
     """``direction_step="proportional"``: each writer / reader logit moves ``lr`` times its gradient over the largest of
     them (step 1), then by a moving average (``MOMENTUM``) of those; a pinned (+inf) logit stays pinned; the block
     logits take Adam's step either way. With ``adam`` a gradient 1,000 times smaller moves its logit as far (the
-    reason for the option). Hand-computed steps, float64."""
+    reason for the option). ``direction_lr`` scales the direction logits' steps only. Hand-computed steps,
+    float64."""
     from lit_svd.analysis.edge_pruning import MOMENTUM
 
     lr, inf = 0.1, float("inf")
@@ -348,8 +349,19 @@ def test_proportional_direction_steps_follow_the_gradient_and_adam_steps_do_not(
     _, wa, ra = moved["adam"]
     assert torch.allclose(wa[:2], torch.tensor([0.5 - lr, 0.5 - lr], dtype=torch.float64), rtol=0, atol=2e-6)
     assert float(ra[1]) == 0.5  # no gradient, no step
+    for how in ("proportional", "adam"):  # direction_lr: the direction logits' own rate, the blocks' unchanged
+        params = [torch.zeros(2, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+        step = _optimizer(params, PruneOptions(lr=lr, level="directions", direction_step=how, direction_lr=3 * lr))
+        for p, g in zip(params, g1):
+            p.grad = g[:2].clone()
+        step()
+        want = {"proportional": -3 * lr * g1[1][:2] / 2.0, "adam": torch.tensor([-3 * lr, -3 * lr])}[how]
+        assert torch.allclose(params[1].detach(), want.double(), rtol=0, atol=2e-5)
+        assert torch.allclose(params[0].detach(), b, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="direction_step='sgd'"):
         PruneOptions(direction_step="sgd")
+    with pytest.raises(ValueError, match="direction_lr=0"):
+        PruneOptions(direction_lr=0)
 
 
 def test_pruning_in_chunks_of_prompts_is_the_same_run():

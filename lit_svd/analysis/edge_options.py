@@ -76,6 +76,7 @@ def check_edge_options(
     prune_direction_order: CutOrder = "blocks",
     prune_chunk: int | None = None,
     prune_direction_step: DirectionStep = "adam",
+    prune_direction_lr: float | None = None,
 ) -> None:
     """Known methods and axes, ``curves`` (the curves scored; None: all of ``curve_names``) among the options'
     curves, a graph curve among the scored curves, counts in range, the folded view; one line naming the key
@@ -113,6 +114,8 @@ def check_edge_options(
         raise ValueError(f"prune_keep={prune_keep!r}, prune_lr={prune_lr!r}: need 0 < prune_keep < 1 and prune_lr > 0")
     if prune_direction_order not in get_args(CutOrder):
         raise ValueError(f"prune_direction_order={prune_direction_order!r}: allowed: {', '.join(get_args(CutOrder))}")
+    if prune_direction_lr is not None and not prune_direction_lr > 0:
+        raise ValueError(f"prune_direction_lr={prune_direction_lr!r}: need > 0 (or null: prune_lr)")
     if prune_direction_step not in get_args(DirectionStep):
         raise ValueError(
             f"prune_direction_step={prune_direction_step!r}: allowed: {', '.join(get_args(DirectionStep))}"

@@ -69,11 +69,12 @@ class PruneOptions:
     """``objective`` (``OBJECTIVES``), ``steps``, Adam's ``lr``, the fraction(s) ``keep`` of the blocks kept (a tuple:
     nested circuits trained together, ascending; at the direction level, of the weighted edge count), ``level``
     (``LEVELS``), the direction logits' start ``direction_start``, the curve's ``direction_order``
-    (``direction_spec``) and the direction logits' step ``direction_step`` (``level="directions"``): ``adam``, each
-    logit's own normalised step (a logit of tiny but steady gradient moves as fast as one of large); ``proportional``,
-    each step proportional to the logit's gradient (the writer and reader logits' gradients divided by their largest
-    magnitude, a moving average of them with ``MOMENTUM`` as Adam's first moment, times ``lr``: the logit of the
-    largest gradient moves up to ``lr`` per step, the others in proportion). The block logits step with Adam."""
+    (``direction_spec``) and the direction logits' step ``direction_step`` and rate ``direction_lr`` (None: ``lr``;
+    ``level="directions"``): ``adam``, each logit's own normalised step (a logit of tiny but steady gradient moves as
+    fast as one of large); ``proportional``, each step proportional to the logit's gradient (the writer and reader
+    logits' gradients divided by their largest magnitude, a moving average of them with ``MOMENTUM`` as Adam's first
+    moment, times the rate: the logit of the largest gradient moves up to ``direction_lr`` per step, the others in
+    proportion). The block logits step with Adam at ``lr``."""
 
     objective: str = "faithful"
     steps: int = 40
@@ -83,6 +84,7 @@ class PruneOptions:
     direction_start: float = 0.5
     direction_order: str = "blocks"  # chosen on validation (docs/circuits.md, "Edge pruning over direction edges")
     direction_step: str = "adam"
+    direction_lr: float | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -93,6 +95,8 @@ class PruneOptions:
             raise ValueError(f"direction_order={self.direction_order!r}: choose one of {', '.join(CUT_ORDERS)}")
         if self.direction_step not in DIRECTION_STEPS:
             raise ValueError(f"direction_step={self.direction_step!r}: choose one of {', '.join(DIRECTION_STEPS)}")
+        if self.direction_lr is not None and not self.direction_lr > 0:
+            raise ValueError(f"direction_lr={self.direction_lr}: need > 0 (or None: lr)")
         keeps = self.keeps
         if self.steps < 1 or self.lr <= 0 or not keeps or not all(0 < k < 1 for k in keeps):
             raise ValueError(
@@ -324,23 +328,26 @@ def prune_blocks(
 
 def _optimizer(parameters: list[Tensor], options: PruneOptions) -> Callable[[], None]:
     """One step of the logits ``parameters`` (the block logits, then at the direction level the writer and reader
-    logits): Adam on all, or with ``direction_step="proportional"`` Adam on the block logits and on the direction
-    logits SGD with momentum (``MOMENTUM``, as a moving average: dampened alike) of their gradients divided by the
-    largest of them."""
-    if options.level != "directions" or options.direction_step == "adam":
-        adam = torch.optim.Adam(parameters, lr=options.lr)
-        return adam.step
+    logits): Adam on the block logits; on the direction logits Adam, or with ``direction_step="proportional"`` SGD
+    with momentum (``MOMENTUM``, as a moving average: dampened alike) of their gradients divided by the largest of
+    them, at ``direction_lr``."""
+    lr = options.lr if options.direction_lr is None else options.direction_lr
+    if options.level != "directions":
+        return torch.optim.Adam(parameters, lr=options.lr).step
     blocks, directions = torch.optim.Adam(parameters[:1], lr=options.lr), parameters[1:]
-    sgd = torch.optim.SGD(directions, lr=options.lr, momentum=MOMENTUM, dampening=MOMENTUM)
+    proportional = options.direction_step == "proportional"
+    if proportional:
+        other: torch.optim.Optimizer = torch.optim.SGD(directions, lr=lr, momentum=MOMENTUM, dampening=MOMENTUM)
+    else:
+        other = torch.optim.Adam(directions, lr=lr)  # Adam's state is per logit: as one Adam over all at lr
 
     def step() -> None:
         blocks.step()
-        grads = [p.grad for p in directions if p.grad is not None]
-        largest = max((float(g.abs().max()) for g in grads if g.numel()), default=0.0)
-        if largest > 0:
-            for g in grads:
-                g /= largest
-        sgd.step()
+        grads = [p.grad for p in directions if p.grad is not None and p.grad.numel()] if proportional else []
+        largest = max((float(g.abs().max()) for g in grads), default=0.0)
+        for g in grads if largest > 0 else []:
+            g /= largest
+        other.step()
 
     return step
 

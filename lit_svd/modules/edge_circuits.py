@@ -98,7 +98,9 @@ class EdgeCircuitModule(PretrainedLMModule):
         prune_direction_start: prunedirs' writer and reader logits at the start (above 0: every direction kept,
             step 0 the head-level circuit).
         prune_direction_step: how prunedirs' writer and reader logits step: adam (each logit's own normalised step)
-            or proportional (each step proportional to the logit's gradient, the largest lr per step).
+            or proportional (each step proportional to the logit's gradient, the largest prune_direction_lr per
+            step).
+        prune_direction_lr: prunedirs' rate of the writer and reader logits (null: prune_lr).
         loading: the model's loading options (``PretrainedLMModule``'s; ``fold_norms`` must stay true).
     """
 
@@ -132,6 +134,7 @@ class EdgeCircuitModule(PretrainedLMModule):
         prune_direction_order: CutOrder = "blocks",
         prune_direction_start: float = 0.5,
         prune_direction_step: DirectionStep = "adam",
+        prune_direction_lr: float | None = None,
         **loading,
     ):
         methods = [methods] if isinstance(methods, str) else list(methods)
@@ -140,7 +143,7 @@ class EdgeCircuitModule(PretrainedLMModule):
         check_edge_options(methods, axes, random_seeds, graph_curve, steps, n_attribution, top_edges, n_check,
                            n_random, loading.get("fold_norms"), curves, graph_unreached, page_blocks, prune_steps,
                            prune_prompts, prune_keep, prune_lr, prune_direction_order, prune_chunk,
-                           prune_direction_step)  # fmt: skip
+                           prune_direction_step, prune_direction_lr)  # fmt: skip
         sizes = check_sizes(sizes)
         if graph_size is not None and graph_size not in sizes:
             raise ValueError(f"graph_size={graph_size}: must be one of sizes {sizes}")
@@ -204,7 +207,8 @@ class EdgeCircuitModule(PretrainedLMModule):
             options = PruneOptions(steps=hp.prune_steps, lr=hp.prune_lr, keep=keep,
                                    direction_start=hp.prune_direction_start,
                                    direction_order=hp.prune_direction_order,
-                                   direction_step=hp.prune_direction_step)  # fmt: skip
+                                   direction_step=hp.prune_direction_step,
+                                   direction_lr=hp.prune_direction_lr)  # fmt: skip
             ablation = EdgeAblation(self.universe, self.task, gains=self.gains)
             bar = tqdm(total=len(names) * hp.prune_steps, desc="edge pruning", disable=not self._is_zero())
 
@@ -288,6 +292,7 @@ class EdgeCircuitModule(PretrainedLMModule):
                     "prune_direction_order",
                     "prune_direction_start",
                     "prune_direction_step",
+                    "prune_direction_lr",
                 )
             },  # fmt: skip
         }
