@@ -127,6 +127,12 @@ class SoftBlocks:
         return _straight_through(self.logits[self.universe.blocks(r)] - self.threshold, self.universe.dtype)
 
 
+def kept(logits: Tensor) -> Tensor:
+    """Which of the learned ``logits`` the trained circuit keeps (bool): those above 0, where training leaves the cut
+    (``_Circuits.recentre``)."""
+    return logits.detach() > 0
+
+
 def _straight_through(part: Tensor, dtype: torch.dtype) -> Tensor:
     """``part > 0`` as 0 / 1 exactly, its gradient that of ``sigmoid(part)``."""
     soft = torch.sigmoid(part)
@@ -210,7 +216,7 @@ def direction_cut(
     ``moving`` (blocks, writers, readers) some False, those logits are held at their sign (kept where above 0) and the
     cut moves the others only."""
     held = [
-        x.detach() if m else torch.where(x.detach() > 0, torch.inf, -torch.inf)
+        x.detach() if m else torch.where(kept(x), torch.inf, -torch.inf)
         for x, m in zip((blocks, writers, readers), moving)
     ]
     b, x, y = (h.double() for h in held)
@@ -298,7 +304,7 @@ def prune_blocks(
     n = sum(len(b["answer_pos"]) for b in batches)
     log = PruneLog()
     for step in range(options.steps):
-        before = logits.detach() > 0
+        before = kept(logits)
         for p in circuit_at.parameters:
             p.grad = None
         total = 0.0
@@ -319,7 +325,7 @@ def prune_blocks(
         step_logits()
         circuit_at.recentre(max(options.keeps))
         log.objective.append(total)
-        log.swapped.append(int((before & ~(logits.detach() > 0)).sum()))
+        log.swapped.append(int((before & ~kept(logits)).sum()))
         circuit_at.log(log)
         if progress:
             progress(step, total)
@@ -391,8 +397,8 @@ class _Circuits:
 
     def log(self, log: PruneLog) -> None:
         if self.directed:
-            log.writers_kept.append(float((self.writers.detach() > 0).double().mean()))
-            log.readers_kept.append(float((self.readers.detach() > 0).double().mean()))
+            log.writers_kept.append(float(kept(self.writers).double().mean()))
+            log.readers_kept.append(float(kept(self.readers).double().mean()))
 
     def result(self) -> Logits:
         if not self.directed:
@@ -412,10 +418,10 @@ def dropped_units(u: EdgeUniverse, writers: Tensor, readers: Tensor) -> dict[str
     logits here."""
     out: dict[str, list[str]] = {"writers": [], "readers": []}
     for w in u.writers:
-        if bool((writers[w.offset : w.offset + w.size] <= 0).all()):
+        if not bool(kept(writers[w.offset : w.offset + w.size]).any()):
             out["writers"].append(str(u.writer_address(w.offset)).removesuffix(".d0"))
     for r in u.readers:
-        if bool((readers[r.offset : r.offset + r.size] <= 0).all()):
+        if not bool(kept(readers[r.offset : r.offset + r.size]).any()):
             out["readers"].append(str(u.reader_address(r, 0)).removesuffix(".d0"))
     return out
 
@@ -508,7 +514,10 @@ def pruned_curves(
         done: dict[str, object] = {"read_back": True} if log is None else asdict(log)
         if isinstance(logits, tuple):
             specs[name] = direction_spec(u, *logits, order=opts.direction_order)
-            done["dropped"] = dropped = {"writers": int((logits[1] <= 0).sum()), "readers": int((logits[2] <= 0).sum())}
+            done["dropped"] = dropped = {
+                "writers": int((~kept(logits[1])).sum()),
+                "readers": int((~kept(logits[2])).sum()),
+            }
             done["dropped_units"] = whole = dropped_units(u, logits[1], logits[2])
             if progress is not None and not any(dropped.values()):
                 progress(f"{name}: no writer or reader direction dropped: the trained circuit is whole blocks")
