@@ -364,6 +364,28 @@ def test_proportional_direction_steps_follow_the_gradient_and_adam_steps_do_not(
         PruneOptions(direction_lr=0)
 
 
+def test_the_log_ends_with_the_objective_of_the_learned_logits():
+    """``PruneLog.final`` is the objective of the logits returned (after the last step, which no step's objective
+    sees): the faithful objective of their circuit (the positive logits) computed here through
+    ``EdgeAblation.metric``, at both levels (float64 planted model, 1e-9)."""
+    model, _, _ = planted_model()
+    u = EdgeUniverse(make_view(model))
+    ablation = EdgeAblation(u, "ioi")
+    train = planted_batch(8, seed=0)
+    ref = ablation.reference(train)
+    full, empty = ablation.metric(train, AllEdges(), ref), ablation.metric(train, NoEdges(u), ref)
+    gap = float(full.mean() - empty.mean())
+    start = attribute(u, [train], "ioi").units
+    for level in ("units", "directions"):
+        options = PruneOptions("faithful", steps=4, lr=0.3, keep=6 / u.n_blocks, level=level)
+        logits, log = prune_blocks(ablation, [train], [ref], [full], [empty], start, options)
+        circuit = SoftDirections(u, *logits) if level == "directions" else SoftBlocks(u, logits)
+        want = float((((ablation.metric(train, circuit, ref) - full) / gap) ** 2).mean())
+        assert log.final == pytest.approx(want, rel=1e-9, abs=1e-12), level
+        assert len(log.objective) == 4
+    assert abs(log.final - log.objective[-1]) > 1e-3  # directions: the last step moved the circuit (0.634 vs 0.645)
+
+
 def test_pruning_in_chunks_of_prompts_is_the_same_run():
     """``pruned_curves(chunk=3)`` on 8 prompts (three forwards and backwards a step) trains the same circuits as one
     batch of 8: the gradient is the sum over prompts either way, so every step's objective agrees to 1e-5 and the

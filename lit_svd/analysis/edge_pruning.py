@@ -270,12 +270,14 @@ def cut(logits: Tensor, keep: float) -> float:
 @dataclass
 class PruneLog:
     """Per step: the objective on the training prompts (of the circuits before the step; several ``keep``: their
-    mean) and how many blocks of the largest circuit the step swapped out (for as many others)."""
+    mean) and how many blocks of the largest circuit the step swapped out (for as many others); ``final``: the
+    objective of the learned logits (after the last step, which no step's objective sees)."""
 
     objective: list[float] = field(default_factory=list)
     swapped: list[int] = field(default_factory=list)
     writers_kept: list[float] = field(default_factory=list)  # direction level: the writer directions kept
     readers_kept: list[float] = field(default_factory=list)  # and the reader directions
+    final: float | None = None
 
 
 def prune_blocks(
@@ -303,25 +305,33 @@ def prune_blocks(
     step_logits = _optimizer(circuit_at.parameters, options)
     n = sum(len(b["answer_pos"]) for b in batches)
     log = PruneLog()
-    for step in range(options.steps):
-        before = kept(logits)
-        for p in circuit_at.parameters:
-            p.grad = None
+
+    def objective(learn: bool) -> float:
+        """The objective of the circuits at every ``keep`` on the training prompts (``learn``: with its gradient)."""
         total = 0.0
         for keep in options.keeps:
             circuit = circuit_at(keep)
             for batch, ref, m_full, m_empty in zip(batches, refs, full, empty):
-                with ablation.patched(batch, circuit, ref):
-                    ids, mask, pos = batch["clean_ids"], batch["attention_mask"], batch["answer_pos"]
-                    out = forward_answer_logits(u.view.model, ids, mask, pos)
-                m = ablation.task.metric(out, batch).double()
-                if options.objective == "faithful":
-                    part = (((m - m_full.to(m)) / gap) ** 2).sum()
-                else:
-                    part = -((m - m_empty.to(m)) / gap).sum()
-                part = part / (n * len(options.keeps))
-                part.backward()
+                with torch.set_grad_enabled(learn):
+                    with ablation.patched(batch, circuit, ref):
+                        ids, mask, pos = batch["clean_ids"], batch["attention_mask"], batch["answer_pos"]
+                        out = forward_answer_logits(u.view.model, ids, mask, pos)
+                    m = ablation.task.metric(out, batch).double()
+                    if options.objective == "faithful":
+                        part = (((m - m_full.to(m)) / gap) ** 2).sum()
+                    else:
+                        part = -((m - m_empty.to(m)) / gap).sum()
+                    part = part / (n * len(options.keeps))
+                    if learn:
+                        part.backward()
                 total += float(part.detach())
+        return total
+
+    for step in range(options.steps):
+        before = kept(logits)
+        for p in circuit_at.parameters:
+            p.grad = None
+        total = objective(learn=True)
         step_logits()
         circuit_at.recentre(max(options.keeps))
         log.objective.append(total)
@@ -329,6 +339,7 @@ def prune_blocks(
         circuit_at.log(log)
         if progress:
             progress(step, total)
+    log.final = objective(learn=False)
     return circuit_at.result(), log
 
 
@@ -509,6 +520,8 @@ def pruned_curves(
             logits, log = trained[name], None
         else:
             logits, log = prune_blocks(ablation, batches, refs, full, empty, start, opts, say)
+            if progress is not None:
+                progress(f"{name}: objective of the learned logits (after their last update) {log.final:.4f}")
         if keep_logits is not None:
             keep_logits(name, logits)
         done: dict[str, object] = {"read_back": True} if log is None else asdict(log)
