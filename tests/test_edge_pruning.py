@@ -364,18 +364,24 @@ def test_proportional_direction_steps_follow_the_gradient_and_adam_steps_do_not(
         PruneOptions(direction_lr=0)
 
 
+def _planted_pruning(n: int):
+    """The planted model's universe, ablation, ``n`` training prompts, their corrupted recording, full and empty
+    metrics, and EAP-IG's head-level start scores."""
+    model, _, _ = planted_model()
+    u = EdgeUniverse(make_view(model))
+    ablation = EdgeAblation(u, "ioi")
+    train = planted_batch(n, seed=0)
+    ref = ablation.reference(train)
+    full, empty = ablation.metric(train, AllEdges(), ref), ablation.metric(train, NoEdges(u), ref)
+    return u, ablation, train, ref, full, empty, attribute(u, [train], "ioi").units
+
+
 def test_the_log_ends_with_the_objective_of_the_learned_logits():
     """``PruneLog.final`` is the objective of the logits returned (after the last step, which no step's objective
     sees): the faithful objective of their circuit (the positive logits) computed here through
     ``EdgeAblation.metric``, at both levels (float64 planted model, 1e-9)."""
-    model, _, _ = planted_model()
-    u = EdgeUniverse(make_view(model))
-    ablation = EdgeAblation(u, "ioi")
-    train = planted_batch(8, seed=0)
-    ref = ablation.reference(train)
-    full, empty = ablation.metric(train, AllEdges(), ref), ablation.metric(train, NoEdges(u), ref)
+    u, ablation, train, ref, full, empty, start = _planted_pruning(8)
     gap = float(full.mean() - empty.mean())
-    start = attribute(u, [train], "ioi").units
     for level in ("units", "directions"):
         options = PruneOptions("faithful", steps=4, lr=0.3, keep=6 / u.n_blocks, level=level)
         logits, log = prune_blocks(ablation, [train], [ref], [full], [empty], start, options)
@@ -417,13 +423,7 @@ def test_direction_pruning_starts_from_the_head_level_circuit_and_its_curve_is_n
     """At the direction level, step 0's circuit is the head-level warm start (every direction kept) and the run
     lowers its objective on the planted model; the curve's circuits are nested, their weighted counts (by their masks
     and the universe's edge weights) within the sizes, the trained circuit the cut at its size."""
-    model, _, _ = planted_model()
-    u = EdgeUniverse(make_view(model))
-    ablation = EdgeAblation(u, "ioi")
-    train = planted_batch(16, seed=0)
-    ref = ablation.reference(train)
-    full, empty = ablation.metric(train, AllEdges(), ref), ablation.metric(train, NoEdges(u), ref)
-    start = attribute(u, [train], "ioi").units
+    u, ablation, train, ref, full, empty, start = _planted_pruning(16)
     keep = 6 / u.n_blocks
     options = PruneOptions("metric", steps=1, lr=0.1, keep=keep, level="directions")
     _, log0 = prune_blocks(ablation, [train], [ref], [full], [empty], start, options)
