@@ -360,13 +360,19 @@ def _optimizer(parameters: list[Tensor], options: PruneOptions) -> Callable[[], 
 
     def step() -> None:
         blocks.step()
-        grads = [p.grad for p in directions if p.grad is not None and p.grad.numel()] if proportional else []
-        largest = max((float(g.abs().max()) for g in grads), default=0.0)
-        for g in grads if largest > 0 else []:
-            g /= largest
+        if proportional:
+            _over_largest([p.grad for p in directions if p.grad is not None and p.grad.numel()])
         other.step()
 
     return step
+
+
+def _over_largest(grads: list[Tensor]) -> None:
+    """Divide ``grads`` in place by the largest magnitude among them (none where every one is 0)."""
+    largest = max((float(g.abs().max()) for g in grads), default=0.0)
+    if largest > 0:
+        for g in grads:
+            g /= largest
 
 
 class _Circuits:
