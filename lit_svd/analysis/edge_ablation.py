@@ -501,7 +501,7 @@ class EdgeAblation:
         partial = (state == PARTIAL)[u.col_unit[1 : r.n_cols]]
         cols = torch.nonzero(partial & ~keep.any_col[1:]).flatten() + 1 if keep.any_col is not None else partial[:0]
         if len(cols):
-            D = D + live.dcT[cols].T @ u.W[cols]
+            D = D + _take(live.dcT, cols, 0).T @ _take(u.W, cols, 0)
         return D
 
     def _final_hook(self, masks, reference, live):
@@ -731,9 +731,9 @@ class _Partial:
     def lost_sum(self, live: _Live, u: EdgeUniverse) -> Tensor:
         """``[P, d]``: the ``corrupted - live`` writes of the columns no direction keeps, but (``subtract``) the
         ``units``' writes, which come with the unit sums (``_sum_units``)."""
-        lost = live.dcT[self.add].T @ u.W[self.add]
+        lost = _take(live.dcT, self.add, 0).T @ _take(u.W, self.add, 0)
         if self.subtract:
-            lost -= live.dcT[self.sub].T @ u.W[self.sub]
+            lost -= _take(live.dcT, self.sub, 0).T @ _take(u.W, self.sub, 0)
         return lost
 
 
@@ -921,7 +921,7 @@ def active_rows(batch: dict) -> Tensor | None:
 
 def _rows(x: Tensor, rows: Tensor | None) -> Tensor:
     """``x [B * T, ...]`` at the active rows (all where ``rows`` is None)."""
-    return x if rows is None else x[rows.to(x.device)]
+    return x if rows is None else x.index_select(0, rows.to(x.device))
 
 
 def _scatter_rows(x: Tensor, rows: Tensor | None, n: int) -> Tensor:
@@ -931,8 +931,8 @@ def _scatter_rows(x: Tensor, rows: Tensor | None, n: int) -> Tensor:
 
 def _take_rows(reference: Reference, rows: Tensor) -> Reference:
     """``reference`` at the active rows."""
-    resid = {key: x[rows] for key, x in reference.resid.items()}
-    return Reference(resid, reference.coef[rows], reference.embed[rows])
+    resid = {key: x.index_select(0, rows) for key, x in reference.resid.items()}
+    return Reference(resid, reference.coef.index_select(0, rows), reference.embed.index_select(0, rows))
 
 
 def check_lengths(batch: dict) -> None:
