@@ -931,8 +931,8 @@ def _scatter_rows(x: Tensor, rows: Tensor | None, n: int) -> Tensor:
 
 def _take_rows(reference: Reference, rows: Tensor) -> Reference:
     """``reference`` at the active rows."""
-    resid = {key: x.index_select(0, rows) for key, x in reference.resid.items()}
-    return Reference(resid, reference.coef.index_select(0, rows), reference.embed.index_select(0, rows))
+    resid = {key: _rows(x, rows) for key, x in reference.resid.items()}
+    return Reference(resid, _rows(reference.coef, rows), _rows(reference.embed, rows))
 
 
 def check_lengths(batch: dict) -> None:
