@@ -126,8 +126,9 @@ def main() -> None:
         "--prune-keep", type=float, nargs="+", default=[0.2],
         help="edge pruning: the fraction(s) of blocks trained (several: nested circuits trained together)",
     )  # fmt: skip
+    p.add_argument("--threads", type=int, default=1, help="torch threads (the cost targets are one thread)")
     args = p.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
 
     from lit_svd.analysis.edge_curves import exit_on_sigterm
     from lit_svd.datamodules.tasks import TaskDataModule
