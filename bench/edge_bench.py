@@ -279,13 +279,8 @@ def pruned_specs(args, out: dict, ablation, train_batches: list, test_batches: l
     """Edge pruning (``--prune``) on the first ``--prune-n`` training prompts from the head-level scores ``units``
     (``edge_pruning.pruned_curves``): the curves' specs; the runs (options, seconds, objective per step) and the
     peak memory after them in ``out["pruning"]``."""
-    from lit_svd.analysis.edge_pruning import (
-        CURVE_OF,
-        DIRECTION_CURVE_OF,
-        PruneOptions,
-        direction_spec,
-        pruned_curves,
-    )
+    from lit_svd.analysis.edge_options import PruneOptions
+    from lit_svd.analysis.edge_pruning import CURVE_OF, DIRECTION_CURVE_OF, direction_spec, pruned_curves
 
     if not args.prune:
         return {}

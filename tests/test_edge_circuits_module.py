@@ -15,8 +15,8 @@ import torch
 from lit_svd.analysis.edge_ablation import EdgeAblation
 from lit_svd.analysis.edge_attribution import attribute
 from lit_svd.analysis.edge_curves import ScoreFile, curve_specs, edge_curves
-from lit_svd.analysis.edge_options import curve_names
-from lit_svd.analysis.edge_pruning import PruneOptions, pruned_curves
+from lit_svd.analysis.edge_options import PruneOptions, curve_names
+from lit_svd.analysis.edge_pruning import pruned_curves
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.callbacks.edge_circuits import EdgeCircuitReport
 from lit_svd.datamodules.tasks import TaskDataModule
@@ -229,3 +229,6 @@ def test_bad_options_fail_before_torch_on_the_command_line(capsys):
     with pytest.raises(SystemExit) as err:
         check_command_line(["test", "--config", str(config), "--model.init_args.n_random", "1"])
     assert err.value.code == 2 and "n_random=1: must be an integer >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as err:  # edge pruning's options: judged by PruneOptions, named as the module's
+        check_command_line(["test", "--config", str(config), "--model.init_args.prune_keep", "1.5"])
+    assert err.value.code == 2 and "prune_keep=1.5: need each 0 < keep < 1" in capsys.readouterr().err

@@ -19,9 +19,9 @@ import torch
 from lit_svd.analysis.edge_ablation import AllEdges, EdgeAblation, NoEdges, UnitMasks
 from lit_svd.analysis.edge_attribution import attribute
 from lit_svd.analysis.edge_curves import edge_curves, random_spec, ranked_spec
+from lit_svd.analysis.edge_options import PruneOptions
 from lit_svd.analysis.edge_pruning import (
     DirectionSizes,
-    PruneOptions,
     SoftBlocks,
     SoftDirections,
     _Circuits,
@@ -417,6 +417,25 @@ def test_pruning_in_chunks_of_prompts_is_the_same_run():
         assert torch.equal(a > 0, b > 0) and torch.equal(a.isinf(), b.isinf())  # the same circuit, the same pins
     with pytest.raises(ValueError, match="chunk=0"):
         pruned_curves(ablation, batch, start, ["prunedirs_abs_fair"], options, chunk=0)
+
+
+def test_each_step_goes_to_on_step_and_words_to_progress():
+    """``pruned_curves``: with ``on_step`` every step's objective goes there (the run's log, in order) and
+    ``progress`` gets only words, no step line; without it the steps are lines of ``progress``."""
+    model, _, _ = planted_model()
+    u = EdgeUniverse(make_view(model))
+    ablation = EdgeAblation(u, "ioi")
+    batch = planted_batch(4, seed=0)
+    start = attribute(u, [batch], "ioi").units
+    options = PruneOptions("faithful", steps=3, lr=0.1, keep=6 / u.n_blocks)
+    steps, lines = [], []
+    _, runs = pruned_curves(ablation, batch, start, ["pruned_abs_raw"], options, lines.append,
+                            on_step=lambda *s: steps.append(s))  # fmt: skip
+    assert steps == [("pruned_abs_raw", i, v) for i, v in enumerate(runs["pruned_abs_raw"]["objective"])]
+    assert len(steps) == 3 and lines and not any(" step " in line for line in lines)
+    lines.clear()
+    pruned_curves(ablation, batch, start, ["pruned_abs_raw"], options, lines.append)
+    assert sum(line.startswith("pruned_abs_raw step ") for line in lines) == 3
 
 
 def test_direction_pruning_starts_from_the_head_level_circuit_and_its_curve_is_nested_cuts():

@@ -7,6 +7,7 @@ their score times a factor of their block (``edge_curves.netblock_ranking``); ``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 Method = Literal[
@@ -27,8 +28,55 @@ DIRECTION_ORDERS = BLOCK_ORDERS + FACTOR_ORDERS  # the methods that rank directi
 Axis = Literal["raw", "fair"]
 Unreached = Literal["skip", "best"]  # graph_unreached: what the module draws when graph_curve never reaches graph_f
 CutOrder = Literal["blocks", "min"]  # prunedirs' curve order (edge_pruning.order_cut); blocks chosen on validation
-# prunedirs' step of the writer and reader logits (edge_pruning.PruneOptions.direction_step)
+# prunedirs' step of the writer and reader logits (PruneOptions.direction_step)
 DirectionStep = Literal["adam", "proportional"]
+OBJECTIVES = ("faithful", "metric")  # edge pruning's objectives (edge_pruning: CMD, CPR)
+LEVELS = ("units", "directions")  # edge pruning's levels: head-level blocks, or blocks and direction logits
+CUT_ORDERS = get_args(CutOrder)  # direction-level pruning's curve: blocks first, or one cut of every logit
+DIRECTION_STEPS = get_args(DirectionStep)  # how the writer and reader logits step
+
+
+@dataclass
+class PruneOptions:
+    """Edge pruning's options (``edge_pruning``; here without torch, so that the command line's fast check builds
+    them): ``objective`` (``OBJECTIVES``), ``steps``, Adam's ``lr``, the fraction(s) ``keep`` of the blocks kept (a
+    tuple: nested circuits trained together, ascending; at the direction level, of the weighted edge count),
+    ``level`` (``LEVELS``), the direction logits' start ``direction_start``, the curve's ``direction_order``
+    (``edge_pruning.direction_spec``) and the direction logits' step ``direction_step`` and rate ``direction_lr``
+    (None: ``lr``; ``level="directions"``): ``adam``, each logit's own normalised step (a logit of tiny but steady
+    gradient moves as fast as one of large); ``proportional``, each step proportional to the logit's gradient (the
+    writer and reader logits' gradients divided by their largest magnitude, a moving average of them with
+    ``edge_pruning.MOMENTUM`` as Adam's first moment, times the rate: the logit of the largest gradient moves up to
+    ``direction_lr`` per step, the others in proportion). The block logits step with Adam at ``lr``. A bad value
+    fails in one line that starts with its field's name (the module's option is ``prune_<field>``)."""
+
+    objective: str = "faithful"
+    steps: int = 40
+    lr: float = 0.05
+    keep: float | tuple[float, ...] = 0.2
+    level: str = "units"
+    direction_start: float = 0.5
+    direction_order: str = "blocks"  # chosen on validation (docs/circuits.md, "Edge pruning over direction edges")
+    direction_step: str = "adam"
+    direction_lr: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("objective", OBJECTIVES), ("level", LEVELS), ("direction_order", CUT_ORDERS),
+                              ("direction_step", DIRECTION_STEPS)):  # fmt: skip
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r}: allowed: {', '.join(allowed)}")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps={self.steps!r}: must be an integer >= 1")
+        if not self.lr > 0:
+            raise ValueError(f"lr={self.lr!r}: need > 0")
+        if not self.keeps or not all(0 < k < 1 for k in self.keeps):
+            raise ValueError(f"keep={self.keep!r}: need each 0 < keep < 1")
+        if self.direction_lr is not None and not self.direction_lr > 0:
+            raise ValueError(f"direction_lr={self.direction_lr!r}: need > 0 (or None: lr)")
+
+    @property
+    def keeps(self) -> tuple[float, ...]:
+        return tuple(sorted((self.keep,) if isinstance(self.keep, float | int) else self.keep))
 
 
 def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int]) -> list[str]:
@@ -105,20 +153,15 @@ def check_edge_options(
     for key, value, low in (("steps", steps, 1), ("n_attribution", n_attribution, 1), ("top_edges", top_edges, 0),
                             ("n_check", n_check, 0), ("n_random", n_random, 2),
                             ("page_blocks", 1 if page_blocks is None else page_blocks, 1),
-                            ("prune_steps", prune_steps, 1), ("prune_prompts", prune_prompts, 1),
+                            ("prune_prompts", prune_prompts, 1),
                             ("prune_chunk", 1 if prune_chunk is None else prune_chunk, 1)):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{key}={value!r}: must be an integer >= {low}")
-    keeps = [prune_keep] if isinstance(prune_keep, float | int) else list(prune_keep)
-    if not keeps or not all(0 < k < 1 for k in keeps) or not prune_lr > 0:
-        raise ValueError(f"prune_keep={prune_keep!r}, prune_lr={prune_lr!r}: need 0 < prune_keep < 1 and prune_lr > 0")
-    if prune_direction_order not in get_args(CutOrder):
-        raise ValueError(f"prune_direction_order={prune_direction_order!r}: allowed: {', '.join(get_args(CutOrder))}")
-    if prune_direction_lr is not None and not prune_direction_lr > 0:
-        raise ValueError(f"prune_direction_lr={prune_direction_lr!r}: need > 0 (or null: prune_lr)")
-    if prune_direction_step not in get_args(DirectionStep):
-        raise ValueError(
-            f"prune_direction_step={prune_direction_step!r}: allowed: {', '.join(get_args(DirectionStep))}"
-        )
+    keep = prune_keep if isinstance(prune_keep, float | int) else tuple(prune_keep)
+    try:  # edge pruning's options are judged by their own class; the module names them prune_<field>
+        PruneOptions(steps=prune_steps, lr=prune_lr, keep=keep, direction_order=prune_direction_order,
+                     direction_step=prune_direction_step, direction_lr=prune_direction_lr)  # fmt: skip
+    except ValueError as err:
+        raise ValueError(f"prune_{err}") from None
     if fold_norms is not None and fold_norms is not True:
         raise ValueError(f"fold_norms={fold_norms!r}: the edge universe reads the folded view; give true")

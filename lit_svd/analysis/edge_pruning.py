@@ -40,72 +40,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import get_args
 
 import torch
 from torch import Tensor
 
 from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, NoEdges, Reference
 from lit_svd.analysis.edge_curves import CurveSpec, EdgeRanking, ranked_spec, unit_ranking
-from lit_svd.analysis.edge_options import CutOrder, DirectionStep
+from lit_svd.analysis.edge_options import CUT_ORDERS, PruneOptions
 from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit
 from lit_svd.metrics import forward_answer_logits
 
-OBJECTIVES = ("faithful", "metric")
 # the block logits, or at the direction level (blocks, writers, readers)
 Logits = Tensor | tuple[Tensor, Tensor, Tensor]
-LEVELS = ("units", "directions")
-CUT_ORDERS = get_args(CutOrder)  # direction-level pruning's curve: blocks first, or one cut of every logit
-DIRECTION_STEPS = get_args(DirectionStep)  # how the writer and reader logits step (``PruneOptions``)
 MOMENTUM = 0.9  # ``proportional``: the gradients' moving average (Adam's first moment, beta1)
 CURVE_OF = {"faithful": "pruned_abs_raw", "metric": "pruned_signed_raw"}  # each objective's curve (CMD / CPR)
 DIRECTION_CURVE_OF = {"faithful": "prunedirs_abs_fair", "metric": "prunedirs_signed_fair"}  # the same, directions
 OBJECTIVE_OF = {name: objective for of in (CURVE_OF, DIRECTION_CURVE_OF) for objective, name in of.items()}
 LEVEL_OF = {name: "units" if name in CURVE_OF.values() else "directions" for name in OBJECTIVE_OF}
-
-
-@dataclass
-class PruneOptions:
-    """``objective`` (``OBJECTIVES``), ``steps``, Adam's ``lr``, the fraction(s) ``keep`` of the blocks kept (a tuple:
-    nested circuits trained together, ascending; at the direction level, of the weighted edge count), ``level``
-    (``LEVELS``), the direction logits' start ``direction_start``, the curve's ``direction_order``
-    (``direction_spec``) and the direction logits' step ``direction_step`` and rate ``direction_lr`` (None: ``lr``;
-    ``level="directions"``): ``adam``, each logit's own normalised step (a logit of tiny but steady gradient moves as
-    fast as one of large); ``proportional``, each step proportional to the logit's gradient (the writer and reader
-    logits' gradients divided by their largest magnitude, a moving average of them with ``MOMENTUM`` as Adam's first
-    moment, times the rate: the logit of the largest gradient moves up to ``direction_lr`` per step, the others in
-    proportion). The block logits step with Adam at ``lr``."""
-
-    objective: str = "faithful"
-    steps: int = 40
-    lr: float = 0.05
-    keep: float | tuple[float, ...] = 0.2
-    level: str = "units"
-    direction_start: float = 0.5
-    direction_order: str = "blocks"  # chosen on validation (docs/circuits.md, "Edge pruning over direction edges")
-    direction_step: str = "adam"
-    direction_lr: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective={self.objective!r}: choose one of {', '.join(OBJECTIVES)}")
-        if self.level not in LEVELS:
-            raise ValueError(f"level={self.level!r}: choose one of {', '.join(LEVELS)}")
-        if self.direction_order not in CUT_ORDERS:
-            raise ValueError(f"direction_order={self.direction_order!r}: choose one of {', '.join(CUT_ORDERS)}")
-        if self.direction_step not in DIRECTION_STEPS:
-            raise ValueError(f"direction_step={self.direction_step!r}: choose one of {', '.join(DIRECTION_STEPS)}")
-        if self.direction_lr is not None and not self.direction_lr > 0:
-            raise ValueError(f"direction_lr={self.direction_lr}: need > 0 (or None: lr)")
-        keeps = self.keeps
-        if self.steps < 1 or self.lr <= 0 or not keeps or not all(0 < k < 1 for k in keeps):
-            raise ValueError(
-                f"steps={self.steps}, lr={self.lr}, keep={self.keep}: need steps >= 1, lr > 0, 0 < keep < 1"
-            )
-
-    @property
-    def keeps(self) -> tuple[float, ...]:
-        return tuple(sorted((self.keep,) if isinstance(self.keep, float | int) else self.keep))
 
 
 @dataclass
@@ -494,6 +445,7 @@ def pruned_curves(
     keep_logits: Callable[[str, Logits], None] | None = None,
     trained: Mapping[str, Logits] | None = None,
     chunk: int | None = None,
+    on_step: Callable[[str, int, float], None] | None = None,
 ) -> tuple[dict[str, CurveSpec], dict[str, dict]]:
     """The curves ``names`` (``pruned_abs_raw``: ``faithful``, ``pruned_signed_raw``: ``metric``, ``CURVE_OF``; at
     the direction level ``prunedirs_*_fair``, ``DIRECTION_CURVE_OF``) of rankings pruned on the prompts of ``batch``
@@ -504,7 +456,9 @@ def pruned_curves(
     ``dropped_units``: ``dropped_units``).
     ``keep_logits(name, logits)`` is called with each run's learned logits (to save them); a curve in ``trained``
     (its logits, read back) is not trained again (its run: the options and ``read_back``). ``chunk``: the prompts of
-    one forward and backward (``None``: all of ``batch``; smaller takes less memory for the same gradient)."""
+    one forward and backward (``None``: all of ``batch``; smaller takes less memory for the same gradient).
+    ``progress(message)`` is told what happens in words; each step's objective goes to ``on_step(name, step,
+    objective)`` where given (a progress bar), to ``progress`` as a line otherwise."""
     u = ablation.u
     n = len(batch["answer_pos"])
     per_chunk = n if chunk is None else chunk
@@ -521,7 +475,13 @@ def pruned_curves(
             raise ValueError(f"pruned curve {name!r}: choose among {', '.join(OBJECTIVE_OF)}")
         opts = replace(options, objective=OBJECTIVE_OF[name], level=LEVEL_OF[name])
         t = time.monotonic()
-        say = None if progress is None else lambda step, value: progress(f"{name} step {step}: objective {value:.4f}")
+
+        def say(step: int, value: float, name: str = name) -> None:
+            if on_step is not None:
+                on_step(name, step, value)
+            elif progress is not None:
+                progress(f"{name} step {step}: objective {value:.4f}")
+
         if trained is not None and name in trained:
             logits, log = trained[name], None
         else:

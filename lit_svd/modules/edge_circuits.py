@@ -41,11 +41,12 @@ from lit_svd.analysis.edge_options import (
     CutOrder,
     DirectionStep,
     Method,
+    PruneOptions,
     Unreached,
     check_edge_options,
     curve_names,
 )
-from lit_svd.analysis.edge_pruning import OBJECTIVE_OF, PruneOptions, pruned_curves
+from lit_svd.analysis.edge_pruning import OBJECTIVE_OF, pruned_curves
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.analysis.faithfulness import MIB_SIZES, check_sizes
 from lit_svd.modules.pretrained import PretrainedLMModule
@@ -212,16 +213,14 @@ class EdgeCircuitModule(PretrainedLMModule):
             ablation = EdgeAblation(self.universe, self.task, gains=self.gains)
             bar = tqdm(total=len(names) * hp.prune_steps, desc="edge pruning", disable=not self._is_zero())
 
-            def progress(msg: str) -> None:  # a step's objective on the bar; anything else printed above it
-                if " step " not in msg:
-                    return bar.write(msg)
-                bar.set_postfix_str(msg, refresh=False)
+            def step(name: str, i: int, objective: float) -> None:  # each step's objective on the bar
+                bar.set_postfix_str(f"{name} step {i}: objective {objective:.4f}", refresh=False)
                 bar.update()
 
             with torch.inference_mode(False), torch.enable_grad(), bar:
                 batch = {k: v.clone() if isinstance(v, Tensor) else v for k, v in batch.items()}
                 self.pruned, self.pruning = pruned_curves(
-                    ablation, batch, self.scores.units, names, options, progress, chunk=hp.prune_chunk
+                    ablation, batch, self.scores.units, names, options, bar.write, chunk=hp.prune_chunk, on_step=step
                 )
             self.timing["pruning_s"] = time.monotonic() - start
 
