@@ -47,13 +47,14 @@ class PruneOptions:
     gradient moves as fast as one of large); ``proportional``, each step proportional to the logit's gradient (the
     writer and reader logits' gradients divided by their largest magnitude, a moving average of them with
     ``edge_pruning.MOMENTUM`` as Adam's first moment, times the rate: the logit of the largest gradient moves up to
-    ``direction_lr`` per step, the others in proportion). The block logits step with Adam at ``lr``. A bad value
+    ``direction_lr`` per step, the others in proportion). The block logits step with Adam at ``lr``. ``step_line``
+    writes a step's objective as a line. A bad value
     fails in one line that starts with its field's name (the module's option is ``prune_<field>``)."""
 
     objective: str = "faithful"
     steps: int = 40
     lr: float = 0.05
-    keep: float | tuple[float, ...] = 0.2
+    keep: float | Sequence[float] = 0.2
     level: str = "units"
     direction_start: float = 0.5
     direction_order: str = "blocks"  # chosen on validation (docs/circuits.md, "Edge pruning over direction edges")
@@ -76,7 +77,13 @@ class PruneOptions:
 
     @property
     def keeps(self) -> tuple[float, ...]:
-        return tuple(sorted((self.keep,) if isinstance(self.keep, float | int) else self.keep))
+        return tuple(sorted([self.keep] if isinstance(self.keep, float | int) else self.keep))
+
+
+def step_line(name: str, step: int, objective: float) -> str:
+    """Edge pruning's step ``step`` of the curve ``name``, as a line (a progress message or a progress bar's
+    postfix)."""
+    return f"{name} step {step}: objective {objective:.4f}"
 
 
 def curve_names(methods: Sequence[str], axes: Sequence[str], seeds: Sequence[int]) -> list[str]:
@@ -157,9 +164,8 @@ def check_edge_options(
                             ("prune_chunk", 1 if prune_chunk is None else prune_chunk, 1)):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{key}={value!r}: must be an integer >= {low}")
-    keep = prune_keep if isinstance(prune_keep, float | int) else tuple(prune_keep)
     try:  # edge pruning's options are judged by their own class; the module names them prune_<field>
-        PruneOptions(steps=prune_steps, lr=prune_lr, keep=keep, direction_order=prune_direction_order,
+        PruneOptions(steps=prune_steps, lr=prune_lr, keep=prune_keep, direction_order=prune_direction_order,
                      direction_step=prune_direction_step, direction_lr=prune_direction_lr)  # fmt: skip
     except ValueError as err:
         raise ValueError(f"prune_{err}") from None

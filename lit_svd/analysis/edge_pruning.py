@@ -46,7 +46,7 @@ from torch import Tensor
 
 from lit_svd.analysis.edge_ablation import AllEdges, Circuit, EdgeAblation, NoEdges, Reference
 from lit_svd.analysis.edge_curves import CurveSpec, EdgeRanking, ranked_spec, unit_ranking
-from lit_svd.analysis.edge_options import CUT_ORDERS, PruneOptions
+from lit_svd.analysis.edge_options import CUT_ORDERS, PruneOptions, step_line
 from lit_svd.analysis.edges import EdgeUniverse, ReaderUnit
 from lit_svd.metrics import forward_answer_logits
 
@@ -480,7 +480,7 @@ def pruned_curves(
             if on_step is not None:
                 on_step(name, step, value)
             elif progress is not None:
-                progress(f"{name} step {step}: objective {value:.4f}")
+                progress(step_line(name, step, value))
 
         if trained is not None and name in trained:
             logits, log = trained[name], None

@@ -45,6 +45,7 @@ from lit_svd.analysis.edge_options import (
     Unreached,
     check_edge_options,
     curve_names,
+    step_line,
 )
 from lit_svd.analysis.edge_pruning import OBJECTIVE_OF, pruned_curves
 from lit_svd.analysis.edges import EdgeUniverse
@@ -204,8 +205,7 @@ class EdgeCircuitModule(PretrainedLMModule):
         if names:  # edge pruning from the head-level scores, on the first training prompts
             start = time.monotonic()
             batch = self._to_device(dm.collate(dm.splits["train"].examples[: hp.prune_prompts]))
-            keep = hp.prune_keep if isinstance(hp.prune_keep, float | int) else tuple(hp.prune_keep)
-            options = PruneOptions(steps=hp.prune_steps, lr=hp.prune_lr, keep=keep,
+            options = PruneOptions(steps=hp.prune_steps, lr=hp.prune_lr, keep=hp.prune_keep,
                                    direction_start=hp.prune_direction_start,
                                    direction_order=hp.prune_direction_order,
                                    direction_step=hp.prune_direction_step,
@@ -214,7 +214,7 @@ class EdgeCircuitModule(PretrainedLMModule):
             bar = tqdm(total=len(names) * hp.prune_steps, desc="edge pruning", disable=not self._is_zero())
 
             def step(name: str, i: int, objective: float) -> None:  # each step's objective on the bar
-                bar.set_postfix_str(f"{name} step {i}: objective {objective:.4f}", refresh=False)
+                bar.set_postfix_str(step_line(name, i, objective), refresh=False)
                 bar.update()
 
             with torch.inference_mode(False), torch.enable_grad(), bar:
