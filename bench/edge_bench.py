@@ -14,10 +14,11 @@ configs' split), or with ``--config`` an edge-circuit config's model and data se
 The scores and the gains (``G = Rc W^T``, read by the edge ablation) go
 to two temporary files, removed at the end, on an exception and on SIGTERM; the corrupted recordings and both ends
 of the curves are computed once for all curves. ``--scores DIR`` keeps them in DIR instead (``scores.f32``,
-``gains.f32``, the head-level scores ``units.npy`` and ``scores.json``: model, task, split, training prompts,
-steps, edge counts, the units written), and a later run with the same DIR and the same options reads them back
-instead of attributing (the validation and test curves of one attribution); other options: it exits with one line
-naming what differs. Remove DIR yourself.
+``gains.f32``, the head-level scores ``units.npy`` and ``scores.json``: model, task, the training prompts (their
+count and a digest of their batches), steps, edge counts, the units written), and a later run with the same DIR,
+training prompts and options reads them back instead of attributing (the validation and test curves of one
+attribution, or a longer test split: with ``test_last`` the training prompts do not change with ``--n-test``);
+other options: it exits with one line naming what differs. Remove DIR yourself.
 
 ``--prune metric faithful``: edge pruning (``analysis.edge_pruning``) on the first ``--prune-n`` training prompts,
 from the head-level scores, before the curves: curves ``pruned_signed_raw`` (``metric``) and ``pruned_abs_raw``
@@ -184,7 +185,7 @@ def run(args, out: dict, view, train_batches: list, test_batches: list, t0: floa
     say(f"universe {out['universe_s']:.1f} s, {out['counts']}, peak {peak_gb():.2f} GiB")
 
     t = time.monotonic()
-    meta = score_meta(args, universe, sum(len(b["answer_pos"]) for b in train_batches))
+    meta = score_meta(args, universe, train_batches)
     saved = saved_meta(args.scores, meta)
     keep = args.scores is not None
     store, gains = ScoreFile(universe, args.scores, keep=keep), ScoreFile(universe, args.scores, "gains", keep=keep)
@@ -195,10 +196,27 @@ def run(args, out: dict, view, train_batches: list, test_batches: list, t0: floa
         gains.close()
 
 
-def score_meta(args, universe, prompts: int) -> dict:
-    """What the scores depend on: model, task, split, training prompts, steps, the universe's edge counts."""
-    return {"model": args.model, "task": args.task, "split": data_split(args), "n_train": args.n_train,
-            "train_prompts": prompts, "steps": args.steps, "counts": universe.counts()}  # fmt: skip
+def score_meta(args, universe, train_batches: list) -> dict:
+    """What the scores depend on: model, task, the training batches (their count and a digest of their tensors, so
+    that a longer test split drawn after them, ``test_last``, reads the same scores back), steps, the universe's edge
+    counts."""
+    return {"model": args.model, "task": args.task, "n_train": args.n_train,
+            "train_prompts": sum(len(b["answer_pos"]) for b in train_batches),
+            "train_digest": batches_digest(train_batches), "steps": args.steps,
+            "counts": universe.counts()}  # fmt: skip
+
+
+def batches_digest(batches: list) -> str:
+    """SHA-256 of the batches' tensors (keys in order, dtype, shape and values): equal batches, equal digest."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for batch in batches:
+        for key in sorted(batch):
+            value = batch[key]
+            h.update(f"{key}:{value.dtype}:{tuple(value.shape)}".encode())
+            h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def saved_meta(folder: str | None, meta: dict) -> dict | None:
@@ -293,7 +311,7 @@ def pruned_specs(args, out: dict, ablation, train_batches: list, test_batches: l
         out["prune_swap"] = True
     start = args.prune_direction_start
     options = PruneOptions(
-        steps=args.prune_steps, lr=args.prune_lr, keep=tuple(args.prune_keep), direction_start=start,
+        steps=args.prune_steps, lr=args.prune_lr, keep=args.prune_keep, direction_start=start,
         direction_order=args.prune_order[0], direction_step=args.prune_direction_step,
         direction_lr=args.prune_direction_lr,
     )  # fmt: skip

@@ -35,7 +35,7 @@ def test_scores_are_kept_and_read_back(bench, tmp_path):
     batches = [planted_batch(8, seed=0)]
     args = SimpleNamespace(model="planted", task="ioi", config=None, n_train=8, n_test=8, steps=3)
     folder = str(tmp_path / "scores")
-    meta = bench.score_meta(args, universe, 8)
+    meta = bench.score_meta(args, universe, batches)
     assert bench.saved_meta(folder, meta) is None  # nothing saved yet: attribute
     want_gains: dict = {}
     want = attribute(universe, batches, "ioi", steps=3, gains=want_gains)  # in memory, float64
@@ -56,9 +56,27 @@ def test_scores_are_kept_and_read_back(bench, tmp_path):
     for i, g in want_gains.items():
         assert torch.equal(gains[i], g.float())
     for key, value in (("steps", 5), ("task", "gt"), ("n_train", 16)):
-        other = bench.score_meta(SimpleNamespace(**{**vars(args), key: value}), universe, 8)
+        other = bench.score_meta(SimpleNamespace(**{**vars(args), key: value}), universe, batches)
         with pytest.raises(SystemExit, match=f"saved for {key}="):
             bench.saved_meta(folder, other)
+    other = bench.score_meta(args, universe, [planted_batch(8, seed=1)])  # as many prompts, other ones
+    with pytest.raises(SystemExit, match="saved for train_digest="):
+        bench.saved_meta(folder, other)
+
+
+def test_a_longer_test_split_drawn_last_keeps_the_training_prompts_digest(bench, tokenizer):
+    """``test_last``: the training batches (and so the saved scores) do not change with ``n_test``, and the first
+    test prompts stay; drawn first, a longer test split changes the training prompts and their digest."""
+    from lit_svd.datamodules.tasks import TaskDataModule
+
+    def split(n_test, test_last):
+        dm = TaskDataModule("ioi", tokenizer, n_train=16, n_val=4, n_test=n_test, test_last=test_last, seed=0)
+        train = [dm.collate(dm.splits["train"].examples[i : i + 8]) for i in (0, 8)]
+        return bench.batches_digest(train), [e.clean_ids for e in dm.splits["test"].examples]
+
+    (short, short_test), (long, long_test) = split(8, True), split(32, True)
+    assert short == long and long_test[:8] == short_test and len(long_test) == 32
+    assert split(8, False)[0] != split(32, False)[0]
 
 
 @pytest.mark.parametrize("task", ["ioi", "gp", "gt"])

@@ -1,0 +1,79 @@
+"""bench/edge_compare.py: CPR / CMD of stored edge curves on a slice of their prompts equal the areas computed by
+hand from the per-prompt metrics (numpy, 1e-12), the paired difference is the difference of the points and its
+interval the one ``area_intervals`` gives on the same slice; runs of other prompts are refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lit_svd.analysis.area_intervals import area_intervals
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = [0.01, 0.1, 0.5, 1.0]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("edge_compare", ROOT / "bench" / "edge_compare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def stored_run(path: Path, curves: dict, full, empty) -> str:
+    rows = {n: {"sizes": SIZES, "prompt_metric": m.tolist()} for n, m in curves.items()}
+    info = {"prompt_full": full.tolist(), "prompt_empty": empty.tolist()}
+    path.write_text(json.dumps({"curves": rows, "info": info}))
+    return str(path)
+
+
+def by_hand(metric, full, empty):
+    f = (metric.mean(1) - empty.mean()) / (full.mean() - empty.mean())
+    return np.trapezoid(f, SIZES), np.trapezoid(np.abs(1 - f), SIZES)
+
+
+def test_areas_on_a_slice_equal_the_hand_computed_ones(bench, tmp_path):
+    rng = np.random.default_rng(0)
+    full, empty = 3 + rng.normal(size=40), -3 + rng.normal(size=40)
+    a = empty + (full - empty) * rng.uniform(0.2, 1.1, size=(len(SIZES), 40))
+    b = empty + (full - empty) * rng.uniform(0.0, 1.0, size=(len(SIZES), 40))
+    one = stored_run(tmp_path / "one.json", {"a": a}, full, empty)
+    two = stored_run(tmp_path / "two.json", {"b": b}, full, empty)  # another run, the same prompts
+    out = bench.main([f"{one}:a", f"{two}:b", "--prompts", "10:30"])
+    keep = slice(10, 30)
+    assert out["prompts"] == [10, 30]
+    want = {s: by_hand(m[:, keep], full[keep], empty[keep]) for s, m in ((f"{one}:a", a), (f"{two}:b", b))}
+    for spec, (cpr, cmd) in want.items():
+        assert out["curves"][spec]["cpr"] == pytest.approx(cpr, abs=1e-12)
+        assert out["curves"][spec]["cmd"] == pytest.approx(cmd, abs=1e-12)
+    diff = out["differences"][f"{one}:a - {two}:b"]
+    assert diff["cmd"] == pytest.approx(want[f"{one}:a"][1] - want[f"{two}:b"][1], abs=1e-12)
+    t = lambda x: torch.tensor(x[..., keep])  # noqa: E731
+    ci = area_intervals(SIZES, {"a": t(a), "b": t(b)}, t(full), t(empty), [("a", "b")])
+    assert diff["cmd_ci"] == ci["pairs"]["a - b"]["cmd"]
+    assert out["curves"][f"{one}:a"]["cpr_ci"] == ci["curves"]["a"]["cpr"]
+    everything = bench.main([f"{one}:a", f"{two}:b"])  # the default: all prompts
+    assert everything["prompts"] == [0, 40]
+    assert everything["curves"][f"{one}:a"]["cmd"] == pytest.approx(by_hand(a, full, empty)[1], abs=1e-12)
+
+
+def test_runs_of_other_prompts_and_unknown_curves_are_refused(bench, tmp_path):
+    rng = np.random.default_rng(1)
+    full, empty, m = rng.normal(size=8) + 3, rng.normal(size=8) - 3, rng.normal(size=(len(SIZES), 8))
+    one = stored_run(tmp_path / "one.json", {"a": m}, full, empty)
+    other = stored_run(tmp_path / "other.json", {"b": m}, full + 0.5, empty)
+    with pytest.raises(SystemExit, match="curved other prompts"):
+        bench.main([f"{one}:a", f"{other}:b"])
+    with pytest.raises(SystemExit, match="no curve 'c'"):
+        bench.main([f"{one}:a", f"{one}:c"])
+    shorter = stored_run(tmp_path / "shorter.json", {"b": m[:, :5]}, full[:5], empty[:5])  # its first 5 prompts
+    out = bench.main([f"{one}:a", f"{shorter}:b", "--prompts", ":5"])
+    assert out["curves"][f"{shorter}:b"]["cmd"] == pytest.approx(by_hand(m[:, :5], full[:5], empty[:5])[1], abs=1e-12)
+    with pytest.raises(SystemExit, match="curved other prompts"):  # all prompts: 8 against 5
+        bench.main([f"{one}:a", f"{shorter}:b"])
