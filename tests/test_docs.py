@@ -7,21 +7,19 @@ docs page opens with a short summary (a first paragraph of 2-4 lines under its t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
 
+from tests.bench_script import load_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def results_md():
-    spec = importlib.util.spec_from_file_location("make_results_md", ROOT / "bench" / "make_results_md.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("make_results_md")
 
 
 def test_readme_is_read_in_five_minutes():

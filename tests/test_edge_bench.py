@@ -5,7 +5,6 @@ what differs."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,17 +15,13 @@ from lit_svd.analysis.edge_attribution import attribute
 from lit_svd.analysis.edge_curves import ScoreFile
 from lit_svd.analysis.edges import EdgeUniverse
 from lit_svd.models import view as make_view
+from tests.bench_script import load_bench
 from tests.planted import planted_batch, planted_model
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("edge_bench", ROOT / "bench" / "edge_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("edge_bench")
 
 
 def test_scores_are_kept_and_read_back(bench, tmp_path):

@@ -4,7 +4,6 @@ interval the one ``area_intervals`` gives on the same slice; runs of other promp
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,17 +12,14 @@ import pytest
 import torch
 
 from lit_svd.analysis.area_intervals import area_intervals
+from tests.bench_script import load_bench
 
-ROOT = Path(__file__).resolve().parents[1]
 SIZES = [0.01, 0.1, 0.5, 1.0]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("edge_compare", ROOT / "bench" / "edge_compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("edge_compare")
 
 
 def stored_run(path: Path, curves: dict, full, empty) -> str:

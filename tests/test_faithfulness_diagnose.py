@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from lit_svd.analysis.faithfulness import MIB_SIZES, Universe, fair_weights, uni
 from lit_svd.analysis.rankings import random_ranking
 from lit_svd.models import view as make_view
 from lit_svd.models.tiny import tiny_causal_lm
+from tests.bench_script import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,10 +30,7 @@ def monkeypatch_module():
 @pytest.fixture(scope="module")
 def diagnose(monkeypatch_module):
     monkeypatch_module.syspath_prepend(str(ROOT / "bench"))  # the bench imports its sibling faithfulness_setup
-    spec = importlib.util.spec_from_file_location("faithfulness_diagnose", ROOT / "bench" / "faithfulness_diagnose.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("faithfulness_diagnose")
 
 
 @pytest.fixture(scope="module")
