@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 RUNS   ?= runs
 
-.PHONY: install demo lint test bench clean
+.PHONY: install demo lint test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,9 +38,6 @@ lint: install
 
 test: install lint
 	$(PY) -m pytest -q -x -n 2 --dist loadfile --durations=15 tests
-
-bench: install
-	for b in bench/*.py; do $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(RUNS) lightning_logs .pytest_cache
