@@ -5,11 +5,14 @@ difference of the first curve against each other one (``analysis.area_intervals`
 
     python bench/edge_compare.py RUN/edge_bench.json:directions_abs_fair RUN/edge_bench.json:units_abs_raw
     python bench/edge_compare.py A.json:prunedirs_abs_fair B.json:units_abs_raw --prompts 64:256
+    python bench/edge_compare.py RUN/edge_bench.json:directions_abs_fair RUN/edge_bench.json:units_abs_raw \
+        --figure curves.png --title "SmolLM2 IOI"
 
 ``--prompts LO:HI`` keeps prompts ``LO`` to ``HI - 1`` of the curved split (a longer test split drawn last keeps
 its first prompts: the new ones alone are ``64:``, the old ones of a shorter run ``:64``). Curves of different runs
 are compared only where they curved the same prompts with the same model (per-prompt ``m(full)`` and ``m(empty)``
-equal on the kept prompts); otherwise it exits naming the two. Prints one JSON object.
+equal on the kept prompts); otherwise it exits naming the two. Prints one JSON object (each curve's f per size on
+the kept prompts too); ``--figure`` draws those f with their 95 % bands (the module's ``edge_curves.png`` panels).
 """
 
 from __future__ import annotations
@@ -61,9 +64,11 @@ def compare(curves: dict, ends: dict, lo: int = 0, hi: int | None = None) -> dic
     point = dict(zip(names, statistic(np.arange(len(full))[None])[:, 0].tolist()))
     ci = area_intervals(sizes, metrics, full, empty, pairs)
     out: dict = {"prompts": [lo, lo + len(full)], "method": ci["method"], "curves": {}, "differences": {}}
-    for s in curves:
+    for s, c in curves.items():
         out["curves"][s] = {a: point[f"{s}/{a}"] for a in ("cpr", "cmd")}
         out["curves"][s] |= {f"{a}_ci": ci["curves"][s][a] for a in ("cpr", "cmd")}
+        out["curves"][s] |= {"sizes": sizes, "weighted": c.get("weighted"), "values_ci": ci["curves"][s]["f"]}
+        out["curves"][s]["values"] = [point[f"{s}/f{i}"] for i in range(len(sizes))]
     for a, b in pairs:
         key = f"{a} - {b}"
         out["differences"][key] = {x: point[f"{key}/{x}"] for x in ("cpr", "cmd")}
@@ -75,14 +80,31 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("curves", nargs="+", help="FILE:CURVE, two or more; the first is compared with each other one")
     p.add_argument("--prompts", default=":", help="LO:HI, a slice of the curved prompts (default: all)")
+    p.add_argument("--figure", default=None, help="PNG: the curves' f on these prompts with their 95 %% bands")
+    p.add_argument("--title", default="", help="the figure's title")
     args = p.parse_args(argv)
     if len(args.curves) < 2:
         p.error("give two curves or more")
     lo, _, hi = args.prompts.partition(":")
     curves, ends = load(args.curves)
     out = compare(curves, ends, int(lo or 0), int(hi) if hi else None)
+    if args.figure:
+        draw(out, args.figure, args.title)
     print(json.dumps(out, indent=1))
     return out
+
+
+def draw(out: dict, path: str, title: str) -> None:
+    """``edge_curves.png``'s two panels (``figures.edge_circuits.curves_figure``) of the compared curves, their f and
+    bands recomputed on the kept prompts; each curve named by its curve name, which must be distinct."""
+    from lit_svd.figures.edge_circuits import curves_figure
+    from lit_svd.output import figure_png
+
+    rows = {spec.rpartition(":")[2]: row for spec, row in out["curves"].items()}
+    if len(rows) < len(out["curves"]):
+        sys.exit("--figure names each curve by its curve name: give curves of distinct names")
+    prompts = f"prompts {out['prompts'][0]}-{out['prompts'][1] - 1}"
+    Path(path).write_bytes(figure_png(curves_figure(rows, f"{title} ({prompts})" if title else prompts)))
 
 
 if __name__ == "__main__":

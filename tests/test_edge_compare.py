@@ -54,6 +54,10 @@ def test_areas_on_a_slice_equal_the_hand_computed_ones(bench, tmp_path):
     ci = area_intervals(SIZES, {"a": t(a), "b": t(b)}, t(full), t(empty), [("a", "b")])
     assert diff["cmd_ci"] == ci["pairs"]["a - b"]["cmd"]
     assert out["curves"][f"{one}:a"]["cpr_ci"] == ci["curves"]["a"]["cpr"]
+    f_a = (a[:, keep].mean(1) - empty[keep].mean()) / (full[keep].mean() - empty[keep].mean())
+    assert np.allclose(out["curves"][f"{one}:a"]["values"], f_a, atol=1e-12)
+    lo, hi = np.array(out["curves"][f"{one}:a"]["values_ci"])
+    assert np.all(lo <= f_a + 1e-12) and np.all(f_a <= hi + 1e-12) and np.all(lo < hi)
     everything = bench.main([f"{one}:a", f"{two}:b"])  # the default: all prompts
     assert everything["prompts"] == [0, 40]
     assert everything["curves"][f"{one}:a"]["cmd"] == pytest.approx(by_hand(a, full, empty)[1], abs=1e-12)
@@ -73,3 +77,16 @@ def test_runs_of_other_prompts_and_unknown_curves_are_refused(bench, tmp_path):
     assert out["curves"][f"{shorter}:b"]["cmd"] == pytest.approx(by_hand(m[:, :5], full[:5], empty[:5])[1], abs=1e-12)
     with pytest.raises(SystemExit, match="curved other prompts"):  # all prompts: 8 against 5
         bench.main([f"{one}:a", f"{shorter}:b"])
+
+
+def test_the_figure_draws_the_curves_and_needs_distinct_names(bench, tmp_path):
+    rng = np.random.default_rng(2)
+    full, empty = 3 + rng.normal(size=16), -3 + rng.normal(size=16)
+    m = empty + (full - empty) * rng.uniform(0.3, 1.0, size=(len(SIZES), 16))
+    one = stored_run(tmp_path / "one.json", {"units_abs_raw": m, "directions_abs_fair": m[::-1]}, full, empty)
+    png = tmp_path / "curves.png"
+    bench.main([f"{one}:directions_abs_fair", f"{one}:units_abs_raw", "--figure", str(png), "--title", "t"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    other = stored_run(tmp_path / "other.json", {"units_abs_raw": m}, full, empty)
+    with pytest.raises(SystemExit, match="distinct"):
+        bench.main([f"{one}:units_abs_raw", f"{other}:units_abs_raw", "--figure", str(png)])

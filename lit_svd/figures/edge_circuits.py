@@ -20,15 +20,16 @@ def axis_of(name: str) -> str | None:
 def curves_figure(curves: dict, title: str):
     fig, axes = new_figure(1, 2, figsize=(11, 4.2), sharey=True)
     palette = colors()
+    color_of = {name: palette[i % len(palette)] for i, name in enumerate(curves)}  # one colour per curve, both panels
     for panel, (ax, axis) in enumerate(zip(axes, ("raw", "fair"))):
         shown = [(n, c) for n, c in curves.items() if axis_of(n) in (axis, None)]
-        for i, (name, c) in enumerate(sorted(shown, key=lambda nc: nc[0].startswith("random"))):
+        for name, c in sorted(shown, key=lambda nc: nc[0].startswith("random")):
             x = array(c["sizes"]) if axis == "raw" or not name.startswith("random") else array(c["weighted"])
             label = f"{name} (CPR {c['cpr']:.3f}, CMD {c['cmd']:.3f})"
             if name.startswith("random"):
                 ax.plot(x, array(c["values"]), color="0.55", ls="--", marker=".", label=label)
             else:
-                color = palette[i % len(palette)]
+                color = color_of[name]
                 ax.plot(x, array(c["values"]), color=color, marker="o", ms=3, label=label)
                 if c.get("values_ci"):  # the 95 % bootstrap band over the test prompts
                     ax.fill_between(x, *(array(v) for v in c["values_ci"]), color=color, alpha=0.15, lw=0)
