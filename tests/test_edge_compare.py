@@ -1,6 +1,7 @@
 """bench/edge_compare.py: CPR / CMD of stored edge curves on a slice of their prompts equal the areas computed by
 hand from the per-prompt metrics (numpy, 1e-12), the paired difference is the difference of the points and its
-interval the one ``area_intervals`` gives on the same slice; runs of other prompts are refused."""
+interval the one ``area_intervals`` gives on the same slice; runs of other prompts are refused; its figure (the
+module's ``curves_figure``) draws each curve in one colour in both panels."""
 
 from __future__ import annotations
 
@@ -90,3 +91,16 @@ def test_the_figure_draws_the_curves_and_needs_distinct_names(bench, tmp_path):
     other = stored_run(tmp_path / "other.json", {"units_abs_raw": m}, full, empty)
     with pytest.raises(SystemExit, match="distinct"):
         bench.main([f"{one}:units_abs_raw", f"{other}:units_abs_raw", "--figure", str(png)])
+
+
+def test_a_curve_drawn_in_both_panels_has_one_colour():
+    """``curves_figure``: a head-level curve (both panels) keeps its colour across them; each curve its own."""
+    from lit_svd.figures.edge_circuits import curves_figure
+
+    row = {"sizes": SIZES, "values": [0.2, 0.5, 0.9, 1.0], "cpr": 0.5, "cmd": 0.3}
+    fig = curves_figure({"units_abs_raw": row, "directions_abs_fair": row, "directions_abs_raw": row}, "t")
+    raw, fair = ({ln.get_label().split(" ")[0]: ln.get_color() for ln in ax.get_lines() if ln.get_marker() == "o"}
+                 for ax in fig.axes)  # fmt: skip
+    assert set(raw) == {"units_abs_raw", "directions_abs_raw"} and set(fair) == {"units_abs_raw", "directions_abs_fair"}
+    assert raw["units_abs_raw"] == fair["units_abs_raw"]
+    assert len({raw["units_abs_raw"], raw["directions_abs_raw"], fair["directions_abs_fair"]}) == 3
