@@ -20,7 +20,8 @@ def axis_of(name: str) -> str | None:
 def curves_figure(curves: dict, title: str):
     fig, axes = new_figure(1, 2, figsize=(11, 4.2), sharey=True)
     palette = colors()
-    color_of = {name: palette[i % len(palette)] for i, name in enumerate(curves)}  # one colour per curve, both panels
+    ranked = [name for name in curves if not name.startswith("random")]  # random curves are grey
+    color_of = {name: palette[i % len(palette)] for i, name in enumerate(ranked)}  # one colour per curve, both panels
     for panel, (ax, axis) in enumerate(zip(axes, ("raw", "fair"))):
         shown = [(n, c) for n, c in curves.items() if axis_of(n) in (axis, None)]
         for name, c in sorted(shown, key=lambda nc: nc[0].startswith("random")):
