@@ -22,10 +22,9 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from lit_svd.analysis.area_intervals import area_intervals, area_statistic
+from lit_svd.analysis.area_intervals import area_intervals
 
 
 def load(specs: list[str]) -> tuple[dict, dict]:
@@ -60,9 +59,8 @@ def compare(curves: dict, ends: dict, lo: int = 0, hi: int | None = None) -> dic
     if any(c["sizes"] != sizes for c in curves.values()):
         sys.exit("the curves were scored at different sizes")
     pairs = [(first, o) for o in others]
-    names, statistic = area_statistic(sizes, metrics, full, empty, pairs)
-    point = dict(zip(names, statistic(np.arange(len(full))[None])[:, 0].tolist()))
     ci = area_intervals(sizes, metrics, full, empty, pairs)
+    point = ci["points"]
     out: dict = {"prompts": [lo, lo + len(full)], "method": ci["method"], "curves": {}, "differences": {}}
     for s, c in curves.items():
         out["curves"][s] = {a: point[f"{s}/{a}"] for a in ("cpr", "cmd")}

@@ -100,8 +100,10 @@ def area_intervals(
     """Bootstrap intervals over resampled prompts (module docstring). ``metrics``: per curve its per-prompt metric
     ``[S, P]``; ``full`` / ``empty``: the ends' ``[P]`` (all on the same prompts, in the same order). Returns
     ``{"curves": {name: {"cpr": [lo, hi], "cmd": [lo, hi], "f": [[lo per size], [hi per size]]}}, "pairs": {"a -
-    b": {"cpr": [lo, hi], "cmd": [lo, hi]}}, "level", "resamples", "prompts", "method", "percentile_fallback"}`` (a
-    pair's interval is of ``a``'s area minus ``b``'s, on the same draws)."""
+    b": {"cpr": [lo, hi], "cmd": [lo, hi]}}, "points", "level", "resamples", "prompts", "method",
+    "percentile_fallback"}`` (a pair's interval is of ``a``'s area minus ``b``'s, on the same draws; ``points``: the
+    statistic on the prompts as given, keyed by ``area_statistic``'s names, ``"a/cmd"``, ``"a/f3"``, ``"a - b/cpr"``).
+    """
     from scipy.stats import bootstrap
 
     n = len(full)
@@ -137,6 +139,7 @@ def area_intervals(
             lo[i], hi[i] = np.quantile(draws[i], [(1 - level) / 2, (1 + level) / 2])
     ci = {name: [float(a), float(b)] for name, a, b in zip(names, lo, hi)}
     out: dict = {"level": level, "resamples": n_resamples, "prompts": n, "method": method, "curves": {}, "pairs": {}}
+    out["points"] = dict(zip(names, point.tolist()))
     out["percentile_fallback"] = fallback
     for c in metrics:
         f = [ci[f"{c}/f{i}"] for i in range(len(sizes))]

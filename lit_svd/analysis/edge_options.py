@@ -40,15 +40,14 @@ DIRECTION_STEPS = get_args(DirectionStep)  # how the writer and reader logits st
 class PruneOptions:
     """Edge pruning's options (``edge_pruning``; here without torch, so that the command line's fast check builds
     them): ``objective`` (``OBJECTIVES``), ``steps``, Adam's ``lr``, the fraction(s) ``keep`` of the blocks kept (a
-    tuple: nested circuits trained together, ascending; at the direction level, of the weighted edge count),
+    sequence: nested circuits trained together, in any order; at the direction level, of the weighted edge count),
     ``level`` (``LEVELS``), the direction logits' start ``direction_start``, the curve's ``direction_order``
     (``edge_pruning.direction_spec``) and the direction logits' step ``direction_step`` and rate ``direction_lr``
     (None: ``lr``; ``level="directions"``): ``adam``, each logit's own normalised step (a logit of tiny but steady
     gradient moves as fast as one of large); ``proportional``, each step proportional to the logit's gradient (the
     writer and reader logits' gradients divided by their largest magnitude, a moving average of them with
     ``edge_pruning.MOMENTUM`` as Adam's first moment, times the rate: the logit of the largest gradient moves up to
-    ``direction_lr`` per step, the others in proportion). The block logits step with Adam at ``lr``. ``step_line``
-    writes a step's objective as a line. A bad value
+    ``direction_lr`` per step, the others in proportion). The block logits step with Adam at ``lr``. A bad value
     fails in one line that starts with its field's name (the module's option is ``prune_<field>``)."""
 
     objective: str = "faithful"
