@@ -72,11 +72,12 @@ def test_module_curves_equal_the_direct_computation(tiny_dirs, tmp_path):
     assert f"f = {graph['f']:.3f}" in page
 
 
-@pytest.mark.parametrize("order", ["headblocks", "netblocks"])
+@pytest.mark.parametrize("order", ["headblocks", "netblocks", "perweight"])
 def test_block_ranking_curves_of_the_module_equal_edge_curves_own(tiny_dirs, tmp_path, order):
-    """A block ranking as a module option (``headblocks``; ``netblocks``: scores times their block's net-over-gross
-    ratio; signed on the fair axis, absolute on the raw axis): its curves equal ``edge_curves`` of ``curve_specs`` on
-    the same scores and prompts, exactly (float64 model; both through score and gain files)."""
+    """A block ranking as a module option (``headblocks``; ``netblocks`` / ``perweight``: scores times their block's
+    net-over-gross ratio / edge count; signed on the fair axis, absolute on the raw axis): its curves equal
+    ``edge_curves`` of ``curve_specs`` on the same scores and prompts, exactly (float64 model; both through score and
+    gain files)."""
     names = [f"{order}_signed_fair", f"{order}_abs_raw", "units_signed_raw", "units_abs_raw", "random_directions_0"]
     module = run_module(tiny_dirs["llama"], tmp_path / "out", methods=[order, "units", "random"], curves=names,
                         graph_curve=f"{order}_signed_fair", graph_f=-1e9, dtype="float64")  # fmt: skip

@@ -396,6 +396,20 @@ def _loop_net_over_gross(universe, directions):
     return out
 
 
+def assert_sorts_its_keys(ranking, want_keys):
+    """``ranking``'s scores equal ``want_keys`` (per reader unit) and ``select``'s cuts of it, raw and weighted, are
+    the prefixes of a full sort of those keys."""
+    universe = ranking.universe
+    for r in universe.readers:
+        torch.testing.assert_close(ranking.scores(r), want_keys[r.index], rtol=1e-12, atol=1e-15)
+    brute = EdgeRanking(universe, "directions", lambda r: want_keys[r.index])
+    for weighted in (False, True):
+        total = float(universe.n_blocks) if weighted else ranking.count()
+        targets = [1.0, 0.013 * total, 0.4 * total, total]
+        for target, cut in zip(targets, select(ranking, targets, weighted)):
+            assert kept_set(ranking, cut) == brute_force(brute, target, weighted), (weighted, target)
+
+
 @pytest.mark.parametrize("sign", ["abs", "signed"])
 def test_netblock_ranking_is_a_sort_of_its_keys(universe, sign):
     """``netblocks``: each edge's key ``|s_e| rho_b`` (signed: ``s_e rho_b``) equals the key computed here by a
@@ -416,20 +430,59 @@ def test_netblock_ranking_is_a_sort_of_its_keys(universe, sign):
         S = table[r.index]
         factor = torch.tensor([rho[(r.index, int(universe.col_unit[c]))] for c in range(r.n_cols)], dtype=S.dtype)
         want_keys[r.index] = (S.abs() if sign == "abs" else S) * factor
-    ranking = edge_curves.netblock_ranking(scores, sign)
+    ranking = edge_curves.factor_ranking(scores, sign, edge_curves.block_factor(scores, "netblocks"))
+    assert_sorts_its_keys(ranking, want_keys)
+
+
+@pytest.mark.parametrize("sign", ["abs", "signed"])
+def test_perweight_ranking_is_a_sort_of_its_keys(universe, sign):
+    """``perweight``: each edge's key ``|s_e| K_w K_r`` (signed: ``s_e K_w K_r``, the directions of its writer unit
+    and reader unit, counted here from the units) equals the ranking's, and ``select``'s cuts of it are the prefixes
+    of a full sort of those keys."""
+    g = torch.Generator().manual_seed(6)
+    table = {r.index: torch.randn(r.size, r.n_cols, generator=g, dtype=torch.float64) for r in universe.readers}
+    scores = SimpleNamespace(universe=universe, directions=lambda r: table[r.index])
+    want_keys = {}
     for r in universe.readers:
-        torch.testing.assert_close(ranking.scores(r), want_keys[r.index], rtol=1e-12, atol=1e-15)
-    brute = EdgeRanking(universe, "directions", lambda r: want_keys[r.index])
-    for weighted in (False, True):
-        total = float(universe.n_blocks) if weighted else ranking.count()
-        targets = [1.0, 0.013 * total, 0.4 * total, total]
-        for target, cut in zip(targets, select(ranking, targets, weighted)):
-            assert kept_set(ranking, cut) == brute_force(brute, target, weighted), (weighted, target)
+        S = table[r.index]
+        sizes = torch.cat([torch.full((w.size,), float(w.size * r.size)) for w in universe.writers[: r.n_up]])
+        want_keys[r.index] = (S.abs() if sign == "abs" else S) * sizes.to(S.dtype)
+    ranking = edge_curves.factor_ranking(scores, sign, edge_curves.block_factor(scores, "perweight"))
+    assert_sorts_its_keys(ranking, want_keys)
 
 
-def test_planted_netblock_ranking_beats_random(planted):
-    """On the planted circuit ``netblocks_abs`` beats random by more than 0.3 CPR (raw and fair axes); the control,
-    the same ranking of the scores shuffled over every edge of the model (no structure left), does not."""
+def test_perweight_keeps_the_most_score_per_weighted_count(universe):
+    """On the fair axis a ``perweight`` prefix holds at least the summed ``|s_e|`` of any ``|s_e|`` prefix of no
+    more weighted count (greedy by score per weight: the knapsack's optimum for its own weight), and more on skewed
+    scores; the ``|s_e|`` order, ranked the same way, does not keep as much (so the check can fail)."""
+    g = torch.Generator().manual_seed(7)
+    table = {r.index: torch.randn(r.size, r.n_cols, generator=g, dtype=torch.float64) ** 3 for r in universe.readers}
+    scores = SimpleNamespace(universe=universe, directions=lambda r: table[r.index])
+    per = edge_curves.factor_ranking(scores, "abs", edge_curves.block_factor(scores, "perweight"))
+    plain = edge_curves.absolute(EdgeRanking(universe, "directions", scores.directions))
+
+    def kept(ranking, target):
+        edges = brute_force(ranking, target, weighted=True)
+        flat = {
+            r.index: (table[r.index].abs().reshape(-1), ranking.weights(r).expand(r.size, -1).reshape(-1))
+            for r in universe.readers
+        }
+        return (sum(float(flat[u][0][i]) for u, i in edges), sum(float(flat[u][1][i]) for u, i in edges))
+
+    gains = []
+    for frac in (0.01, 0.05, 0.2, 0.5):
+        score, weight = kept(per, frac * universe.n_blocks)
+        other, _ = kept(plain, weight)  # the |s_e| prefix of at most the same weighted count
+        assert score >= other - 1e-9, (frac, score, other)
+        gains.append(score - other)
+    assert max(gains) > 0.1, gains
+
+
+@pytest.mark.parametrize("order", edge_curves.FACTOR_ORDERS)
+def test_planted_factor_ranking_beats_random(planted, order):
+    """On the planted circuit a factor order (``netblocks``, ``perweight``) with absolute scores beats random by more
+    than 0.3 CPR (raw and fair axes); the control, the same ranking of the scores shuffled over every edge of the
+    model (no structure left), does not."""
     universe, scores, test = planted
     ablation = EdgeAblation(universe, "ioi")
     flat = torch.cat([scores.directions(r).reshape(-1) for r in universe.readers])
@@ -438,13 +491,15 @@ def test_planted_netblock_ranking_beats_random(planted):
     parts = dict(zip([r.index for r in universe.readers], shuffled.split(sizes)))
     control = SimpleNamespace(universe=universe, directions=lambda r: parts[r.index].reshape(r.size, r.n_cols))
     specs = {
-        **edge_curves.curve_specs(universe, scores, ["netblocks_abs_raw", "netblocks_abs_fair"]),
-        "control": ranked_spec(edge_curves.netblock_ranking(control, "abs"), "raw"),
+        **edge_curves.curve_specs(universe, scores, [f"{order}_abs_raw", f"{order}_abs_fair"]),
+        "control": ranked_spec(
+            edge_curves.factor_ranking(control, "abs", edge_curves.block_factor(control, order)), "raw"
+        ),
         "random": random_spec(universe, "directions", 0),
     }
     curves, _ = curves_of_specs(ablation, [test], specs)
     cpr = {n: round(c.cpr, 3) for n, c in curves.items()}
     random = curves["random"].cpr
-    assert curves["netblocks_abs_raw"].cpr > random + 0.3, cpr
-    assert curves["netblocks_abs_fair"].cpr > random + 0.3, cpr
+    assert curves[f"{order}_abs_raw"].cpr > random + 0.3, cpr
+    assert curves[f"{order}_abs_fair"].cpr > random + 0.3, cpr
     assert curves["control"].cpr < random + 0.3, cpr

@@ -630,11 +630,28 @@ def net_over_gross(scores: EdgeScores, sums: Tensor | None = None) -> Tensor:
     return torch.where(gross > 0, net.abs() / gross.clamp(min=torch.finfo(torch.float64).tiny), 0.0)
 
 
-def netblock_ranking(scores: EdgeScores, sign: str, rho: Tensor | None = None) -> EdgeRanking:
-    """``netblocks``: each direction edge by its score (``abs``: ``|s_e|``) times its block's ``net_over_gross``
-    (``rho`` if given), a ``directions`` ranking: edges of blocks whose scores cancel come later."""
+def per_weight(universe: EdgeUniverse) -> Tensor:
+    """``[n_blocks]`` float64: ``K_w K_r``, the number of direction edges of each block, the inverse of one edge's
+    weighted count: a score times it is the score per unit of the fair axis."""
+    return 1.0 / torch.cat([universe.block_weights(r) for r in universe.readers])
+
+
+def block_factor(scores: EdgeScores, order: str, sums: Tensor | None = None) -> Tensor:
+    """``[n_blocks]``: the factor of a ``FACTOR_ORDERS`` ranking: ``netblocks`` ``net_over_gross`` (``sums``:
+    ``block_sums(scores, gross=True)`` if already computed), ``perweight`` ``per_weight``."""
+    if order == "netblocks":
+        return net_over_gross(scores, sums)
+    if order == "perweight":
+        return per_weight(scores.universe)
+    raise ValueError(f"order={order!r}: choose one of {FACTOR_ORDERS}")
+
+
+def factor_ranking(scores: EdgeScores, sign: str, factor: Tensor) -> EdgeRanking:
+    """Each direction edge by its score (``abs``: ``|s_e|``) times its block's ``factor [n_blocks]`` (``block_factor``),
+    a ``directions`` ranking. ``netblocks``: edges of blocks whose scores cancel come later; ``perweight``: by score
+    per unit of weighted edge count (``|s_e| K_w K_r``), the order that keeps the most score on the fair axis if
+    scores add up."""
     u = scores.universe
-    factor = net_over_gross(scores) if rho is None else rho
 
     def ranked(r: ReaderUnit) -> Tensor:
         S = scores.directions(r)
@@ -695,7 +712,8 @@ def block_ranking(scores: EdgeScores, order: str, sign: str, sums: Tensor | None
 
 def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequence[str]) -> dict[str, CurveSpec]:
     """Curves by name: ``<level>_<signed|abs>_<raw|fair>`` (a ranking of ``scores``; level ``blocks`` /
-    ``headblocks`` / ``coreblocks``: a ``BlockRanking``, ``block_ranking``; ``netblocks``: ``netblock_ranking``) or
+    ``headblocks`` / ``coreblocks``: a ``BlockRanking``, ``block_ranking``; ``netblocks`` / ``perweight``:
+    ``factor_ranking``) or
     ``random_<level>_<seed>``; one-line errors for others. The block sums (``blocks``, ``netblocks``) are computed
     once for every curve that needs them."""
     out = {}
@@ -716,14 +734,14 @@ def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequen
             )
         if scores is None:
             raise ValueError(f"curve {name!r} needs edge scores")
-        if level in ("blocks", *FACTOR_ORDERS) and sums is None:  # one pass over the scores for all such curves
+        if level in ("blocks", "netblocks") and sums is None:  # one pass over the scores for all such curves
             sums = block_sums(scores, gross=True)
         if level in BLOCK_ORDERS:
             net = sums[0] if level == "blocks" and sums is not None else None
             out[name] = block_spec(block_ranking(scores, level, sign, net), axis)
             continue
         if level in FACTOR_ORDERS:
-            out[name] = ranked_spec(netblock_ranking(scores, sign, net_over_gross(scores, sums)), axis)
+            out[name] = ranked_spec(factor_ranking(scores, sign, block_factor(scores, level, sums)), axis)
             continue
         ranking = score_ranking(scores, cast(Level, level))  # one of LEVELS (checked above)
         out[name] = ranked_spec(ranking if sign == "signed" else absolute(ranking), axis)

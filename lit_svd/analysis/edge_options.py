@@ -2,7 +2,7 @@
 (``EdgeCircuitModule``) and the command line's fast check (``config_check``, before torch is imported) call
 ``check_edge_options``; ``curve_names`` names the curves the options ask for. ``BLOCK_ORDERS``: the block rankings
 of direction edges (``edge_curves.block_ranking``), methods beside the levels; ``FACTOR_ORDERS``: direction edges by
-their score times a factor of their block (``edge_curves.netblock_ranking``); ``DIRECTION_ORDERS``: both."""
+their score times a factor of their block (``edge_curves.factor_ranking``); ``DIRECTION_ORDERS``: both."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ Method = Literal[
     "headblocks",
     "coreblocks",
     "netblocks",
+    "perweight",
     "pruned",
     "prunedirs",
     "random",
 ]
 BLOCK_ORDERS = ("blocks", "headblocks", "coreblocks")  # direction edges, blocks kept together (edge_curves)
-FACTOR_ORDERS = ("netblocks",)  # direction edges by score x block factor (edge_curves.netblock_ranking)
+FACTOR_ORDERS = ("netblocks", "perweight")  # direction edges by score x block factor (edge_curves.factor_ranking)
 DIRECTION_ORDERS = BLOCK_ORDERS + FACTOR_ORDERS  # the methods that rank direction edges beside the level
 Axis = Literal["raw", "fair"]
 Unreached = Literal["skip", "best"]  # graph_unreached: what the module draws when graph_curve never reaches graph_f

@@ -61,13 +61,14 @@ class EdgeCircuitModule(PretrainedLMModule):
             (reader direction x writer unit), units (reader unit x writer unit: MIB's head-level edges); block
             rankings of direction edges (``edge_curves.block_ranking``; curves ``<order>_<signed|abs>_<axis>``):
             blocks, headblocks (blocks by head-level EAP-IG, the signed direction curve of the shipped configs),
-            coreblocks; netblocks (direction edges by score times their block's net-over-gross ratio,
-            ``edge_curves.netblock_ranking``); pruned: head-level edges ranked by edge pruning
-            (``edge_pruning``: ``pruned_signed_raw`` trained on the metric, ``pruned_abs_raw`` on faithfulness,
-            both from the head-level EAP-IG scores); prunedirs: direction edges ranked by edge pruning with a
+            coreblocks; netblocks (direction edges by score times their block's net-over-gross ratio),
+            perweight (by score per unit of weighted edge count, ``|s_e| K_w K_r``; both
+            ``edge_curves.factor_ranking``); pruned: head-level edges ranked by edge pruning (``edge_pruning``:
+            ``pruned_signed_raw`` trained on the metric, ``pruned_abs_raw`` on faithfulness, both from the
+            head-level EAP-IG scores); prunedirs: direction edges ranked by edge pruning with a
             logit per block, writer direction and reader direction (``prunedirs_signed_fair`` /
             ``prunedirs_abs_fair``, the fair axis); random: random circuits at each ranked level (direction edges
-            for a block order, netblocks and prunedirs, head-level edges for pruned).
+            for a block or factor order and prunedirs, head-level edges for pruned).
         axes: raw (fraction of the level's edges), fair (weighted edge count: a block counts 1).
         curves: the curves scored, a subset of the options' curves (``curve_names``; null: all of them): each
             direction curve costs minutes on SmolLM2.
