@@ -713,9 +713,8 @@ def block_ranking(scores: EdgeScores, order: str, sign: str, sums: Tensor | None
 def curve_specs(universe: EdgeUniverse, scores: EdgeScores | None, names: Sequence[str]) -> dict[str, CurveSpec]:
     """Curves by name: ``<level>_<signed|abs>_<raw|fair>`` (a ranking of ``scores``; level ``blocks`` /
     ``headblocks`` / ``coreblocks``: a ``BlockRanking``, ``block_ranking``; ``netblocks`` / ``perweight``:
-    ``factor_ranking``) or
-    ``random_<level>_<seed>``; one-line errors for others. The block sums (``blocks``, ``netblocks``) are computed
-    once for every curve that needs them."""
+    ``factor_ranking``) or ``random_<level>_<seed>``; one-line errors for others. The block sums (``blocks``,
+    ``netblocks``) are computed once for every curve that needs them."""
     out = {}
     sums: Tensor | None = None
     for name in names:
