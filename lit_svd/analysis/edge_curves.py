@@ -633,7 +633,7 @@ def net_over_gross(scores: EdgeScores, sums: Tensor | None = None) -> Tensor:
 def per_weight(universe: EdgeUniverse) -> Tensor:
     """``[n_blocks]`` float64: ``K_w K_r``, the number of direction edges of each block, the inverse of one edge's
     weighted count: a score times it is the score per unit of the fair axis."""
-    return 1.0 / torch.cat([universe.block_weights(r) for r in universe.readers])
+    return torch.cat([universe.block_sizes(r) for r in universe.readers])
 
 
 def block_factor(scores: EdgeScores, order: str, sums: Tensor | None = None) -> Tensor:

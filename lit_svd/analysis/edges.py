@@ -265,9 +265,13 @@ class EdgeUniverse:
             "writer_directions": int(sizes.sum()),
         }
 
+    def block_sizes(self, u: ReaderUnit) -> Tensor:
+        """``[n_up]`` float64: the direction edges of each block of ``u``, ``K_w K_r``."""
+        return self.writer_sizes[: u.n_up].double() * u.size
+
     def block_weights(self, u: ReaderUnit) -> Tensor:
         """``[n_up]`` float64: the weight of one direction edge of each block of ``u``, ``1 / (K_w K_r)``."""
-        return 1.0 / (self.writer_sizes[: u.n_up].double() * u.size)
+        return 1.0 / self.block_sizes(u)
 
     # --- names -----------------------------------------------------------------------------------
     def reader_address(self, u: ReaderUnit, k: int) -> Address:
